@@ -1,0 +1,416 @@
+//! The termination proof for one unit, as a pure state machine.
+//!
+//! This module does no I/O and never reads the clock: facts and `now` go in through
+//! [`UnitProof::handle_input`] and [`UnitProof::handle_timeout`], and what the driver must do
+//! comes out of [`UnitProof::poll_output`], with the next deadline from
+//! [`UnitProof::poll_timeout`]. After every mutation the driver drains `poll_output` until it
+//! returns `None`, carries each output out, and arms a timer for `poll_timeout`.
+//!
+//! The decision table is the one of the Go design this replaces (`observe` in
+//! `seed_unitproc.go`), branch for branch; only the trigger changed, from a one-second poll to
+//! an event:
+//!
+//! | systemd says (with `stop` = a stop of ours was requested) | then |
+//! |---|---|
+//! | `stop`, not terminal, invocation foreign or empty | proven: replaced after stop |
+//! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
+//! | terminal, or foreign and stopped by us | read the cgroup |
+//! | ... cgroup gone or `populated 0` | proven: exited (terminal) or restarted outside |
+//! | ... `populated 1` | log "processes remain", at most once per 2 s |
+//! | ... read error | log it at most once per 2 s, retry on a backoff timer |
+//!
+//! *Terminal* is ActiveState `inactive` or `failed` for our own invocation; *foreign* is an
+//! invocation that is non-empty and not ours, and it takes precedence over terminal. A unit
+//! systemd no longer has loaded counts as inactive with no invocation.
+//!
+//! A proof that needs the cgroup is made only from a reading handed in after the state that
+//! asked for it, so a reading is always at least as fresh as the state it is judged with.
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::cgroup::CgroupReading;
+
+/// How often a repeated condition may be logged for one unit (the seed's rate limit).
+pub const LOG_INTERVAL: Duration = Duration::from_secs(2);
+/// The first wait before a cgroup that could not be read is read again.
+pub const RETRY_FIRST: Duration = Duration::from_millis(50);
+/// The longest wait between two reads of a cgroup that cannot be read.
+pub const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The two fields of a unit's systemd state the proof is made from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitState {
+    /// ActiveState: `active`, `inactive`, `failed`, `activating`, ...
+    pub active_state: String,
+    /// InvocationID in hex, or empty while the unit has none.
+    pub invocation: String,
+}
+
+impl UnitState {
+    /// The state of a unit systemd does not have loaded: inactive, with no invocation.
+    pub fn unloaded() -> Self {
+        UnitState {
+            active_state: "inactive".to_owned(),
+            invocation: String::new(),
+        }
+    }
+}
+
+/// A fact handed to the machine.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// systemd's current state of the unit (from a signal or a read).
+    State(UnitState),
+    /// The driver no longer knows systemd's state (the bus went away, or a read failed): no
+    /// decision is made until a fresh `State` arrives.
+    StateUnknown,
+    /// A read of the unit's cgroup, made when it was handed in.
+    Cgroup(CgroupReading),
+    /// The owner asks for the unit to be stopped (the seed's `Stop`).
+    StopRequested,
+}
+
+/// Why the machine asks for a StopUnit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StopReason {
+    /// The owner asked for it.
+    Requested,
+    /// The unit runs an invocation that is not ours and nobody asked us to stop it.
+    Foreign,
+}
+
+/// The severity of a proof event or a log line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Info,
+    Warn,
+}
+
+/// What proved the invocation over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Cause {
+    /// Our invocation reached a terminal state and its cgroup is empty or gone.
+    Exited,
+    /// A stop of ours was requested and systemd has since begun another invocation.
+    ReplacedAfterStop,
+    /// Another invocation was started outside us; we stopped it and its cgroup emptied.
+    RestartedOutside,
+}
+
+/// The proof that every process of our invocation is gone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Proof {
+    pub cause: Cause,
+    pub level: Level,
+    pub message: String,
+}
+
+/// Where the unit is in its life, as far as the proof goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    Watching,
+    Stopping,
+    Proven,
+}
+
+/// What the driver must do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// Issue StopUnit for the unit.
+    StopUnit(StopReason),
+    /// Read the unit's cgroup now and hand the reading back as [`Input::Cgroup`].
+    ReadCgroup,
+    /// Log this line (already rate-limited where the seed rate-limits it).
+    Log(Level, String),
+    /// The invocation is proven over. Emitted exactly once; nothing follows it.
+    Proven(Proof),
+}
+
+/// The message of a proof whose invocation ended on its own, until exit records word it.
+pub const EXITED_NO_RECORD: &str = "instance exited (status unknown: no exit record)";
+const REPLACED_AFTER_STOP: &str = "instance exited (status unknown: replaced after stop)";
+const RESTARTED_OUTSIDE: &str = "instance exited (status unknown: restarted outside the activator)";
+
+/// A once-per-interval gate for a repeated log line.
+#[derive(Clone, Copy, Debug, Default)]
+struct RateLimit {
+    last: Option<Instant>,
+}
+
+impl RateLimit {
+    fn allow(&mut self, now: Instant) -> bool {
+        let due = self
+            .last
+            .is_none_or(|last| now.saturating_duration_since(last) > LOG_INTERVAL);
+        if due {
+            self.last = Some(now);
+        }
+        due
+    }
+}
+
+/// The read-again timer for a cgroup that could not be read: nothing notifies a read error
+/// going away, so only a timer brings the next read.
+#[derive(Clone, Copy, Debug, Default)]
+struct Retry {
+    at: Option<Instant>,
+    backoff: Option<Duration>,
+}
+
+impl Retry {
+    fn arm(&mut self, now: Instant) {
+        let backoff = self.backoff.map_or(RETRY_FIRST, |b| (b * 2).min(RETRY_MAX));
+        self.backoff = Some(backoff);
+        self.at = Some(now + backoff);
+    }
+
+    fn reset(&mut self) {
+        *self = Retry::default();
+    }
+}
+
+/// How the seed classifies a state against our invocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Verdict {
+    terminal: bool,
+    foreign: bool,
+    no_invocation: bool,
+}
+
+/// The per-unit termination proof.
+#[derive(Debug)]
+pub struct UnitProof {
+    invocation: String,
+    stop_requested: bool,
+    foreign_stopped: bool,
+    state: Option<UnitState>,
+    last_reading: Option<CgroupReading>,
+    proof: Option<Proof>,
+    remain_log: RateLimit,
+    read_error_log: RateLimit,
+    retry: Retry,
+    outputs: VecDeque<Output>,
+}
+
+impl UnitProof {
+    /// A proof for the invocation `invocation` (empty: the unit had none when the watch began).
+    pub fn new(invocation: String) -> Self {
+        UnitProof {
+            invocation,
+            stop_requested: false,
+            foreign_stopped: false,
+            state: None,
+            last_reading: None,
+            proof: None,
+            remain_log: RateLimit::default(),
+            read_error_log: RateLimit::default(),
+            retry: Retry::default(),
+            outputs: VecDeque::new(),
+        }
+    }
+
+    /// Our invocation.
+    pub fn invocation(&self) -> &str {
+        &self.invocation
+    }
+
+    /// The last systemd state handed in, if it is still known.
+    pub fn state(&self) -> Option<&UnitState> {
+        self.state.as_ref()
+    }
+
+    /// The last cgroup reading handed in.
+    pub fn last_reading(&self) -> Option<&CgroupReading> {
+        self.last_reading.as_ref()
+    }
+
+    /// The proof, once made.
+    pub fn proof(&self) -> Option<&Proof> {
+        self.proof.as_ref()
+    }
+
+    /// Whether a stop of ours was requested.
+    pub fn stop_requested(&self) -> bool {
+        self.stop_requested
+    }
+
+    /// Where the unit is in its life.
+    pub fn phase(&self) -> Phase {
+        match (&self.proof, self.stop_requested) {
+            (Some(_), _) => Phase::Proven,
+            (None, true) => Phase::Stopping,
+            (None, false) => Phase::Watching,
+        }
+    }
+
+    /// Hands one fact to the machine. Once proven, every input is ignored.
+    pub fn handle_input(&mut self, input: Input, now: Instant) {
+        if self.proof.is_some() {
+            return;
+        }
+        match input {
+            Input::State(state) => {
+                self.state = Some(state);
+                self.on_state();
+            }
+            Input::StateUnknown => {
+                self.state = None;
+                self.retry.reset();
+            }
+            Input::Cgroup(reading) => self.on_reading(reading, now),
+            Input::StopRequested => {
+                // Marked before the StopUnit goes out, as in the seed: from here on a new
+                // invocation is proof that ours is over, not a foreign one to stop.
+                self.stop_requested = true;
+                self.outputs
+                    .push_back(Output::StopUnit(StopReason::Requested));
+                self.on_state();
+            }
+        }
+    }
+
+    /// The next instant at which [`UnitProof::handle_timeout`] wants to run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.retry.at
+    }
+
+    /// Lets time pass: a due retry asks for another read of the cgroup.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.retry.at.is_some_and(|at| at <= now) {
+            self.retry.at = None;
+            self.outputs.push_back(Output::ReadCgroup);
+        }
+    }
+
+    /// The next thing the driver must do, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    fn verdict(&self) -> Option<Verdict> {
+        let state = self.state.as_ref()?;
+        let foreign = !state.invocation.is_empty() && state.invocation != self.invocation;
+        let terminal = !foreign && matches!(state.active_state.as_str(), "inactive" | "failed");
+        Some(Verdict {
+            terminal,
+            foreign,
+            no_invocation: state.invocation.is_empty(),
+        })
+    }
+
+    /// Whether the state alone leaves the cgroup to decide.
+    fn needs_cgroup(&self, v: Verdict) -> bool {
+        v.terminal || (v.foreign && self.foreign_stopped)
+    }
+
+    fn on_state(&mut self) {
+        let Some(v) = self.verdict() else {
+            return;
+        };
+        // systemd begins a new invocation of a unit only once the stop job of the previous
+        // one has completed, so after a stop of ours anything that is not provably our
+        // invocation is proof that ours is over; no cgroup read is needed.
+        if self.stop_requested && !v.terminal && (v.foreign || v.no_invocation) {
+            self.prove(
+                Cause::ReplacedAfterStop,
+                Level::Warn,
+                REPLACED_AFTER_STOP.into(),
+            );
+            return;
+        }
+        if v.foreign && !self.foreign_stopped && !self.stop_requested {
+            let theirs = self.state.as_ref().map_or("", |s| s.invocation.as_str());
+            let line = format!(
+                "unit restarted outside the activator (invocation {theirs}, ours {}); stopping it",
+                display_invocation(&self.invocation)
+            );
+            self.outputs.push_back(Output::Log(Level::Warn, line));
+            self.outputs
+                .push_back(Output::StopUnit(StopReason::Foreign));
+            self.foreign_stopped = true;
+        }
+        if self.needs_cgroup(v) {
+            self.outputs.push_back(Output::ReadCgroup);
+        } else {
+            self.retry.reset();
+        }
+    }
+
+    fn on_reading(&mut self, reading: CgroupReading, now: Instant) {
+        self.last_reading = Some(reading.clone());
+        let Some(v) = self.verdict() else {
+            return;
+        };
+        if !self.needs_cgroup(v) {
+            return;
+        }
+        match reading {
+            CgroupReading::Empty | CgroupReading::Gone => {
+                if v.terminal {
+                    self.prove(Cause::Exited, Level::Warn, EXITED_NO_RECORD.into());
+                } else {
+                    self.prove(
+                        Cause::RestartedOutside,
+                        Level::Warn,
+                        RESTARTED_OUTSIDE.into(),
+                    );
+                }
+            }
+            CgroupReading::Populated => {
+                self.retry.reset();
+                if self.remain_log.allow(now) {
+                    let active = self.state.as_ref().map_or("", |s| s.active_state.as_str());
+                    let line = format!("processes remain after {active}; not releasing");
+                    self.outputs.push_back(Output::Log(Level::Warn, line));
+                }
+            }
+            CgroupReading::Unreadable(why) => {
+                // Not evidence of anything: not exited, not running, unknown.
+                if self.read_error_log.allow(now) {
+                    self.outputs
+                        .push_back(Output::Log(Level::Warn, format!("cgroup.events: {why}")));
+                }
+                self.retry.arm(now);
+            }
+        }
+    }
+
+    fn prove(&mut self, cause: Cause, level: Level, message: String) {
+        let proof = Proof {
+            cause,
+            level,
+            message,
+        };
+        self.retry.reset();
+        self.outputs.push_back(Output::Proven(proof.clone()));
+        self.proof = Some(proof);
+    }
+}
+
+fn display_invocation(invocation: &str) -> &str {
+    if invocation.is_empty() {
+        "none"
+    } else {
+        invocation
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Level::Info => "info",
+            Level::Warn => "warn",
+        })
+    }
+}

@@ -1,0 +1,524 @@
+//! Script-driven tests of every decision the proof makes, in virtual time, and property tests
+//! over random sequences of facts.
+
+use std::time::{Duration, Instant};
+
+use proptest::prelude::*;
+
+use super::*;
+
+const OURS: &str = "0123456789abcdef0123456789abcdef";
+const THEIRS: &str = "fedcba9876543210fedcba9876543210";
+
+/// One step of a script: a fact, or time passing.
+#[derive(Clone, Debug)]
+enum Step {
+    In(Input),
+    Wait(Duration),
+}
+
+fn st(active: &str, invocation: &str) -> Step {
+    Step::In(Input::State(UnitState {
+        active_state: active.into(),
+        invocation: invocation.into(),
+    }))
+}
+
+fn cg(reading: CgroupReading) -> Step {
+    Step::In(Input::Cgroup(reading))
+}
+
+fn stop() -> Step {
+    Step::In(Input::StopRequested)
+}
+
+fn wait_ms(ms: u64) -> Step {
+    Step::Wait(Duration::from_millis(ms))
+}
+
+fn render(output: &Output) -> String {
+    match output {
+        Output::StopUnit(StopReason::Requested) => "stop-unit requested".into(),
+        Output::StopUnit(StopReason::Foreign) => "stop-unit foreign".into(),
+        Output::ReadCgroup => "read-cgroup".into(),
+        Output::Log(level, line) => format!("log {level}: {line}"),
+        Output::Proven(p) => format!("proven {:?} {}: {}", p.cause, p.level, p.message),
+    }
+}
+
+/// Runs `steps` against a fresh proof for `OURS` and returns every output, one per line, with
+/// the virtual time in milliseconds it came out at.
+fn transcript(steps: &[Step]) -> String {
+    let start = Instant::now();
+    let mut now = start;
+    let mut proof = UnitProof::new(OURS.into());
+    let mut lines = Vec::new();
+    for step in steps {
+        match step {
+            Step::In(input) => proof.handle_input(input.clone(), now),
+            Step::Wait(d) => {
+                let until = now + *d;
+                // Virtual time jumps from deadline to deadline, as a driver's timer would fire.
+                while let Some(at) = proof.poll_timeout().filter(|at| *at <= until) {
+                    now = at.max(now);
+                    proof.handle_timeout(now);
+                    drain(&mut proof, start, now, &mut lines);
+                }
+                now = until;
+            }
+        }
+        drain(&mut proof, start, now, &mut lines);
+    }
+    lines.join("\n")
+}
+
+fn drain(proof: &mut UnitProof, start: Instant, now: Instant, lines: &mut Vec<String>) {
+    while let Some(o) = proof.poll_output() {
+        lines.push(format!("{}ms {}", (now - start).as_millis(), render(&o)));
+    }
+}
+
+fn check(steps: &[Step], expect: &str) {
+    let got = transcript(steps);
+    let expect = expect
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(
+        got, expect,
+        "\n--- got ---\n{got}\n--- expected ---\n{expect}\n"
+    );
+}
+
+#[test]
+fn a_running_unit_needs_nothing() {
+    check(&[st("active", OURS), st("reloading", OURS)], "");
+}
+
+#[test]
+fn terminal_then_empty_cgroup_proves_exited() {
+    for terminal in ["inactive", "failed"] {
+        check(
+            &[
+                st("active", OURS),
+                st(terminal, OURS),
+                cg(CgroupReading::Empty),
+            ],
+            "0ms read-cgroup
+             0ms proven Exited warn: instance exited (status unknown: no exit record)",
+        );
+    }
+}
+
+#[test]
+fn terminal_then_gone_cgroup_proves_exited() {
+    check(
+        &[st("inactive", OURS), cg(CgroupReading::Gone)],
+        "0ms read-cgroup
+         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+    );
+}
+
+#[test]
+fn an_unloaded_unit_is_inactive_with_no_invocation() {
+    let unloaded = Step::In(Input::State(UnitState::unloaded()));
+    check(
+        &[unloaded, cg(CgroupReading::Gone)],
+        "0ms read-cgroup
+         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+    );
+}
+
+#[test]
+fn populated_after_terminal_never_proves_and_logs_once_per_two_seconds() {
+    check(
+        &[
+            st("inactive", OURS),
+            cg(CgroupReading::Populated),
+            wait_ms(1000),
+            cg(CgroupReading::Populated),
+            wait_ms(1001),
+            cg(CgroupReading::Populated),
+            cg(CgroupReading::Empty),
+        ],
+        "0ms read-cgroup
+         0ms log warn: processes remain after inactive; not releasing
+         2001ms log warn: processes remain after inactive; not releasing
+         2001ms proven Exited warn: instance exited (status unknown: no exit record)",
+    );
+}
+
+#[test]
+fn a_read_error_is_not_evidence_and_is_retried_with_backoff() {
+    let err = || cg(CgroupReading::Unreadable("permission denied".into()));
+    check(
+        &[
+            st("inactive", OURS),
+            err(),
+            wait_ms(50),
+            err(),
+            wait_ms(100),
+            err(),
+            wait_ms(200),
+            err(),
+            wait_ms(400),
+            cg(CgroupReading::Empty),
+        ],
+        "0ms read-cgroup
+         0ms log warn: cgroup.events: permission denied
+         50ms read-cgroup
+         150ms read-cgroup
+         350ms read-cgroup
+         750ms read-cgroup
+         750ms proven Exited warn: instance exited (status unknown: no exit record)",
+    );
+}
+
+#[test]
+fn a_read_error_log_is_rate_limited_and_the_backoff_is_capped() {
+    let err = || cg(CgroupReading::Unreadable("i/o error".into()));
+    let mut steps = vec![st("failed", OURS)];
+    for _ in 0..8 {
+        steps.push(err());
+        steps.push(wait_ms(2000));
+    }
+    let got = transcript(&steps);
+    let logs = got.lines().filter(|l| l.contains("log warn")).count();
+    // 8 errors 2 s apart (the backoff caps at 2 s), logged when more than 2 s passed.
+    assert!(logs >= 4 && logs < 8, "{got}");
+    let mut proof = UnitProof::new(OURS.into());
+    let now = Instant::now();
+    proof.handle_input(
+        Input::State(UnitState {
+            active_state: "failed".into(),
+            invocation: OURS.into(),
+        }),
+        now,
+    );
+    for _ in 0..20 {
+        proof.handle_input(Input::Cgroup(CgroupReading::Unreadable("x".into())), now);
+    }
+    assert_eq!(proof.poll_timeout(), Some(now + RETRY_MAX));
+}
+
+#[test]
+fn a_reading_while_the_state_does_not_need_it_decides_nothing() {
+    check(
+        &[
+            st("active", OURS),
+            cg(CgroupReading::Empty),
+            cg(CgroupReading::Gone),
+            st("deactivating", OURS),
+            cg(CgroupReading::Empty),
+        ],
+        "",
+    );
+}
+
+#[test]
+fn no_state_no_decision() {
+    check(&[cg(CgroupReading::Empty), cg(CgroupReading::Gone)], "");
+    check(
+        &[
+            st("inactive", OURS),
+            Step::In(Input::StateUnknown),
+            cg(CgroupReading::Empty),
+        ],
+        "0ms read-cgroup",
+    );
+}
+
+#[test]
+fn a_state_lost_cancels_a_pending_retry() {
+    check(
+        &[
+            st("inactive", OURS),
+            cg(CgroupReading::Unreadable("eio".into())),
+            Step::In(Input::StateUnknown),
+            wait_ms(10_000),
+        ],
+        "0ms read-cgroup
+         0ms log warn: cgroup.events: eio",
+    );
+}
+
+#[test]
+fn a_foreign_invocation_is_stopped_once_then_proven_restarted_outside() {
+    check(
+        &[
+            st("active", OURS),
+            st("active", THEIRS),
+            cg(CgroupReading::Populated),
+            st("deactivating", THEIRS),
+            cg(CgroupReading::Populated),
+            st("inactive", THEIRS),
+            cg(CgroupReading::Empty),
+        ],
+        &format!(
+            "0ms log warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+             0ms stop-unit foreign
+             0ms read-cgroup
+             0ms log warn: processes remain after active; not releasing
+             0ms read-cgroup
+             0ms read-cgroup
+             0ms proven RestartedOutside warn: instance exited (status unknown: restarted outside the activator)"
+        ),
+    );
+}
+
+#[test]
+fn foreign_takes_precedence_over_terminal() {
+    // A foreign invocation that is already inactive is still foreign: stopped once, then the
+    // cgroup decides, and the cause is "restarted outside", not "exited".
+    check(
+        &[st("inactive", THEIRS), cg(CgroupReading::Gone)],
+        &format!(
+            "0ms log warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+             0ms stop-unit foreign
+             0ms read-cgroup
+             0ms proven RestartedOutside warn: instance exited (status unknown: restarted outside the activator)"
+        ),
+    );
+}
+
+#[test]
+fn stop_then_a_new_invocation_proves_replaced_after_stop_without_the_cgroup() {
+    check(
+        &[st("active", OURS), stop(), st("activating", THEIRS)],
+        "0ms stop-unit requested
+         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+    );
+}
+
+#[test]
+fn stop_then_no_invocation_in_a_non_terminal_state_proves_replaced_after_stop() {
+    check(
+        &[st("active", OURS), stop(), st("activating", "")],
+        "0ms stop-unit requested
+         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+    );
+}
+
+#[test]
+fn stop_with_a_foreign_state_already_known_proves_at_once() {
+    // The foreign invocation was seen before any stop of ours, so it was stopped as foreign;
+    // a stop requested after that proves replaced-after-stop from the state already known.
+    check(
+        &[st("active", THEIRS), cg(CgroupReading::Populated), stop()],
+        &format!(
+            "0ms log warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+             0ms stop-unit foreign
+             0ms read-cgroup
+             0ms log warn: processes remain after active; not releasing
+             0ms stop-unit requested
+             0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)"
+        ),
+    );
+}
+
+#[test]
+fn stop_requested_never_fires_a_foreign_stop() {
+    // Terminal foreign invocation after our stop: foreign wins over terminal, so not terminal,
+    // so replaced after stop.
+    check(
+        &[st("active", OURS), stop(), st("inactive", THEIRS)],
+        "0ms stop-unit requested
+         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+    );
+}
+
+#[test]
+fn stop_then_our_invocation_deactivates_and_the_cgroup_decides() {
+    check(
+        &[
+            st("active", OURS),
+            stop(),
+            st("deactivating", OURS),
+            st("failed", OURS),
+            cg(CgroupReading::Populated),
+            cg(CgroupReading::Empty),
+        ],
+        "0ms stop-unit requested
+         0ms read-cgroup
+         0ms log warn: processes remain after failed; not releasing
+         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+    );
+}
+
+#[test]
+fn a_second_stop_request_issues_stop_unit_again() {
+    check(
+        &[st("active", OURS), stop(), stop()],
+        "0ms stop-unit requested
+         0ms stop-unit requested",
+    );
+}
+
+#[test]
+fn proven_is_final() {
+    check(
+        &[
+            st("inactive", OURS),
+            cg(CgroupReading::Empty),
+            st("active", THEIRS),
+            stop(),
+            cg(CgroupReading::Populated),
+            Step::In(Input::StateUnknown),
+            wait_ms(10_000),
+        ],
+        "0ms read-cgroup
+         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+    );
+}
+
+#[test]
+fn a_watch_with_no_invocation_treats_any_invocation_as_foreign() {
+    let mut proof = UnitProof::new(String::new());
+    let now = Instant::now();
+    proof.handle_input(
+        Input::State(UnitState {
+            active_state: "active".into(),
+            invocation: THEIRS.into(),
+        }),
+        now,
+    );
+    let outputs: Vec<_> = std::iter::from_fn(|| proof.poll_output()).collect();
+    assert!(
+        outputs.contains(&Output::StopUnit(StopReason::Foreign)),
+        "{outputs:?}"
+    );
+    assert!(
+        matches!(&outputs[0], Output::Log(_, line) if line.contains("ours none")),
+        "{outputs:?}"
+    );
+}
+
+#[test]
+fn phases_follow_the_life_of_the_unit() {
+    let now = Instant::now();
+    let mut proof = UnitProof::new(OURS.into());
+    assert_eq!(proof.phase(), Phase::Watching);
+    proof.handle_input(Input::StopRequested, now);
+    assert_eq!(proof.phase(), Phase::Stopping);
+    assert!(proof.stop_requested());
+    proof.handle_input(Input::State(UnitState::unloaded()), now);
+    proof.handle_input(Input::Cgroup(CgroupReading::Gone), now);
+    assert_eq!(proof.phase(), Phase::Proven);
+    assert_eq!(proof.proof().map(|p| p.cause), Some(Cause::Exited));
+    assert_eq!(proof.last_reading(), Some(&CgroupReading::Gone));
+}
+
+// ---- properties over random sequences of facts ----
+
+fn any_step() -> impl Strategy<Value = Step> {
+    let active = prop::sample::select(vec![
+        "active",
+        "activating",
+        "deactivating",
+        "reloading",
+        "inactive",
+        "failed",
+    ]);
+    let invocation =
+        prop::sample::select(vec![OURS, THEIRS, "", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"]);
+    let reading = prop_oneof![
+        Just(CgroupReading::Populated),
+        Just(CgroupReading::Empty),
+        Just(CgroupReading::Gone),
+        Just(CgroupReading::Unreadable("eio".into())),
+    ];
+    prop_oneof![
+        4 => (active, invocation).prop_map(|(a, i)| st(a, i)),
+        4 => reading.prop_map(cg),
+        1 => Just(stop()),
+        1 => Just(Step::In(Input::StateUnknown)),
+        2 => (0u64..5000).prop_map(wait_ms),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn invariants_hold_over_random_facts(steps in prop::collection::vec(any_step(), 0..60)) {
+        let start = Instant::now();
+        let mut now = start;
+        let mut proof = UnitProof::new(OURS.into());
+        let mut last_reading: Option<CgroupReading> = None;
+        let mut last_state: Option<UnitState> = None;
+        let mut proven = 0;
+        let mut foreign_stops = 0;
+        for step in steps {
+            match step {
+                Step::In(input) => {
+                    match &input {
+                        Input::Cgroup(r) => last_reading = Some(r.clone()),
+                        Input::State(s) => last_state = Some(s.clone()),
+                        Input::StateUnknown => last_state = None,
+                        Input::StopRequested => {}
+                    }
+                    proof.handle_input(input, now);
+                }
+                Step::Wait(d) => {
+                    now += d;
+                    proof.handle_timeout(now);
+                }
+            }
+            if let Some(at) = proof.poll_timeout() {
+                // Deadlines never go backwards: a timer is never armed in the past.
+                prop_assert!(at >= now, "deadline {:?} before now {:?}", at - start, now - start);
+            }
+            while let Some(output) = proof.poll_output() {
+                // Proven is final: nothing at all follows the proof.
+                prop_assert_eq!(proven, 0, "output after the proof: {:?}", output);
+                match output {
+                    Output::Proven(p) => {
+                        proven += 1;
+                        if p.cause != Cause::ReplacedAfterStop {
+                            // Never proven while the last cgroup read said populated (or could
+                            // not be read).
+                            prop_assert!(
+                                matches!(last_reading, Some(CgroupReading::Empty | CgroupReading::Gone)),
+                                "proven {:?} after reading {:?}", p.cause, last_reading
+                            );
+                        }
+                        // Never proven without a known state.
+                        prop_assert!(last_state.is_some());
+                        if p.cause == Cause::Exited {
+                            let s = last_state.as_ref().unwrap();
+                            prop_assert!(s.invocation.is_empty() || s.invocation == OURS);
+                            prop_assert!(s.active_state == "inactive" || s.active_state == "failed");
+                        }
+                    }
+                    Output::StopUnit(StopReason::Foreign) => foreign_stops += 1,
+                    _ => {}
+                }
+            }
+            // At most one foreign stop.
+            prop_assert!(foreign_stops <= 1);
+            prop_assert_eq!(proof.phase() == Phase::Proven, proven == 1);
+        }
+    }
+
+    #[test]
+    fn retry_deadlines_never_go_backwards(errors in 1usize..40, gaps in prop::collection::vec(0u64..3000, 40)) {
+        let start = Instant::now();
+        let mut now = start;
+        let mut proof = UnitProof::new(OURS.into());
+        proof.handle_input(Input::State(UnitState { active_state: "failed".into(), invocation: OURS.into() }), now);
+        let mut last_deadline = None;
+        for gap in gaps.into_iter().take(errors) {
+            proof.handle_input(Input::Cgroup(CgroupReading::Unreadable("eio".into())), now);
+            let at = proof.poll_timeout().expect("a read error arms a retry");
+            if let Some(prev) = last_deadline {
+                prop_assert!(at >= prev);
+            }
+            prop_assert!(at > now && at <= now + RETRY_MAX);
+            last_deadline = Some(at);
+            now += Duration::from_millis(gap);
+            proof.handle_timeout(now);
+        }
+    }
+}
