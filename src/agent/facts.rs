@@ -1,0 +1,196 @@
+//! systemd's state of one unit, merged from signals and reads in systemd's own order.
+//!
+//! A PropertiesChanged signal and the reply to a read travel on different paths through the
+//! connection, so the agent may see them in either order. Both come from one sender, whose
+//! serial numbers only grow, so each property keeps the serial of the message it came from and
+//! an older message never overwrites a newer value.
+
+use crate::proof::UnitState;
+use crate::systemd::manager::UnitSnapshot;
+use crate::systemd::signal::UnitChange;
+
+/// One property and the serial of the message that set it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Stamped {
+    value: Option<String>,
+    serial: u32,
+}
+
+impl Stamped {
+    /// Takes `value` if it comes from a message newer than the current one; true if it did.
+    fn offer(&mut self, value: &str, serial: u32) -> bool {
+        if self.value.is_some() && !newer(serial, self.serial) {
+            return false;
+        }
+        self.value = Some(value.to_owned());
+        self.serial = serial;
+        true
+    }
+}
+
+/// Whether serial `a` comes after `b`, allowing for the counter wrapping around.
+fn newer(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) > 0
+}
+
+/// The merged state of one unit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct UnitFacts {
+    active_state: Stamped,
+    sub_state: Stamped,
+    invocation: Stamped,
+}
+
+impl UnitFacts {
+    /// Applies a read. Returns true if the invocation changed.
+    pub fn apply_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
+        let before = self.invocation.value.clone();
+        self.active_state
+            .offer(&snapshot.active_state, snapshot.serial);
+        self.sub_state.offer(&snapshot.sub_state, snapshot.serial);
+        self.invocation.offer(&snapshot.invocation, snapshot.serial);
+        before.is_some() && before != self.invocation.value
+    }
+
+    /// Applies a signal. Returns true if the invocation changed.
+    pub fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
+        if let Some(v) = &change.active_state {
+            self.active_state.offer(v, serial);
+        }
+        if let Some(v) = &change.sub_state {
+            self.sub_state.offer(v, serial);
+        }
+        let before = self.invocation.value.clone();
+        match &change.invocation {
+            Some(v) => {
+                self.invocation.offer(v, serial) && before.is_some() && before.as_ref() != Some(v)
+            }
+            None => false,
+        }
+    }
+
+    /// Applies UnitRemoved: the unit is no longer loaded, so inactive with no invocation.
+    pub fn apply_unloaded(&mut self, serial: u32) {
+        self.active_state.offer("inactive", serial);
+        self.sub_state.offer("dead", serial);
+        self.invocation.offer("", serial);
+    }
+
+    /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
+    pub fn clear(&mut self) {
+        *self = UnitFacts::default();
+    }
+
+    /// The state the proof is made from, once both of its fields are known.
+    pub fn state(&self) -> Option<UnitState> {
+        Some(UnitState {
+            active_state: self.active_state.value.clone()?,
+            invocation: self.invocation.value.clone()?,
+        })
+    }
+
+    pub fn active_state(&self) -> Option<&str> {
+        self.active_state.value.as_deref()
+    }
+
+    pub fn sub_state(&self) -> Option<&str> {
+        self.sub_state.value.as_deref()
+    }
+
+    pub fn invocation(&self) -> Option<&str> {
+        self.invocation.value.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(serial: u32, active: &str, invocation: &str) -> UnitSnapshot {
+        UnitSnapshot {
+            serial,
+            loaded: true,
+            active_state: active.into(),
+            sub_state: "x".into(),
+            invocation: invocation.into(),
+            control_group: String::new(),
+        }
+    }
+
+    fn change(active: Option<&str>, invocation: Option<&str>) -> UnitChange {
+        UnitChange {
+            active_state: active.map(Into::into),
+            sub_state: None,
+            invocation: invocation.map(Into::into),
+            invalidated: false,
+        }
+    }
+
+    #[test]
+    fn a_signal_newer_than_the_read_wins_whichever_arrives_first() {
+        let mut signal_first = UnitFacts::default();
+        signal_first.apply_change(&change(Some("inactive"), None), 11);
+        signal_first.apply_snapshot(&snapshot(10, "active", "a"));
+        let mut read_first = UnitFacts::default();
+        read_first.apply_snapshot(&snapshot(10, "active", "a"));
+        read_first.apply_change(&change(Some("inactive"), None), 11);
+        for facts in [signal_first, read_first] {
+            assert_eq!(facts.active_state(), Some("inactive"));
+            assert_eq!(facts.invocation(), Some("a"));
+        }
+    }
+
+    #[test]
+    fn a_read_newer_than_the_signal_wins_whichever_arrives_first() {
+        let mut facts = UnitFacts::default();
+        facts.apply_snapshot(&snapshot(20, "active", "b"));
+        facts.apply_change(&change(Some("inactive"), Some("a")), 19);
+        assert_eq!(facts.state().map(|s| s.active_state), Some("active".into()));
+        assert_eq!(facts.invocation(), Some("b"));
+    }
+
+    #[test]
+    fn state_needs_both_fields() {
+        let mut facts = UnitFacts::default();
+        assert_eq!(facts.state(), None);
+        facts.apply_change(&change(Some("active"), None), 1);
+        assert_eq!(facts.state(), None);
+        facts.apply_change(&change(None, Some("a")), 2);
+        assert!(facts.state().is_some());
+        facts.clear();
+        assert_eq!(facts.state(), None);
+    }
+
+    #[test]
+    fn invocation_changes_are_reported() {
+        let mut facts = UnitFacts::default();
+        assert!(!facts.apply_snapshot(&snapshot(1, "active", "a")));
+        assert!(!facts.apply_change(&change(None, Some("a")), 2));
+        assert!(facts.apply_change(&change(None, Some("b")), 3));
+        assert!(
+            !facts.apply_change(&change(None, Some("c")), 2),
+            "older signal ignored"
+        );
+        assert!(facts.apply_snapshot(&snapshot(4, "active", "d")));
+    }
+
+    #[test]
+    fn unloaded_is_inactive_with_no_invocation() {
+        let mut facts = UnitFacts::default();
+        facts.apply_snapshot(&snapshot(1, "active", "a"));
+        facts.apply_unloaded(2);
+        let state = facts.state().unwrap();
+        assert_eq!(
+            (state.active_state.as_str(), state.invocation.as_str()),
+            ("inactive", "")
+        );
+    }
+
+    #[test]
+    fn serials_compare_across_the_wrap() {
+        assert!(newer(1, u32::MAX));
+        assert!(newer(5, 4));
+        assert!(!newer(4, 5));
+        assert!(!newer(7, 7));
+    }
+}

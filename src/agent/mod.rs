@@ -1,0 +1,2 @@
+//! The agent: one mio loop that owns the drivers and the units.
+pub mod facts;

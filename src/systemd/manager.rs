@@ -1,0 +1,253 @@
+//! Calls to systemd's manager over D-Bus: subscribe, read a unit, stop a unit.
+//!
+//! Every call here is async and runs on the agent's own loop (see `systemd::runtime`); the
+//! connection has a method-call timeout, so a lost reply is an error, never a hang.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::num::NonZeroUsize;
+
+use zbus::{Connection, MatchRule, Message, MessageStream, OwnedObjectPath, OwnedVariant};
+
+use super::signal::{MANAGER_INTERFACE, UNIT_INTERFACE, UNIT_PATH_PREFIX, unit_change};
+
+/// systemd's well-known name on the bus.
+pub const SYSTEMD: &str = "org.freedesktop.systemd1";
+const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
+const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
+const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+/// How many signals may wait in a stream before zbus stops reading the socket.
+const STREAM_QUEUE: usize = 65_536;
+
+/// A failed call to systemd, with what it was for.
+#[derive(Debug)]
+pub struct ManagerError {
+    what: String,
+    source: zbus::Error,
+}
+
+impl ManagerError {
+    fn new(what: impl Into<String>) -> impl FnOnce(zbus::Error) -> ManagerError {
+        let what = what.into();
+        move |source| ManagerError { what, source }
+    }
+}
+
+impl fmt::Display for ManagerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.what, self.source)
+    }
+}
+
+impl std::error::Error for ManagerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// What one read of a unit showed, with the serial number of the reply it came from, so the
+/// agent can order it against signals from the same sender.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnitSnapshot {
+    pub serial: u32,
+    pub loaded: bool,
+    pub active_state: String,
+    pub sub_state: String,
+    pub invocation: String,
+    /// The cgroup as systemd reports it (`/app.slice/x.service`); empty once it is gone.
+    pub control_group: String,
+}
+
+/// The streams of systemd's signals, subscribed before any unit is read so nothing slips
+/// between a read and the first signal after it.
+pub struct Subscription {
+    /// The unique name behind `org.freedesktop.systemd1`: only its signals are facts.
+    pub systemd: String,
+    pub units: MessageStream,
+    pub manager: MessageStream,
+}
+
+/// Subscribes to systemd's unit signals: `Subscribe` (without it systemd sends none), one
+/// match rule for PropertiesChanged under the unit path namespace, one for the manager.
+pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> {
+    let owner = conn
+        .call_method(
+            Some("org.freedesktop.DBus"),
+            "/org/freedesktop/DBus",
+            Some("org.freedesktop.DBus"),
+            "GetNameOwner",
+            &(SYSTEMD,),
+        )
+        .await
+        .map_err(ManagerError::new("find systemd on the bus"))?;
+    let systemd: String = owner
+        .body()
+        .deserialize()
+        .map_err(ManagerError::new("find systemd on the bus"))?;
+    let queue = NonZeroUsize::new(STREAM_QUEUE);
+    // The sender is part of each rule: anyone on the bus may emit a signal with any path and
+    // interface, and only systemd's are facts.
+    let units_rule = MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender(systemd.as_str())
+        .interface(PROPERTIES)
+        .member("PropertiesChanged")
+        .path_namespace(UNIT_PATH_PREFIX)
+        .build()
+        .map(|rule| rule.to_owned())
+        .map_err(ManagerError::new("build the unit match rule"))?;
+    let units = MessageStream::for_match_rule(units_rule, conn, queue)
+        .await
+        .map_err(ManagerError::new("add the unit match rule"))?;
+    let manager_rule = MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender(systemd.as_str())
+        .interface(MANAGER_INTERFACE)
+        .path(MANAGER_PATH)
+        .build()
+        .map(|rule| rule.to_owned())
+        .map_err(ManagerError::new("build the manager match rule"))?;
+    let manager = MessageStream::for_match_rule(manager_rule, conn, queue)
+        .await
+        .map_err(ManagerError::new("add the manager match rule"))?;
+    call_manager(conn, "Subscribe", &())
+        .await
+        .map_err(ManagerError::new("subscribe to systemd"))?;
+    Ok(Subscription {
+        systemd,
+        units,
+        manager,
+    })
+}
+
+async fn call_manager<B>(conn: &Connection, method: &str, body: &B) -> zbus::Result<Message>
+where
+    B: serde::Serialize + zbus::DynamicType,
+{
+    conn.call_method(
+        Some(SYSTEMD),
+        MANAGER_PATH,
+        Some(MANAGER_INTERFACE),
+        method,
+        body,
+    )
+    .await
+}
+
+/// Reads the state of `unit`: `GetUnit` (an unloaded unit is inactive with no invocation and
+/// is not loaded by asking), then its `Unit` properties, then its `ControlGroup`.
+pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, ManagerError> {
+    let what = || format!("read {unit}");
+    let path = match call_manager(conn, "GetUnit", &(unit,)).await {
+        Ok(reply) => reply
+            .body()
+            .deserialize::<OwnedObjectPath>()
+            .map_err(ManagerError::new(what()))?,
+        Err(zbus::Error::MethodError(name, _, reply)) if name.as_str() == NO_SUCH_UNIT => {
+            return Ok(UnitSnapshot {
+                serial: reply.primary_header().serial_num().get(),
+                loaded: false,
+                active_state: "inactive".into(),
+                sub_state: "dead".into(),
+                invocation: String::new(),
+                control_group: String::new(),
+            });
+        }
+        Err(e) => return Err(ManagerError::new(what())(e)),
+    };
+    let reply = conn
+        .call_method(
+            Some(SYSTEMD),
+            &path,
+            Some(PROPERTIES),
+            "GetAll",
+            &(UNIT_INTERFACE,),
+        )
+        .await
+        .map_err(ManagerError::new(what()))?;
+    let serial = reply.primary_header().serial_num().get();
+    let all: HashMap<String, OwnedVariant> = reply
+        .body()
+        .deserialize()
+        .map_err(ManagerError::new(what()))?;
+    let change = unit_change(all, &[]).map_err(ManagerError::new(what()))?;
+    let control_group = control_group(conn, unit, &path).await?;
+    Ok(UnitSnapshot {
+        serial,
+        loaded: true,
+        active_state: change.active_state.unwrap_or_default(),
+        sub_state: change.sub_state.unwrap_or_default(),
+        invocation: change.invocation.unwrap_or_default(),
+        control_group,
+    })
+}
+
+/// The interface that carries ControlGroup for a unit of this type, if it has a cgroup.
+fn cgroup_interface(unit: &str) -> Option<&'static str> {
+    let suffix = unit.rsplit_once('.')?.1;
+    Some(match suffix {
+        "service" => "org.freedesktop.systemd1.Service",
+        "scope" => "org.freedesktop.systemd1.Scope",
+        "slice" => "org.freedesktop.systemd1.Slice",
+        "socket" => "org.freedesktop.systemd1.Socket",
+        "mount" => "org.freedesktop.systemd1.Mount",
+        "swap" => "org.freedesktop.systemd1.Swap",
+        _ => return None,
+    })
+}
+
+/// Reads a unit's ControlGroup, which systemd never signals; empty for a unit type that has
+/// no cgroup or a cgroup that is gone.
+async fn control_group(
+    conn: &Connection,
+    unit: &str,
+    path: &OwnedObjectPath,
+) -> Result<String, ManagerError> {
+    let Some(interface) = cgroup_interface(unit) else {
+        return Ok(String::new());
+    };
+    let reply = conn
+        .call_method(
+            Some(SYSTEMD),
+            path,
+            Some(PROPERTIES),
+            "Get",
+            &(interface, "ControlGroup"),
+        )
+        .await
+        .map_err(ManagerError::new(format!("read the cgroup of {unit}")))?;
+    let value: OwnedVariant = reply
+        .body()
+        .deserialize()
+        .map_err(ManagerError::new(format!("read the cgroup of {unit}")))?;
+    String::try_from(value).map_err(ManagerError::new(format!("read the cgroup of {unit}")))
+}
+
+/// Asks systemd to stop `unit`, replacing any queued job. A unit systemd does not have is
+/// already stopped.
+pub async fn stop_unit(conn: &Connection, unit: &str) -> Result<(), ManagerError> {
+    match call_manager(conn, "StopUnit", &(unit, "replace")).await {
+        Ok(_) => Ok(()),
+        Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT => Ok(()),
+        Err(e) => Err(ManagerError::new(format!("stop {unit}"))(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cgroup_interface;
+
+    #[test]
+    fn the_cgroup_interface_follows_the_unit_type() {
+        for (unit, iface) in [
+            ("a.service", Some("org.freedesktop.systemd1.Service")),
+            ("a.scope", Some("org.freedesktop.systemd1.Scope")),
+            ("a.b.slice", Some("org.freedesktop.systemd1.Slice")),
+            ("a.target", None),
+            ("a.timer", None),
+            ("noext", None),
+        ] {
+            assert_eq!(cgroup_interface(unit), iface, "{unit}");
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! The systemd side: decoding its signals and calling its manager over D-Bus.
+pub mod manager;
+pub mod signal;
