@@ -1,2 +1,954 @@
-//! The agent: one mio loop that owns the drivers and the units.
+//! The agent: one single-threaded mio loop that owns the drivers and the units.
+//!
+//! Everything the agent hears is a hint or a fact fed to a unit's [`UnitProof`]: a systemd
+//! signal or read (ordered by serial, see [`facts`]), an inotify notification (a hint to read
+//! the cgroup, which is the fact), a request on the control socket. This loop is the only
+//! place that reads the clock, and it sleeps in `epoll_wait` until the earliest of: a source is
+//! ready, a unit's retry timer, a waiter's deadline, the runtime's own timers.
+
+pub mod event;
 pub mod facts;
+pub mod waiters;
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use zbus::export::futures_core::Stream;
+use zbus::runtime::traits::TaskHandle;
+use zbus::{Connection, Message, MessageStream};
+
+use crate::cgroup::{CgroupError, CgroupReading, CgroupWatcher, Notice, cgroup2_mount};
+use crate::control::protocol::{Command, ErrorKind, Request, RequestId, Response};
+use crate::control::server::{ClientId, ControlError, ControlServer, ServerEvent, ServerOptions};
+use crate::proof::{Input, Output, Phase, StopReason, UnitProof};
+use crate::systemd::manager::{self, ManagerError, UnitSnapshot};
+use crate::systemd::runtime::MioRuntime;
+use crate::systemd::signal::{self, SystemdSignal, unit_path};
+use crate::unit_name::UnitName;
+use event::{ProofEvent, WatchView};
+use facts::UnitFacts;
+use waiters::Waiters;
+
+const WAKER: Token = Token(0);
+const INOTIFY: Token = Token(1);
+const SIGNALS: Token = Token(2);
+const CONTROL_TOKENS: std::ops::Range<usize> = 16..(1 << 20);
+const RUNTIME_TOKENS: std::ops::Range<usize> = (1 << 20)..(1 << 30);
+
+/// Which bus systemd is reached on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bus {
+    /// The system bus and the system manager.
+    System,
+    /// The session bus and the user's manager (`--user`).
+    User,
+}
+
+/// How the agent runs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub bus: Bus,
+    pub socket: PathBuf,
+    pub server: ServerOptions,
+    /// The deadline of every D-Bus call, StopUnit included.
+    pub method_timeout: Duration,
+    /// How many proven units stay listed at most; the oldest leave first.
+    pub retain_proven: usize,
+    /// How long a proven unit stays listed at most.
+    pub retain_for: Duration,
+}
+
+impl AgentConfig {
+    /// The defaults for `bus`, with the socket at `socket`.
+    pub fn new(bus: Bus, socket: PathBuf) -> Self {
+        AgentConfig {
+            bus,
+            socket,
+            server: ServerOptions::default(),
+            method_timeout: Duration::from_secs(10),
+            retain_proven: 1024,
+            retain_for: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// Why the agent could not start or had to stop.
+#[derive(Debug)]
+pub enum AgentError {
+    Io { what: &'static str, source: io::Error },
+    Bus(ManagerError),
+    Connect(zbus::Error),
+    Cgroup(CgroupError),
+    Control(ControlError),
+}
+
+impl fmt::Display for AgentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AgentError::Io { what, source } => write!(f, "{what}: {source}"),
+            AgentError::Bus(e) => write!(f, "{e}"),
+            AgentError::Connect(e) => write!(f, "connect to the bus: {e}"),
+            AgentError::Cgroup(e) => write!(f, "{e}"),
+            AgentError::Control(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for AgentError {}
+
+fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> AgentError {
+    move |source| AgentError::Io { what, source }
+}
+
+/// Identifies a watch for its whole life; never reused, so a late reply for a unit that was
+/// unwatched and watched again cannot land on the new watch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct UnitKey(u64);
+
+/// What async work on the runtime hands back to the loop.
+enum Completion {
+    Signal(Message),
+    SignalsEnded,
+    Read {
+        key: UnitKey,
+        result: Result<UnitSnapshot, ManagerError>,
+    },
+    Stopped {
+        unit: String,
+        reason: StopReason,
+        result: Result<(), ManagerError>,
+    },
+}
+
+type Completions = Arc<Mutex<VecDeque<Completion>>>;
+
+fn push(queue: &Completions, completion: Completion) {
+    queue
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push_back(completion);
+}
+
+/// A caller to answer once: its client and the id of its request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ReplyTo {
+    client: ClientId,
+    id: Option<RequestId>,
+}
+
+/// One watched unit.
+struct Watch {
+    unit: UnitName,
+    path: String,
+    /// The invocation the watch was asked for; `None` adopts the current one.
+    asked_invocation: Option<String>,
+    /// `None` until the first read of the unit came back.
+    proof: Option<UnitProof>,
+    facts: UnitFacts,
+    /// The last non-empty ControlGroup: systemd reports it empty once the unit is gone.
+    control_group: String,
+    /// A stop asked for before the first read came back.
+    pending_stop: bool,
+    /// `watch` requests answered once the first read is back.
+    watch_replies: Vec<ReplyTo>,
+    read_in_flight: bool,
+    read_again: bool,
+    timer: Option<Instant>,
+    event: Option<ProofEvent>,
+}
+
+impl Watch {
+    fn view(&self) -> WatchView {
+        let proof = self.proof.as_ref();
+        WatchView {
+            unit: self.unit.to_string(),
+            invocation: proof.map(|p| p.invocation().to_owned()),
+            active_state: self.facts.active_state().map(Into::into),
+            sub_state: self.facts.sub_state().map(Into::into),
+            populated: match proof.and_then(|p| p.last_reading()) {
+                Some(CgroupReading::Populated) => Some(true),
+                Some(CgroupReading::Empty) => Some(false),
+                _ => None,
+            },
+            phase: proof.map_or(Phase::Watching, UnitProof::phase),
+            stop_requested: proof.is_some_and(UnitProof::stop_requested) || self.pending_stop,
+            proof: self.event.clone(),
+        }
+    }
+}
+
+/// Runs the agent until SIGINT or SIGTERM.
+pub fn run(config: AgentConfig) -> Result<(), AgentError> {
+    let mut agent = Agent::start(config)?;
+    agent.run()
+}
+
+struct Agent {
+    config: AgentConfig,
+    poll: Poll,
+    runtime: MioRuntime,
+    conn: Connection,
+    systemd: String,
+    completions: Completions,
+    cgroups: CgroupWatcher<UnitKey>,
+    server: ControlServer,
+    signals: SignalFd,
+    next_key: u64,
+    units: HashMap<UnitKey, Watch>,
+    by_name: HashMap<String, UnitKey>,
+    by_path: HashMap<String, UnitKey>,
+    timers: BTreeSet<(Instant, UnitKey)>,
+    waiters: Waiters<UnitKey, ReplyTo>,
+    subscribers: HashSet<ClientId>,
+    proven_order: VecDeque<(Instant, UnitKey)>,
+}
+
+impl Agent {
+    fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        let mut poll = Poll::new().map_err(io_error("create the event loop"))?;
+        let runtime = MioRuntime::new(poll.registry(), WAKER, RUNTIME_TOKENS)
+            .map_err(io_error("create the bus runtime"))?;
+        let handle = runtime.handle();
+        let builder = match config.bus {
+            Bus::System => zbus::connection::Builder::system(),
+            Bus::User => zbus::connection::Builder::session(),
+        };
+        let timeout = config.method_timeout;
+        // Connecting and subscribing happen before any other source is registered, so
+        // block_on may drop foreign events: there are none yet.
+        let (conn, subscription) = runtime
+            .block_on(&mut poll, async move {
+                let conn = builder
+                    .map_err(AgentError::Connect)?
+                    .runtime(handle)
+                    .method_timeout(timeout)
+                    .build()
+                    .await
+                    .map_err(AgentError::Connect)?;
+                let subscription = manager::subscribe(&conn).await.map_err(AgentError::Bus)?;
+                Ok::<_, AgentError>((conn, subscription))
+            })
+            .map_err(io_error("run the bus runtime"))??;
+        let completions: Completions = Arc::default();
+        for stream in [subscription.units, subscription.manager] {
+            forward_signals(&runtime, stream, completions.clone());
+        }
+
+        let root = cgroup2_mount().map_err(AgentError::Cgroup)?;
+        let cgroups = CgroupWatcher::new(root).map_err(AgentError::Cgroup)?;
+        poll.registry()
+            .register(
+                &mut SourceFd(&cgroups.as_raw_fd()),
+                INOTIFY,
+                Interest::READABLE,
+            )
+            .map_err(io_error("watch inotify"))?;
+
+        let mut mask = SigSet::empty();
+        mask.add(Signal::SIGINT);
+        mask.add(Signal::SIGTERM);
+        mask.thread_block()
+            .map_err(|e| io_error("block signals")(e.into()))?;
+        let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+            .map_err(|e| io_error("create a signalfd")(e.into()))?;
+        poll.registry()
+            .register(
+                &mut SourceFd(&signals.as_raw_fd()),
+                SIGNALS,
+                Interest::READABLE,
+            )
+            .map_err(io_error("watch signals"))?;
+
+        let mut server =
+            ControlServer::bind(&config.socket, config.server.clone()).map_err(AgentError::Control)?;
+        server
+            .register(poll.registry(), CONTROL_TOKENS)
+            .map_err(io_error("register the control socket"))?;
+        log::info!(
+            "listening on {}, systemd is {} on the {} bus",
+            config.socket.display(),
+            subscription.systemd,
+            match config.bus {
+                Bus::System => "system",
+                Bus::User => "session",
+            }
+        );
+        Ok(Agent {
+            config,
+            poll,
+            runtime,
+            conn,
+            systemd: subscription.systemd,
+            completions,
+            cgroups,
+            server,
+            signals,
+            next_key: 0,
+            units: HashMap::new(),
+            by_name: HashMap::new(),
+            by_path: HashMap::new(),
+            timers: BTreeSet::new(),
+            waiters: Waiters::default(),
+            subscribers: HashSet::new(),
+            proven_order: VecDeque::new(),
+        })
+    }
+
+    fn run(&mut self) -> Result<(), AgentError> {
+        let mut events = Events::with_capacity(1024);
+        let mut requests = Vec::new();
+        loop {
+            let timeout = self.timeout(Instant::now());
+            match self.poll.poll(&mut events, timeout) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(io_error("wait for events")(e)),
+            }
+            let mut cgroups_ready = false;
+            for event in events.iter() {
+                match event.token() {
+                    t if self.runtime.owns(t) => self.runtime.handle_event(event),
+                    INOTIFY => cgroups_ready = true,
+                    SIGNALS => {
+                        if let Ok(Some(info)) = self.signals.read_signal() {
+                            log::info!("signal {}: shutting down", info.ssi_signo);
+                            return Ok(());
+                        }
+                    }
+                    _ => self
+                        .server
+                        .handle_event(self.poll.registry(), event, &mut requests),
+                }
+            }
+            self.runtime.turn();
+            self.take_completions();
+            if cgroups_ready {
+                self.take_cgroup_notices()?;
+            }
+            for request in requests.drain(..) {
+                self.on_server_event(request);
+            }
+            self.on_time(Instant::now());
+        }
+    }
+
+    /// How long the loop may sleep: until the earliest timer of anyone.
+    fn timeout(&self, now: Instant) -> Option<Duration> {
+        let ours = [
+            self.timers.first().map(|(at, _)| *at),
+            self.waiters.next_deadline(),
+            self.proven_order
+                .front()
+                .map(|(at, _)| *at + self.config.retain_for),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|at| at.saturating_duration_since(now));
+        match (ours, self.runtime.timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn take_completions(&mut self) {
+        loop {
+            let next = self
+                .completions
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop_front();
+            let Some(completion) = next else { break };
+            match completion {
+                Completion::Signal(message) => self.on_signal(&message),
+                Completion::SignalsEnded => {
+                    // Reconnecting is the reliability issue's work; until then every unit's
+                    // state is unknown, which blocks every proof that would need it.
+                    log::error!("the bus connection closed; no proof can be made until restart");
+                    let keys: Vec<UnitKey> = self.units.keys().copied().collect();
+                    for key in keys {
+                        self.feed(key, Input::StateUnknown);
+                    }
+                }
+                Completion::Read { key, result } => self.on_read(key, result),
+                Completion::Stopped {
+                    unit,
+                    reason,
+                    result,
+                } => match result {
+                    Ok(()) => log::debug!("{unit}: stop ({reason:?}) accepted"),
+                    Err(e) => log::warn!("{unit}: stop ({reason:?}): {e}"),
+                },
+            }
+        }
+    }
+
+    fn on_signal(&mut self, message: &Message) {
+        let header = message.header();
+        if header.sender().map(|s| s.as_str()) != Some(self.systemd.as_str()) {
+            return;
+        }
+        let serial = message.primary_header().serial_num().get();
+        let decoded = match signal::decode(message) {
+            Ok(Some(decoded)) => decoded,
+            Ok(None) => return,
+            Err(e) => {
+                log::warn!("{e}");
+                return;
+            }
+        };
+        match decoded {
+            SystemdSignal::UnitChanged { path, change } => {
+                let Some(&key) = self.by_path.get(&path) else {
+                    return;
+                };
+                let Some(watch) = self.units.get_mut(&key) else {
+                    return;
+                };
+                let new_invocation = watch.facts.apply_change(&change, serial);
+                if new_invocation || change.invalidated {
+                    // A new invocation may run in another cgroup, and ControlGroup is never
+                    // signalled: read it again.
+                    self.read_unit(key);
+                }
+                self.feed_state(key);
+            }
+            SystemdSignal::UnitRemoved { unit } => {
+                if let Some(&key) = self.by_name.get(&unit) {
+                    if let Some(watch) = self.units.get_mut(&key) {
+                        watch.facts.apply_unloaded(serial);
+                    }
+                    self.feed_state(key);
+                }
+            }
+            SystemdSignal::UnitNew { unit } => {
+                if let Some(&key) = self.by_name.get(&unit) {
+                    self.read_unit(key);
+                }
+            }
+            SystemdSignal::Reloading(true) => log::debug!("systemd is reloading"),
+            SystemdSignal::Reloading(false) => {
+                let keys: Vec<UnitKey> = self.units.keys().copied().collect();
+                for key in keys {
+                    self.read_unit(key);
+                }
+            }
+        }
+    }
+
+    /// Reads a unit's state and cgroup path again; at most one read per unit is in flight, and
+    /// one asked for meanwhile runs when it returns.
+    fn read_unit(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if watch.event.is_some() {
+            return;
+        }
+        if watch.read_in_flight {
+            watch.read_again = true;
+            return;
+        }
+        watch.read_in_flight = true;
+        let conn = self.conn.clone();
+        let unit = watch.unit.to_string();
+        let queue = self.completions.clone();
+        self.runtime
+            .spawn(async move {
+                let result = manager::read_unit(&conn, &unit).await;
+                push(&queue, Completion::Read { key, result });
+            })
+            .detach();
+    }
+
+    fn on_read(&mut self, key: UnitKey, result: Result<UnitSnapshot, ManagerError>) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        watch.read_in_flight = false;
+        let snapshot = match result {
+            Ok(snapshot) => snapshot,
+            Err(e) if watch.proof.is_none() => {
+                let message = e.to_string();
+                log::warn!("{}: {message}", watch.unit);
+                for reply in std::mem::take(&mut watch.watch_replies) {
+                    self.reply_error(&reply, ErrorKind::Internal, &message);
+                }
+                for reply in self.waiters.take_key(key) {
+                    self.reply_error(&reply, ErrorKind::Internal, &message);
+                }
+                self.forget(key);
+                return;
+            }
+            Err(e) => {
+                log::warn!("{}: {e}", watch.unit);
+                return;
+            }
+        };
+        watch.facts.apply_snapshot(&snapshot);
+        let moved = !snapshot.control_group.is_empty()
+            && snapshot.control_group != watch.control_group;
+        if moved {
+            watch.control_group = snapshot.control_group.clone();
+        }
+        let first = watch.proof.is_none();
+        if first {
+            let invocation = watch
+                .asked_invocation
+                .clone()
+                .unwrap_or_else(|| snapshot.invocation.clone());
+            watch.proof = Some(UnitProof::new(invocation));
+        }
+        if watch.read_again {
+            watch.read_again = false;
+            self.read_unit(key);
+        }
+        if moved || first {
+            self.watch_cgroup(key);
+        }
+        if first {
+            // A first reading for `list`; judged only if the state asks for it.
+            let reading = self.cgroups.read(key);
+            self.feed(key, Input::Cgroup(reading));
+        }
+        self.feed_state(key);
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if first && std::mem::take(&mut watch.pending_stop) {
+            self.feed(key, Input::StopRequested);
+        }
+        if first {
+            let Some(watch) = self.units.get_mut(&key) else {
+                return;
+            };
+            let view = watch.view();
+            for reply in std::mem::take(&mut watch.watch_replies) {
+                self.reply_ok(&reply, "watch", &view);
+            }
+        }
+    }
+
+    /// Adds the inotify watches for the unit's cgroup; they come before any read of it, so no
+    /// change between the read and the watch can be missed.
+    fn watch_cgroup(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        if watch.control_group.is_empty() {
+            return;
+        }
+        if let Err(e) = self.cgroups.watch(key, &watch.control_group) {
+            // Without the watch a change could go unnoticed; the retry timer of an unreadable
+            // cgroup does not cover this, so say so loudly. Reads still work.
+            log::error!("{}: {e}", watch.unit);
+        }
+    }
+
+    fn feed_state(&mut self, key: UnitKey) {
+        let Some(state) = self.units.get(&key).and_then(|w| w.facts.state()) else {
+            return;
+        };
+        self.feed(key, Input::State(state));
+    }
+
+    /// Hands one input to a unit's proof and carries out everything it asks for.
+    fn feed(&mut self, key: UnitKey, input: Input) {
+        let now = Instant::now();
+        let Some(proof) = self.units.get_mut(&key).and_then(|w| w.proof.as_mut()) else {
+            return;
+        };
+        proof.handle_input(input, now);
+        self.drive(key, now);
+    }
+
+    fn drive(&mut self, key: UnitKey, now: Instant) {
+        loop {
+            let Some(watch) = self.units.get_mut(&key) else {
+                return;
+            };
+            let Some(proof) = watch.proof.as_mut() else {
+                return;
+            };
+            let Some(output) = proof.poll_output() else {
+                break;
+            };
+            match output {
+                Output::ReadCgroup => {
+                    let reading = self.cgroups.read(key);
+                    if let Some(proof) = self.units.get_mut(&key).and_then(|w| w.proof.as_mut()) {
+                        proof.handle_input(Input::Cgroup(reading), now);
+                    }
+                }
+                Output::StopUnit(reason) => {
+                    let unit = watch.unit.to_string();
+                    self.stop_unit(unit, reason);
+                }
+                Output::Log(level, line) => {
+                    log::log!(to_log_level(level), "{}: {line}", watch.unit);
+                }
+                Output::Proven(proof) => {
+                    let event = ProofEvent {
+                        kind: "proven",
+                        unit: watch.unit.to_string(),
+                        invocation: watch
+                            .proof
+                            .as_ref()
+                            .map(|p| p.invocation().to_owned())
+                            .unwrap_or_default(),
+                        level: proof.level,
+                        message: proof.message,
+                        cause: proof.cause,
+                        proven_mono_ns: monotonic_ns(),
+                        stop_requested: watch.proof.as_ref().is_some_and(UnitProof::stop_requested),
+                    };
+                    self.on_proven(key, event, now);
+                }
+            }
+        }
+        self.rearm(key);
+    }
+
+    fn rearm(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let next = watch.proof.as_ref().and_then(UnitProof::poll_timeout);
+        if watch.timer != next {
+            if let Some(old) = watch.timer.take() {
+                self.timers.remove(&(old, key));
+            }
+            if let Some(at) = next {
+                self.timers.insert((at, key));
+            }
+            watch.timer = next;
+        }
+    }
+
+    fn stop_unit(&mut self, unit: String, reason: StopReason) {
+        log::info!("{unit}: stopping ({reason:?})");
+        let conn = self.conn.clone();
+        let queue = self.completions.clone();
+        self.runtime
+            .spawn(async move {
+                let result = manager::stop_unit(&conn, &unit).await;
+                push(
+                    &queue,
+                    Completion::Stopped {
+                        unit,
+                        reason,
+                        result,
+                    },
+                );
+            })
+            .detach();
+    }
+
+    /// The proof is in: release what the unit held (here, its inotify watches), exactly once,
+    /// then tell everyone.
+    fn on_proven(&mut self, key: UnitKey, event: ProofEvent, now: Instant) {
+        self.cgroups.unwatch(key);
+        let level = to_log_level(event.level);
+        log::log!(level, "{}: proven: {} ({:?})", event.unit, event.message, event.cause);
+        let event_json = serde_json::to_value(&event).unwrap_or_default();
+        for reply in self.waiters.take_key(key) {
+            self.send(reply.client, &Response::ok(reply.id, "event", &event_json));
+        }
+        let line = Response::event(&event_json);
+        let subscribers: Vec<ClientId> = self.subscribers.iter().copied().collect();
+        for client in subscribers {
+            if !self.server.send(self.poll.registry(), client, &line) {
+                self.subscribers.remove(&client);
+            }
+        }
+        if let Some(watch) = self.units.get_mut(&key) {
+            watch.event = Some(event);
+        }
+        self.proven_order.push_back((now, key));
+        while self.proven_order.len() > self.config.retain_proven {
+            if let Some((_, old)) = self.proven_order.pop_front() {
+                self.forget(old);
+            }
+        }
+    }
+
+    fn take_cgroup_notices(&mut self) -> Result<(), AgentError> {
+        let mut notices = Vec::new();
+        if let Err(e) = self.cgroups.drain(&mut notices) {
+            log::error!("{e}");
+        }
+        for notice in notices {
+            match notice {
+                Notice::Changed(key) => {
+                    let reading = self.cgroups.read(key);
+                    self.feed(key, Input::Cgroup(reading));
+                }
+                Notice::Overflow => {
+                    log::warn!("inotify queue overflowed: reading every cgroup again");
+                    let keys: Vec<UnitKey> = self.units.keys().copied().collect();
+                    for key in keys {
+                        let reading = self.cgroups.read(key);
+                        self.feed(key, Input::Cgroup(reading));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn on_time(&mut self, now: Instant) {
+        while let Some(&(at, key)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.remove(&(at, key));
+            if let Some(watch) = self.units.get_mut(&key) {
+                watch.timer = None;
+                if let Some(proof) = watch.proof.as_mut() {
+                    proof.handle_timeout(now);
+                }
+            }
+            self.drive(key, now);
+        }
+        for (key, reply) in self.waiters.take_expired(now) {
+            let view = self.units.get(&key).map(Watch::view);
+            self.send(
+                reply.client,
+                &Response::still_running(reply.id, view.as_ref()),
+            );
+        }
+        while let Some(&(at, key)) = self.proven_order.front() {
+            if now.saturating_duration_since(at) < self.config.retain_for {
+                break;
+            }
+            self.proven_order.pop_front();
+            self.forget(key);
+        }
+    }
+
+    fn on_server_event(&mut self, event: ServerEvent) {
+        match event {
+            ServerEvent::Closed { client } => {
+                self.subscribers.remove(&client);
+                self.waiters.take_where(|r| r.client == client);
+            }
+            ServerEvent::Request { client, request } => self.on_request(client, request),
+        }
+    }
+
+    fn on_request(&mut self, client: ClientId, request: Request) {
+        let reply = ReplyTo {
+            client,
+            id: request.id,
+        };
+        let now = Instant::now();
+        match request.command {
+            Command::Watch { unit, invocation } => self.cmd_watch(reply, unit, invocation),
+            Command::Wait { unit, timeout } => {
+                let key = self.ensure_watch(&unit);
+                self.wait_for(key, reply, timeout.map(|t| now + t));
+            }
+            Command::Stop { unit, timeout } => {
+                let key = self.ensure_watch(&unit);
+                if let Some(watch) = self.units.get_mut(&key) {
+                    if watch.proof.is_some() {
+                        self.feed(key, Input::StopRequested);
+                    } else {
+                        watch.pending_stop = true;
+                    }
+                }
+                self.wait_for(key, reply, timeout.map(|t| now + t));
+            }
+            Command::Unwatch { unit } => match self.by_name.get(unit.as_str()).copied() {
+                Some(key) => {
+                    for waiter in self.waiters.take_key(key) {
+                        self.reply_error(&waiter, ErrorKind::NotWatched, "unwatched");
+                    }
+                    self.forget(key);
+                    self.send(client, &Response::ok_empty(reply.id));
+                }
+                None => self.reply_error(
+                    &reply,
+                    ErrorKind::NotWatched,
+                    &format!("{unit} is not watched"),
+                ),
+            },
+            Command::List => {
+                let mut views: Vec<WatchView> = self.units.values().map(Watch::view).collect();
+                views.sort_by(|a, b| a.unit.cmp(&b.unit));
+                self.reply_ok(&reply, "units", &views);
+            }
+            Command::Events => {
+                self.subscribers.insert(client);
+                self.send(client, &Response::ok_empty(reply.id));
+            }
+        }
+    }
+
+    fn cmd_watch(&mut self, reply: ReplyTo, unit: UnitName, invocation: Option<String>) {
+        if let Some(&key) = self.by_name.get(unit.as_str()) {
+            let Some(watch) = self.units.get_mut(&key) else {
+                return;
+            };
+            let ours = watch
+                .proof
+                .as_ref()
+                .map(|p| p.invocation().to_owned())
+                .or_else(|| watch.asked_invocation.clone());
+            if watch.event.is_some() {
+                // A proven unit is watched afresh: its retained proof is replaced.
+                self.forget(key);
+            } else if invocation.is_some() && ours.is_some() && invocation != ours {
+                let message = format!(
+                    "{unit} is already watched with invocation {}",
+                    ours.unwrap_or_default()
+                );
+                self.reply_error(&reply, ErrorKind::BadRequest, &message);
+                return;
+            } else if watch.proof.is_some() {
+                let view = watch.view();
+                self.reply_ok(&reply, "watch", &view);
+                return;
+            } else {
+                watch.watch_replies.push(reply);
+                return;
+            }
+        }
+        let key = self.new_watch(&unit, invocation);
+        if let Some(watch) = self.units.get_mut(&key) {
+            watch.watch_replies.push(reply);
+        }
+    }
+
+    /// The unit's watch, started (adopting its current invocation) if there is none.
+    fn ensure_watch(&mut self, unit: &UnitName) -> UnitKey {
+        match self.by_name.get(unit.as_str()) {
+            Some(&key) => key,
+            None => self.new_watch(unit, None),
+        }
+    }
+
+    fn new_watch(&mut self, unit: &UnitName, invocation: Option<String>) -> UnitKey {
+        let key = UnitKey(self.next_key);
+        self.next_key += 1;
+        let path = unit_path(unit.as_str());
+        self.by_name.insert(unit.to_string(), key);
+        self.by_path.insert(path.clone(), key);
+        self.units.insert(
+            key,
+            Watch {
+                unit: unit.clone(),
+                path,
+                asked_invocation: invocation,
+                proof: None,
+                facts: UnitFacts::default(),
+                control_group: String::new(),
+                pending_stop: false,
+                watch_replies: Vec::new(),
+                read_in_flight: false,
+                read_again: false,
+                timer: None,
+                event: None,
+            },
+        );
+        self.read_unit(key);
+        key
+    }
+
+    fn wait_for(&mut self, key: UnitKey, reply: ReplyTo, deadline: Option<Instant>) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        match &watch.event {
+            Some(event) => {
+                let json = serde_json::to_value(event).unwrap_or_default();
+                self.send(reply.client, &Response::ok(reply.id, "event", &json));
+            }
+            None => {
+                self.waiters.add(key, reply, deadline);
+            }
+        }
+    }
+
+    /// Drops a watch and everything it holds.
+    fn forget(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.remove(&key) else {
+            return;
+        };
+        self.cgroups.unwatch(key);
+        if self.by_name.get(watch.unit.as_str()) == Some(&key) {
+            self.by_name.remove(watch.unit.as_str());
+        }
+        if self.by_path.get(&watch.path) == Some(&key) {
+            self.by_path.remove(&watch.path);
+        }
+        if let Some(at) = watch.timer {
+            self.timers.remove(&(at, key));
+        }
+        self.proven_order.retain(|(_, k)| *k != key);
+    }
+
+    fn reply_ok<T: serde::Serialize>(&mut self, reply: &ReplyTo, field: &str, value: &T) {
+        let json = serde_json::to_value(value).unwrap_or_default();
+        self.send(reply.client, &Response::ok(reply.id.clone(), field, &json));
+    }
+
+    fn reply_error(&mut self, reply: &ReplyTo, kind: ErrorKind, message: &str) {
+        self.send(
+            reply.client,
+            &Response::error(reply.id.clone(), kind, message),
+        );
+    }
+
+    fn send(&mut self, client: ClientId, line: &str) {
+        if !self.server.send(self.poll.registry(), client, line) {
+            self.subscribers.remove(&client);
+            self.waiters.take_where(|r| r.client == client);
+        }
+    }
+}
+
+/// Hands every signal of `stream` to the loop, in order, as it arrives.
+fn forward_signals(runtime: &MioRuntime, mut stream: MessageStream, queue: Completions) {
+    runtime
+        .spawn(async move {
+            while let Some(next) =
+                std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await
+            {
+                match next {
+                    Ok(message) => push(&queue, Completion::Signal(message)),
+                    Err(e) => log::warn!("bus: {e}"),
+                }
+            }
+            push(&queue, Completion::SignalsEnded);
+        })
+        .detach();
+}
+
+fn to_log_level(level: crate::proof::Level) -> log::Level {
+    match level {
+        crate::proof::Level::Info => log::Level::Info,
+        crate::proof::Level::Warn => log::Level::Warn,
+    }
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds.
+pub fn monotonic_ns() -> u64 {
+    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
+        Ok(ts) => {
+            u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+        }
+        Err(_) => 0,
+    }
+}

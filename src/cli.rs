@@ -1,0 +1,251 @@
+//! The command line: `exitproof agent` runs the agent; every other subcommand is a thin client
+//! of a running agent's control socket.
+//!
+//! Exit codes: 0 proven or done, 75 still running when the timeout passed, 2 usage error,
+//! 1 any other error (with a one-line message on stderr).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use serde_json::{Value, json};
+
+use crate::agent::{self, AgentConfig, Bus};
+use crate::control::client::Client;
+use crate::duration::parse_duration;
+use crate::unit_name::{self, UnitName};
+
+/// Proves that every process of a systemd unit is gone.
+#[derive(Debug, Parser)]
+#[command(name = "exitproof", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// Where the agent's socket is.
+#[derive(Debug, Args)]
+struct SocketArgs {
+    /// The systemd user manager and the session bus, instead of the system ones.
+    #[arg(long, global = true)]
+    user: bool,
+    /// The control socket [default: $XDG_RUNTIME_DIR/exitproof.sock with --user,
+    /// else /run/exitproof/exitproof.sock].
+    #[arg(long, env = "EXITPROOF_SOCKET", global = true)]
+    socket: Option<PathBuf>,
+}
+
+impl SocketArgs {
+    fn bus(&self) -> Bus {
+        if self.user { Bus::User } else { Bus::System }
+    }
+
+    fn path(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| default_socket(self.bus()))
+    }
+}
+
+/// The default control socket for `bus`.
+pub fn default_socket(bus: Bus) -> PathBuf {
+    match bus {
+        Bus::System => PathBuf::from("/run/exitproof/exitproof.sock"),
+        Bus::User => std::env::var_os("XDG_RUNTIME_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(format!("/run/user/{}", nix::unistd::getuid())))
+            .join("exitproof.sock"),
+    }
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the agent in the foreground (logs to stderr; RUST_LOG sets the level).
+    Agent {
+        #[command(flatten)]
+        socket: SocketArgs,
+        /// The deadline of every D-Bus call, StopUnit included.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        method_timeout: Duration,
+    },
+    /// Start watching a unit and print the watch.
+    Watch {
+        #[arg(value_parser = parse_unit)]
+        unit: UnitName,
+        /// Our invocation (32 hex digits) [default: the unit's current InvocationID].
+        #[arg(long)]
+        invocation: Option<String>,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Wait for a unit's proof (watching it first if needed) and print the proof event.
+    Wait {
+        #[arg(value_parser = parse_unit)]
+        unit: UnitName,
+        /// Give up after this long (e.g. 500ms, 10s, 2m) and exit 75 [default: wait forever].
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Stop a unit (stop requested, then StopUnit) and wait for its proof.
+    Stop {
+        #[arg(value_parser = parse_unit)]
+        unit: UnitName,
+        /// Give up waiting after this long and exit 75; the unit stays watched and stopping.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<Duration>,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Stop watching a unit.
+    Unwatch {
+        #[arg(value_parser = parse_unit)]
+        unit: UnitName,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Print one JSON line per watched unit.
+    List {
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Print every event as a JSON line until interrupted.
+    Events {
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+}
+
+fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
+    unit_name::validate(s)
+}
+
+/// The exit code for a proof that did not arrive in time.
+pub const EXIT_STILL_RUNNING: u8 = 75;
+
+/// Runs the command line and returns the process's exit code.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(message) => {
+            eprintln!("exitproof: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode, String> {
+    match cli.command {
+        Cmd::Agent {
+            socket,
+            method_timeout,
+        } => {
+            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
+                .init();
+            let mut config = AgentConfig::new(socket.bus(), socket.path());
+            config.method_timeout = method_timeout;
+            agent::run(config).map_err(|e| e.to_string())?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Watch {
+            unit,
+            invocation,
+            socket,
+        } => {
+            let mut request = json!({"cmd": "watch", "unit": unit.as_str()});
+            if let Some(invocation) = invocation {
+                request["invocation"] = Value::String(invocation);
+            }
+            let response = call(&socket, &request)?;
+            print_line(&response["watch"])?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Wait {
+            unit,
+            timeout,
+            socket,
+        } => wait_like("wait", &unit, timeout, &socket),
+        Cmd::Stop {
+            unit,
+            timeout,
+            socket,
+        } => wait_like("stop", &unit, timeout, &socket),
+        Cmd::Unwatch { unit, socket } => {
+            call(&socket, &json!({"cmd": "unwatch", "unit": unit.as_str()}))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::List { socket } => {
+            let response = call(&socket, &json!({"cmd": "list"}))?;
+            for unit in response["units"].as_array().into_iter().flatten() {
+                print_line(unit)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Events { socket } => {
+            let mut client = connect(&socket)?;
+            let response = client
+                .request(&json!({"cmd": "events"}))
+                .map_err(|e| e.to_string())?;
+            check(&response)?;
+            while let Some(line) = client.next_line(None).map_err(|e| e.to_string())? {
+                print_line(&line["event"])?;
+            }
+            Err("the agent closed the connection".into())
+        }
+    }
+}
+
+fn wait_like(
+    cmd: &str,
+    unit: &UnitName,
+    timeout: Option<Duration>,
+    socket: &SocketArgs,
+) -> Result<ExitCode, String> {
+    let mut request = json!({"cmd": cmd, "unit": unit.as_str()});
+    if let Some(t) = timeout {
+        request["timeout_ms"] = json!(u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+    }
+    let mut client = connect(socket)?;
+    let response = client.request(&request).map_err(|e| e.to_string())?;
+    if response["error"]["kind"] == "still-running" {
+        eprintln!("exitproof: {unit} still running when the timeout passed");
+        return Ok(ExitCode::from(EXIT_STILL_RUNNING));
+    }
+    check(&response)?;
+    print_line(&response["event"])?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn connect(socket: &SocketArgs) -> Result<Client, String> {
+    Client::connect(&socket.path()).map_err(|e| e.to_string())
+}
+
+fn call(socket: &SocketArgs, request: &Value) -> Result<Value, String> {
+    let response = connect(socket)?
+        .request(request)
+        .map_err(|e| e.to_string())?;
+    check(&response)?;
+    Ok(response)
+}
+
+/// Turns an error response into the one-line message the CLI prints.
+fn check(response: &Value) -> Result<(), String> {
+    if response["ok"] == true {
+        return Ok(());
+    }
+    let message = response["error"]["message"]
+        .as_str()
+        .unwrap_or("the agent sent a response that is not understood");
+    Err(message.to_owned())
+}
+
+fn print_line(value: &Value) -> Result<(), String> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{value}")
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("write to stdout: {e}"))
+}
