@@ -191,7 +191,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 .request(&json!({"cmd": "events"}))
                 .map_err(|e| e.to_string())?;
             check(&response)?;
-            while let Some(line) = client.next_line(None).map_err(|e| e.to_string())? {
+            while let Some(line) = client.next_line().map_err(|e| e.to_string())? {
                 print_line(&line["event"])?;
             }
             Err("the agent closed the connection".into())

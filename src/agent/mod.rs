@@ -28,8 +28,11 @@ use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message, MessageStream};
 
 use crate::cgroup::{CgroupError, CgroupReading, CgroupWatcher, Notice, cgroup2_mount};
-use crate::control::protocol::{Command, ErrorKind, Request, RequestId, Response};
-use crate::control::server::{ClientId, ControlError, ControlServer, ServerEvent, ServerOptions};
+use crate::control::ControlError;
+use crate::control::protocol::{
+    Command, ErrorKind, Request, RequestId, Response, UnwatchArgs, WaitArgs, WatchArgs, event_line,
+};
+use crate::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
 use crate::proof::{Input, Output, Phase, StopReason, UnitProof};
 use crate::systemd::manager::{self, ManagerError, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
@@ -85,7 +88,10 @@ impl AgentConfig {
 /// Why the agent could not start or had to stop.
 #[derive(Debug)]
 pub enum AgentError {
-    Io { what: &'static str, source: io::Error },
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
     Bus(ManagerError),
     Connect(zbus::Error),
     Cgroup(CgroupError),
@@ -229,7 +235,6 @@ impl Agent {
         let (conn, subscription) = runtime
             .block_on(&mut poll, async move {
                 let conn = builder
-                    .map_err(AgentError::Connect)?
                     .runtime(handle)
                     .method_timeout(timeout)
                     .build()
@@ -269,8 +274,8 @@ impl Agent {
             )
             .map_err(io_error("watch signals"))?;
 
-        let mut server =
-            ControlServer::bind(&config.socket, config.server.clone()).map_err(AgentError::Control)?;
+        let mut server = ControlServer::bind(&config.socket, config.server.clone())
+            .map_err(AgentError::Control)?;
         server
             .register(poll.registry(), CONTROL_TOKENS)
             .map_err(io_error("register the control socket"))?;
@@ -335,9 +340,12 @@ impl Agent {
             if cgroups_ready {
                 self.take_cgroup_notices()?;
             }
-            for request in requests.drain(..) {
+            // Sends may drop slow clients; their `Closed` comes through take_closed.
+            self.server.take_closed(&mut requests);
+            for request in std::mem::take(&mut requests) {
                 self.on_server_event(request);
             }
+            self.server.take_closed(&mut requests);
             self.on_time(Instant::now());
         }
     }
@@ -496,8 +504,8 @@ impl Agent {
             }
         };
         watch.facts.apply_snapshot(&snapshot);
-        let moved = !snapshot.control_group.is_empty()
-            && snapshot.control_group != watch.control_group;
+        let moved =
+            !snapshot.control_group.is_empty() && snapshot.control_group != watch.control_group;
         if moved {
             watch.control_group = snapshot.control_group.clone();
         }
@@ -659,17 +667,24 @@ impl Agent {
     fn on_proven(&mut self, key: UnitKey, event: ProofEvent, now: Instant) {
         self.cgroups.unwatch(key);
         let level = to_log_level(event.level);
-        log::log!(level, "{}: proven: {} ({:?})", event.unit, event.message, event.cause);
-        let event_json = serde_json::to_value(&event).unwrap_or_default();
+        log::log!(
+            level,
+            "{}: proven: {} ({:?})",
+            event.unit,
+            event.message,
+            event.cause
+        );
         for reply in self.waiters.take_key(key) {
-            self.send(reply.client, &Response::ok(reply.id, "event", &event_json));
+            self.reply_ok(&reply, "event", &event);
         }
-        let line = Response::event(&event_json);
-        let subscribers: Vec<ClientId> = self.subscribers.iter().copied().collect();
-        for client in subscribers {
-            if !self.server.send(self.poll.registry(), client, &line) {
-                self.subscribers.remove(&client);
+        match event_line(&event) {
+            Ok(line) => {
+                let subscribers: Vec<ClientId> = self.subscribers.iter().copied().collect();
+                for client in subscribers {
+                    self.send(client, &line);
+                }
             }
+            Err(e) => log::error!("{}: encode the proof event: {e}", event.unit),
         }
         if let Some(watch) = self.units.get_mut(&key) {
             watch.event = Some(event);
@@ -721,11 +736,12 @@ impl Agent {
             self.drive(key, now);
         }
         for (key, reply) in self.waiters.take_expired(now) {
-            let view = self.units.get(&key).map(Watch::view);
-            self.send(
-                reply.client,
-                &Response::still_running(reply.id, view.as_ref()),
+            let unit = self.units.get(&key).map(|w| w.unit.to_string());
+            let message = format!(
+                "{} still running: not proven before the timeout; it stays watched",
+                unit.unwrap_or_default()
             );
+            self.reply_error(&reply, ErrorKind::StillRunning, &message);
         }
         while let Some(&(at, key)) = self.proven_order.front() {
             if now.saturating_duration_since(at) < self.config.retain_for {
@@ -753,12 +769,14 @@ impl Agent {
         };
         let now = Instant::now();
         match request.command {
-            Command::Watch { unit, invocation } => self.cmd_watch(reply, unit, invocation),
-            Command::Wait { unit, timeout } => {
+            Command::Watch(WatchArgs { unit, invocation }) => {
+                self.cmd_watch(reply, unit, invocation)
+            }
+            Command::Wait(WaitArgs { unit, timeout }) => {
                 let key = self.ensure_watch(&unit);
                 self.wait_for(key, reply, timeout.map(|t| now + t));
             }
-            Command::Stop { unit, timeout } => {
+            Command::Stop(WaitArgs { unit, timeout }) => {
                 let key = self.ensure_watch(&unit);
                 if let Some(watch) = self.units.get_mut(&key) {
                     if watch.proof.is_some() {
@@ -769,20 +787,22 @@ impl Agent {
                 }
                 self.wait_for(key, reply, timeout.map(|t| now + t));
             }
-            Command::Unwatch { unit } => match self.by_name.get(unit.as_str()).copied() {
-                Some(key) => {
-                    for waiter in self.waiters.take_key(key) {
-                        self.reply_error(&waiter, ErrorKind::NotWatched, "unwatched");
+            Command::Unwatch(UnwatchArgs { unit }) => {
+                match self.by_name.get(unit.as_str()).copied() {
+                    Some(key) => {
+                        for waiter in self.waiters.take_key(key) {
+                            self.reply_error(&waiter, ErrorKind::NotWatched, "unwatched");
+                        }
+                        self.forget(key);
+                        self.send(client, &Response::ok(reply.id, ()).to_line());
                     }
-                    self.forget(key);
-                    self.send(client, &Response::ok_empty(reply.id));
+                    None => self.reply_error(
+                        &reply,
+                        ErrorKind::NotWatched,
+                        &format!("{unit} is not watched"),
+                    ),
                 }
-                None => self.reply_error(
-                    &reply,
-                    ErrorKind::NotWatched,
-                    &format!("{unit} is not watched"),
-                ),
-            },
+            }
             Command::List => {
                 let mut views: Vec<WatchView> = self.units.values().map(Watch::view).collect();
                 views.sort_by(|a, b| a.unit.cmp(&b.unit));
@@ -790,7 +810,7 @@ impl Agent {
             }
             Command::Events => {
                 self.subscribers.insert(client);
-                self.send(client, &Response::ok_empty(reply.id));
+                self.send(client, &Response::ok(reply.id, ()).to_line());
             }
         }
     }
@@ -871,8 +891,8 @@ impl Agent {
         };
         match &watch.event {
             Some(event) => {
-                let json = serde_json::to_value(event).unwrap_or_default();
-                self.send(reply.client, &Response::ok(reply.id, "event", &json));
+                let event = event.clone();
+                self.reply_ok(&reply, "event", &event);
             }
             None => {
                 self.waiters.add(key, reply, deadline);
@@ -899,22 +919,26 @@ impl Agent {
     }
 
     fn reply_ok<T: serde::Serialize>(&mut self, reply: &ReplyTo, field: &str, value: &T) {
-        let json = serde_json::to_value(value).unwrap_or_default();
-        self.send(reply.client, &Response::ok(reply.id.clone(), field, &json));
+        let mut payload = serde_json::Map::new();
+        match serde_json::to_value(value) {
+            Ok(value) => {
+                payload.insert(field.to_owned(), value);
+                let line = Response::ok(reply.id.clone(), payload).to_line();
+                self.send(reply.client, &line);
+            }
+            Err(e) => self.reply_error(reply, ErrorKind::Internal, &format!("encode {field}: {e}")),
+        }
     }
 
     fn reply_error(&mut self, reply: &ReplyTo, kind: ErrorKind, message: &str) {
-        self.send(
-            reply.client,
-            &Response::error(reply.id.clone(), kind, message),
-        );
+        let line = Response::error(reply.id.clone(), kind, message).to_line();
+        self.send(reply.client, &line);
     }
 
+    /// Sends one line; a client the server dropped (gone, or too slow to read) is forgotten
+    /// when the server reports it closed.
     fn send(&mut self, client: ClientId, line: &str) {
-        if !self.server.send(self.poll.registry(), client, line) {
-            self.subscribers.remove(&client);
-            self.waiters.take_where(|r| r.client == client);
-        }
+        self.server.send(self.poll.registry(), client, line);
     }
 }
 

@@ -48,7 +48,10 @@ impl<K: Copy + Eq, R> Waiters<K, R> {
             .filter(|(_, (k, _, _))| *k == key)
             .map(|(id, _)| *id)
             .collect();
-        ids.into_iter().filter_map(|id| self.remove(id)).map(|(_, r)| r).collect()
+        ids.into_iter()
+            .filter_map(|id| self.remove(id))
+            .map(|(_, r)| r)
+            .collect()
     }
 
     /// Takes every waiter whose reply matches `pred` (its client went away).
@@ -59,7 +62,10 @@ impl<K: Copy + Eq, R> Waiters<K, R> {
             .filter(|(_, (_, r, _))| pred(r))
             .map(|(id, _)| *id)
             .collect();
-        ids.into_iter().filter_map(|id| self.remove(id)).map(|(_, r)| r).collect()
+        ids.into_iter()
+            .filter_map(|id| self.remove(id))
+            .map(|(_, r)| r)
+            .collect()
     }
 
     /// Takes every waiter whose deadline is at or before `now`, with the key it waited on.
@@ -130,7 +136,11 @@ mod tests {
         for i in (0..10).rev() {
             w.add(0, i, Some(t0 + Duration::from_millis(u64::from(i))));
         }
-        let fired: Vec<u32> = w.take_expired(t0 + Duration::from_secs(1)).into_iter().map(|(_, r)| r).collect();
+        let fired: Vec<u32> = w
+            .take_expired(t0 + Duration::from_secs(1))
+            .into_iter()
+            .map(|(_, r)| r)
+            .collect();
         assert_eq!(fired, (0..10).collect::<Vec<_>>());
         assert!(w.take_expired(t0 + Duration::from_secs(2)).is_empty());
         assert_eq!(w.len(), 0);

@@ -1,10 +1,149 @@
-//! Placeholder until the cgroup driver lands: the reading type the proof core consumes.
+//! Parses the cgroup v2 `cgroup.events` file and names what one read of it showed. Pure: no I/O here,
+//! and a malformed file must never be read as "empty", because "empty" is the proof this agent gives.
 
-/// What one read of a unit's cgroup showed. A read is a fresh fact; an inotify notification is only a hint to read.
+use std::fmt;
+
+/// What one read of a unit's cgroup showed. A read is a fresh fact; an inotify notification is only a
+/// hint to read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CgroupReading {
+    /// `cgroup.events` said `populated 1`: at least one process is still in the cgroup or below it.
     Populated,
+    /// `cgroup.events` said `populated 0`: no process is left in the cgroup or below it.
     Empty,
+    /// The cgroup does not exist (or no cgroup is known for the unit).
     Gone,
+    /// The file could not be read or parsed; the message names the path. This is never evidence of
+    /// anything.
     Unreadable(String),
+}
+
+/// Why the contents of a `cgroup.events` file were rejected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EventsParseError {
+    /// The contents are not UTF-8.
+    NotUtf8,
+    /// A line is not of the form `key value`.
+    MalformedLine(String),
+    /// No `populated` line was found.
+    MissingPopulated,
+    /// More than one `populated` line was found.
+    DuplicatePopulated,
+    /// The `populated` value is neither `0` nor `1`.
+    BadPopulatedValue(String),
+}
+
+impl fmt::Display for EventsParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::NotUtf8 => write!(f, "cgroup.events is not utf-8"),
+            Self::MalformedLine(line) => write!(f, "malformed line in cgroup.events: {line:?}"),
+            Self::MissingPopulated => write!(f, "cgroup.events has no populated key"),
+            Self::DuplicatePopulated => write!(f, "cgroup.events has more than one populated key"),
+            Self::BadPopulatedValue(value) => {
+                write!(
+                    f,
+                    "cgroup.events has populated value {value:?}, expected 0 or 1"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for EventsParseError {}
+
+/// Returns the `populated` flag of a `cgroup.events` file's contents.
+///
+/// The format is one `key value` pair per line, such as `"populated 1\nfrozen 0\n"`. Exactly one
+/// `populated` key with value `0` or `1` is required; other keys are ignored but must still be
+/// well-formed lines. Any deviation is an error, never "empty".
+pub fn parse_populated(contents: &[u8]) -> Result<bool, EventsParseError> {
+    let text = std::str::from_utf8(contents).map_err(|_| EventsParseError::NotUtf8)?;
+    let mut populated = None;
+    // split_terminator rather than lines(): lines() would silently accept "\r\n" endings.
+    for line in text.split_terminator('\n') {
+        let mut words = line.split(' ');
+        let (Some(key), Some(value), None) = (words.next(), words.next(), words.next()) else {
+            return Err(EventsParseError::MalformedLine(line.to_owned()));
+        };
+        if key.is_empty() || value.is_empty() {
+            return Err(EventsParseError::MalformedLine(line.to_owned()));
+        }
+        if key != "populated" {
+            continue;
+        }
+        if populated.is_some() {
+            return Err(EventsParseError::DuplicatePopulated);
+        }
+        populated = Some(match value {
+            "0" => false,
+            "1" => true,
+            other => return Err(EventsParseError::BadPopulatedValue(other.to_owned())),
+        });
+    }
+    populated.ok_or(EventsParseError::MissingPopulated)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_populated_accepts_only_well_formed_files() {
+        use EventsParseError::*;
+        let cases: &[(&[u8], Result<bool, EventsParseError>)] = &[
+            (b"populated 1\nfrozen 0\n", Ok(true)),
+            (b"populated 0\nfrozen 0\n", Ok(false)),
+            (b"frozen 1\npopulated 0\n", Ok(false)),
+            (b"populated 1", Ok(true)),
+            (b"populated 0\nfrozen 0\nnewkey 42\n", Ok(false)),
+            (b"", Err(MissingPopulated)),
+            (b"frozen 0\n", Err(MissingPopulated)),
+            (b"populated 1\npopulated 1\n", Err(DuplicatePopulated)),
+            (b"populated 0\npopulated 1\n", Err(DuplicatePopulated)),
+            (b"populated 2\n", Err(BadPopulatedValue("2".into()))),
+            (b"populated yes\n", Err(BadPopulatedValue("yes".into()))),
+            (b"populated 01\n", Err(BadPopulatedValue("01".into()))),
+            (b"populated\n", Err(MalformedLine("populated".into()))),
+            (b"populated  1\n", Err(MalformedLine("populated  1".into()))),
+            (
+                b"populated 1 0\n",
+                Err(MalformedLine("populated 1 0".into())),
+            ),
+            (b" populated 1\n", Err(MalformedLine(" populated 1".into()))),
+            (
+                b"populated 1\n\nfrozen 0\n",
+                Err(MalformedLine(String::new())),
+            ),
+            (b"populated\t1\n", Err(MalformedLine("populated\t1".into()))),
+            (b"populated 1\r\n", Err(BadPopulatedValue("1\r".into()))),
+            (b"\n", Err(MalformedLine(String::new()))),
+            (b"populated 0\xff\n", Err(NotUtf8)),
+            (b"\x00\x00\x00", Err(MalformedLine("\0\0\0".into()))),
+        ];
+        for (contents, expected) in cases {
+            assert_eq!(
+                &parse_populated(contents),
+                expected,
+                "contents {:?}",
+                String::from_utf8_lossy(contents)
+            );
+        }
+    }
+
+    #[test]
+    fn parse_errors_display_in_lower_case() {
+        let errors = [
+            EventsParseError::NotUtf8,
+            EventsParseError::MalformedLine("x".into()),
+            EventsParseError::MissingPopulated,
+            EventsParseError::DuplicatePopulated,
+            EventsParseError::BadPopulatedValue("2".into()),
+        ];
+        for error in errors {
+            let message = error.to_string();
+            assert!(message.starts_with("cgroup.events") || message.starts_with("malformed"));
+            assert!(!message.ends_with('.'), "{message}");
+        }
+    }
 }

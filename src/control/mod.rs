@@ -1,0 +1,102 @@
+//! The agent's control socket: a Unix stream socket speaking JSON lines. [`protocol`] owns the wire
+//! format, [`server`] runs the socket inside the agent's mio loop, [`client`] is the CLI's blocking
+//! side. Nothing here knows what the commands do; that is the agent's job.
+
+pub mod client;
+pub mod protocol;
+pub mod server;
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+
+/// A failure to set up or use the control socket, naming the socket path it concerns.
+#[derive(Debug)]
+pub enum ControlError {
+    /// Another live agent answers on the socket path.
+    AlreadyListening {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The path exists and is not a socket; it is left alone.
+    NotASocket {
+        /// The offending path.
+        path: PathBuf,
+    },
+    /// Nothing listens on the socket path (missing socket file or a stale one).
+    NoAgent {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// An I/O operation on the socket path failed.
+    Io {
+        /// What was being done, e.g. "bind control socket".
+        action: &'static str,
+        /// The socket path.
+        path: PathBuf,
+        /// The underlying error.
+        source: io::Error,
+    },
+    /// The agent closed the connection.
+    Disconnected {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// No line arrived within the client's read timeout.
+    TimedOut {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The agent sent a line that is not a JSON value.
+    BadResponse {
+        /// The socket path.
+        path: PathBuf,
+        /// What was wrong with it.
+        message: String,
+    },
+}
+
+impl fmt::Display for ControlError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlError::AlreadyListening { path } => {
+                write!(f, "another agent is listening on {}", path.display())
+            }
+            ControlError::NotASocket { path } => write!(
+                f,
+                "{} exists and is not a socket; refusing to replace it",
+                path.display()
+            ),
+            ControlError::NoAgent { path } => write!(
+                f,
+                "no agent listening on {} (is `exitproof agent` running?)",
+                path.display()
+            ),
+            ControlError::Io {
+                action,
+                path,
+                source,
+            } => write!(f, "cannot {action} {}: {source}", path.display()),
+            ControlError::Disconnected { path } => {
+                write!(f, "the agent on {} closed the connection", path.display())
+            }
+            ControlError::TimedOut { path } => {
+                write!(f, "timed out waiting for the agent on {}", path.display())
+            }
+            ControlError::BadResponse { path, message } => write!(
+                f,
+                "the agent on {} sent an invalid line: {message}",
+                path.display()
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ControlError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ControlError::Io { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,880 @@
+//! The control socket's wire format: parsing request lines into typed [`Request`]s and building response
+//! and event lines. This is the only module that knows the JSON shapes; it does no I/O and never panics
+//! on input.
+//!
+//! # Protocol
+//!
+//! The agent listens on a Unix stream socket (mode 0600 by default). Each side sends JSON lines: one JSON
+//! object per line, UTF-8, terminated by `\n`. A client may send several requests without waiting; every
+//! request gets exactly one response line, but not necessarily in request order (`wait` and `stop`
+//! answer only once their unit's processes are gone, and malformed lines are answered at once), so give
+//! each request an `id` to match them up. Empty lines are ignored. A line longer than the server's limit
+//! (64 KiB by default) is answered with a `line-too-long` error and discarded. A client that shuts down
+//! its writing side still receives the responses to the requests it sent.
+//!
+//! ## Requests
+//!
+//! A request is a JSON object with a `cmd` field and an optional `id`. The `id` is a JSON string or an
+//! integer (between -2^63 and 2^64-1); it is echoed unchanged in the response. Any other `id` (null, a
+//! fraction, an object...) is a `bad-request`. Fields a command does not know are an error naming the
+//! field.
+//!
+//! | `cmd` | fields | meaning |
+//! | --- | --- | --- |
+//! | `watch` | `unit`, `invocation`? | start watching `unit`; `invocation` is the systemd invocation ID (32 hex digits, any case) to track, absent = adopt the unit's current invocation |
+//! | `wait` | `unit`, `timeout_ms`? | answer once all processes of the watched `unit` are gone; absent `timeout_ms` = no timeout |
+//! | `stop` | `unit`, `timeout_ms`? | stop the watched `unit` and answer once all its processes are gone |
+//! | `unwatch` | `unit` | stop watching `unit` |
+//! | `list` | | list the watched units |
+//! | `events` | | subscribe: after the `ok` response, every event is sent to this connection |
+//!
+//! Unit names must be valid systemd unit names of units that can exist (`foo.service`,
+//! `getty@tty1.service`; not the bare template `getty@.service`). `timeout_ms` is a non-negative integer
+//! number of milliseconds.
+//!
+//! ```text
+//! {"id":1,"cmd":"watch","unit":"backup.service"}
+//! {"id":2,"cmd":"watch","unit":"backup.service","invocation":"5f0e1c2b3a4d4e6f8a9b0c1d2e3f4a5b"}
+//! {"id":"w","cmd":"wait","unit":"backup.service","timeout_ms":30000}
+//! {"cmd":"stop","unit":"backup.service"}
+//! {"cmd":"unwatch","unit":"backup.service"}
+//! {"cmd":"list"}
+//! {"cmd":"events"}
+//! ```
+//!
+//! ## Responses
+//!
+//! Success: `"ok": true` plus the command's own fields. Failure: `"ok": false` and an `error` object with
+//! a machine-readable `kind` and a human-readable `message`. The `id` is present exactly when the request
+//! carried a valid one.
+//!
+//! Requests (`>`) and their responses (`<`); the first two responses come from the agent (their messages
+//! and extra fields are its own), the last two from the server itself:
+//!
+//! ```text
+//! > {"id":1,"cmd":"watch","unit":"backup.service"}
+//! < {"id":1,"ok":true}
+//! > {"id":"w","cmd":"wait","unit":"other.service"}
+//! < {"id":"w","ok":false,"error":{"kind":"not-watched","message":"other.service is not watched"}}
+//! > {"cmd":"list"
+//! < {"ok":false,"error":{"kind":"bad-json","message":"request is not valid JSON: EOF while parsing an object at line 1 column 13"}}
+//! > {"id":7,"cmd":"watch","unti":"backup.service"}
+//! < {"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected `unit` or `invocation`"}}
+//! ```
+//!
+//! Error kinds: `bad-json` (not UTF-8 or not JSON), `bad-request` (JSON but not a valid request: missing
+//! or unknown field, wrong type, bad `id`), `unknown-command`, `invalid-unit`, `line-too-long`,
+//! `not-watched`, `still-running` (a timeout expired while the unit still had processes), `busy` (too
+//! many clients; the server closes the connection after this line), `internal`.
+//!
+//! ## Events
+//!
+//! After `{"cmd":"events"}` is answered with `ok`, the connection receives one line per event, each
+//! `{"event":{...}}` with the event object defined by the agent. A subscriber that does not read its
+//! events is disconnected once its unsent output exceeds the server's limit (1 MiB by default).
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+use crate::unit_name::{self, UnitName};
+
+/// The identifier a client attached to a request, echoed back as the same JSON value.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(untagged)]
+pub enum RequestId {
+    /// An integer id; always an integer (never a fraction) so it echoes back exactly.
+    Number(serde_json::Number),
+    /// A string id.
+    Text(String),
+}
+
+impl RequestId {
+    fn from_json(value: Value) -> Result<RequestId, String> {
+        match value {
+            Value::String(text) => Ok(RequestId::Text(text)),
+            Value::Number(number) if number.is_u64() || number.is_i64() => {
+                Ok(RequestId::Number(number))
+            }
+            Value::Number(number) => Err(format!(
+                "field `id` must be a string or an integer between -2^63 and 2^64-1, not {number}"
+            )),
+            other => Err(format!(
+                "field `id` must be a string or an integer, not {}",
+                json_type_name(&other)
+            )),
+        }
+    }
+}
+
+/// One parsed request line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// The client's id for this request, if it sent one.
+    pub id: Option<RequestId>,
+    /// What the client asks for.
+    pub command: Command,
+}
+
+/// The commands a client can send, each with its validated arguments.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Start watching a unit.
+    Watch(WatchArgs),
+    /// Wait until a watched unit's processes are all gone.
+    Wait(WaitArgs),
+    /// Stop a watched unit and wait until its processes are all gone.
+    Stop(WaitArgs),
+    /// Stop watching a unit.
+    Unwatch(UnwatchArgs),
+    /// List the watched units.
+    List,
+    /// Subscribe this connection to the event stream.
+    Events,
+}
+
+impl Command {
+    /// Returns the command's wire name (the `cmd` value), for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Command::Watch(_) => "watch",
+            Command::Wait(_) => "wait",
+            Command::Stop(_) => "stop",
+            Command::Unwatch(_) => "unwatch",
+            Command::List => "list",
+            Command::Events => "events",
+        }
+    }
+}
+
+// Each argument struct is decoded by serde with `deny_unknown_fields`, so adding a request field is
+// one declaration here.
+
+/// Arguments of `watch`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchArgs {
+    /// The unit to watch.
+    pub unit: UnitName,
+    /// The invocation to track, as 32 lowercase hex digits; `None` adopts the current invocation.
+    #[serde(default, deserialize_with = "invocation_id")]
+    pub invocation: Option<String>,
+}
+
+/// Arguments of `wait` and of `stop` (which stops the unit, then waits the same way).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitArgs {
+    /// The watched unit.
+    pub unit: UnitName,
+    /// How long to wait; `None` waits without limit.
+    #[serde(default, rename = "timeout_ms", deserialize_with = "timeout_ms")]
+    pub timeout: Option<Duration>,
+}
+
+/// Arguments of `unwatch`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnwatchArgs {
+    /// The unit to stop watching.
+    pub unit: UnitName,
+}
+
+/// The argument list of commands that take none: any field is unknown.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NoArgs {}
+
+fn invocation_id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    if text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        Ok(Some(text.to_ascii_lowercase()))
+    } else {
+        let quoted: String = text.chars().take(64).collect();
+        Err(D::Error::custom(format_args!(
+            "field `invocation` must be 32 hexadecimal digits (a systemd invocation ID), not \"{}\"",
+            quoted.escape_debug()
+        )))
+    }
+}
+
+fn timeout_ms<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
+    let millis = Option::<u64>::deserialize(deserializer).map_err(|_| {
+        D::Error::custom(
+            "field `timeout_ms` must be a non-negative integer number of milliseconds \
+             (at most 2^64-1)",
+        )
+    })?;
+    Ok(millis.map(Duration::from_millis))
+}
+
+/// The machine-readable class of a failed request, serialized in kebab-case (`"bad-json"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ErrorKind {
+    /// The line is not UTF-8 or not JSON.
+    BadJson,
+    /// The line is JSON but not a valid request.
+    BadRequest,
+    /// The `cmd` is not a known command.
+    UnknownCommand,
+    /// The `unit` is not a valid unit name.
+    InvalidUnit,
+    /// The line exceeded the server's line limit.
+    LineTooLong,
+    /// The unit is not being watched.
+    NotWatched,
+    /// A timeout expired while the unit still had processes.
+    StillRunning,
+    /// The server has too many clients.
+    Busy,
+    /// The agent failed in a way that is not the client's fault.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Returns the wire name, e.g. `"bad-json"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadJson => "bad-json",
+            ErrorKind::BadRequest => "bad-request",
+            ErrorKind::UnknownCommand => "unknown-command",
+            ErrorKind::InvalidUnit => "invalid-unit",
+            ErrorKind::LineTooLong => "line-too-long",
+            ErrorKind::NotWatched => "not-watched",
+            ErrorKind::StillRunning => "still-running",
+            ErrorKind::Busy => "busy",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request line that could not be parsed, with the request's id when it could be recovered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestError {
+    /// The request's id, if the line was an object with a valid `id`.
+    pub id: Option<RequestId>,
+    /// The class of the failure.
+    pub kind: ErrorKind,
+    /// What is wrong, for humans.
+    pub message: String,
+}
+
+impl fmt::Display for RequestError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind, self.message)
+    }
+}
+
+impl std::error::Error for RequestError {}
+
+/// Parses one request line (without its newline).
+pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
+    let fail = |id: &Option<RequestId>, kind, message| RequestError {
+        id: id.clone(),
+        kind,
+        message,
+    };
+    let text = std::str::from_utf8(line).map_err(|e| {
+        fail(
+            &None,
+            ErrorKind::BadJson,
+            format!(
+                "request is not valid UTF-8 (bad byte at offset {})",
+                e.valid_up_to()
+            ),
+        )
+    })?;
+    let value: Value = serde_json::from_str(text).map_err(|e| {
+        fail(
+            &None,
+            ErrorKind::BadJson,
+            format!("request is not valid JSON: {e}"),
+        )
+    })?;
+    let Value::Object(mut fields) = value else {
+        return Err(fail(
+            &None,
+            ErrorKind::BadRequest,
+            format!(
+                "request must be a JSON object, not {}",
+                json_type_name(&value)
+            ),
+        ));
+    };
+    let id = match fields.remove("id") {
+        None => None,
+        Some(value) => Some(
+            RequestId::from_json(value)
+                .map_err(|message| fail(&None, ErrorKind::BadRequest, message))?,
+        ),
+    };
+    let name = match fields.remove("cmd") {
+        Some(Value::String(name)) => name,
+        Some(other) => {
+            return Err(fail(
+                &id,
+                ErrorKind::BadRequest,
+                format!(
+                    "field `cmd` must be a string, not {}",
+                    json_type_name(&other)
+                ),
+            ));
+        }
+        None => {
+            return Err(fail(
+                &id,
+                ErrorKind::BadRequest,
+                "missing field `cmd`".to_owned(),
+            ));
+        }
+    };
+    let command = match name.as_str() {
+        "watch" => args(fields).map(Command::Watch),
+        "wait" => args(fields).map(Command::Wait),
+        "stop" => args(fields).map(Command::Stop),
+        "unwatch" => args(fields).map(Command::Unwatch),
+        "list" => args::<NoArgs>(fields).map(|NoArgs {}| Command::List),
+        "events" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Events),
+        other => {
+            let quoted: String = other.chars().take(64).collect();
+            Err((
+                ErrorKind::UnknownCommand,
+                format!(
+                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list or events)",
+                    quoted.escape_debug()
+                ),
+            ))
+        }
+    };
+    command
+        .map(|command| Request {
+            id: id.clone(),
+            command,
+        })
+        .map_err(|(kind, message)| fail(&id, kind, message))
+}
+
+/// Decodes a command's argument fields (everything but `id` and `cmd`).
+fn args<T: DeserializeOwned>(fields: Map<String, Value>) -> Result<T, (ErrorKind, String)> {
+    // An invalid unit name has its own error kind, which serde's single error type cannot carry, so
+    // the name is checked before serde sees it.
+    if let Some(Value::String(unit)) = fields.get("unit") {
+        unit_name::validate(unit).map_err(|e| (ErrorKind::InvalidUnit, e.to_string()))?;
+    }
+    T::deserialize(Value::Object(fields)).map_err(|e| (ErrorKind::BadRequest, e.to_string()))
+}
+
+fn json_type_name(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// One response, built with [`Response::ok`] or [`Response::error`] and sent as [`Response::to_line`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Response {
+    id: Option<RequestId>,
+    outcome: Outcome,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Outcome {
+    Ok(Map<String, Value>),
+    Error { kind: ErrorKind, message: String },
+}
+
+/// Field names the response envelope owns; a payload must not use them.
+const RESERVED_FIELDS: [&str; 3] = ["id", "ok", "error"];
+
+impl Response {
+    /// A success response carrying `payload`'s fields next to `"ok": true`.
+    ///
+    /// `payload` must serialize to a JSON object (or to null / `()` for no fields) that does not use the
+    /// envelope's fields `id`, `ok` or `error`; otherwise this is the agent's bug, logged and reported to
+    /// the client as an `internal` error rather than sent malformed.
+    pub fn ok(id: Option<RequestId>, payload: impl Serialize) -> Response {
+        let outcome = match serde_json::to_value(payload) {
+            Ok(Value::Object(fields)) => match RESERVED_FIELDS
+                .iter()
+                .find(|reserved| fields.contains_key(**reserved))
+            {
+                None => Outcome::Ok(fields),
+                Some(reserved) => internal_error(format!(
+                    "response payload uses the reserved field `{reserved}`"
+                )),
+            },
+            Ok(Value::Null) => Outcome::Ok(Map::new()),
+            Ok(other) => internal_error(format!(
+                "response payload must be a JSON object, not {}",
+                json_type_name(&other)
+            )),
+            Err(e) => internal_error(format!("response payload cannot be serialized: {e}")),
+        };
+        Response { id, outcome }
+    }
+
+    /// A failure response.
+    pub fn error(id: Option<RequestId>, kind: ErrorKind, message: impl Into<String>) -> Response {
+        Response {
+            id,
+            outcome: Outcome::Error {
+                kind,
+                message: message.into(),
+            },
+        }
+    }
+
+    /// Serializes the response as one line of JSON without the trailing newline. Newlines inside
+    /// strings are escaped by JSON, so the result never contains one.
+    pub fn to_line(&self) -> String {
+        #[derive(Serialize)]
+        struct ErrorBody<'a> {
+            kind: ErrorKind,
+            message: &'a str,
+        }
+        #[derive(Serialize)]
+        struct Line<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            id: Option<&'a RequestId>,
+            ok: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            error: Option<ErrorBody<'a>>,
+            #[serde(flatten)]
+            payload: Option<&'a Map<String, Value>>,
+        }
+        let line = match &self.outcome {
+            Outcome::Ok(payload) => Line {
+                id: self.id.as_ref(),
+                ok: true,
+                error: None,
+                payload: Some(payload),
+            },
+            Outcome::Error { kind, message } => Line {
+                id: self.id.as_ref(),
+                ok: false,
+                error: Some(ErrorBody {
+                    kind: *kind,
+                    message,
+                }),
+                payload: None,
+            },
+        };
+        serde_json::to_string(&line)
+            .expect("a struct of strings, booleans and a string-keyed JSON map always serializes")
+    }
+}
+
+fn internal_error(message: String) -> Outcome {
+    log::error!("{message}");
+    Outcome::Error {
+        kind: ErrorKind::Internal,
+        message,
+    }
+}
+
+impl From<RequestError> for Response {
+    fn from(error: RequestError) -> Response {
+        Response::error(error.id, error.kind, error.message)
+    }
+}
+
+/// Builds an event line `{"event":<event>}` (without the trailing newline) for subscribers. The event
+/// must serialize to a JSON object.
+pub fn event_line(event: &impl Serialize) -> Result<String, serde_json::Error> {
+    let event = serde_json::to_value(event)?;
+    if !event.is_object() {
+        return Err(serde::ser::Error::custom(format_args!(
+            "an event must be a JSON object, not {}",
+            json_type_name(&event)
+        )));
+    }
+    let mut line = Map::new();
+    line.insert("event".to_owned(), event);
+    serde_json::to_string(&line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn unit(name: &str) -> UnitName {
+        unit_name::validate(name).expect("test unit names are valid")
+    }
+
+    fn number_id(n: u64) -> Option<RequestId> {
+        Some(RequestId::Number(n.into()))
+    }
+
+    #[test]
+    fn parses_every_command() {
+        let invocation = "0123456789abcdef0123456789abcdef";
+        let cases: Vec<(String, Request)> = vec![
+            (
+                r#"{"cmd":"watch","unit":"x.service"}"#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::Watch(WatchArgs {
+                        unit: unit("x.service"),
+                        invocation: None,
+                    }),
+                },
+            ),
+            (
+                format!(
+                    r#"{{"id":1,"cmd":"watch","unit":"a@b.service","invocation":"{invocation}"}}"#
+                ),
+                Request {
+                    id: number_id(1),
+                    command: Command::Watch(WatchArgs {
+                        unit: unit("a@b.service"),
+                        invocation: Some(invocation.to_owned()),
+                    }),
+                },
+            ),
+            (
+                format!(
+                    r#"{{"cmd":"watch","unit":"x.service","invocation":"{}"}}"#,
+                    invocation.to_ascii_uppercase()
+                ),
+                Request {
+                    id: None,
+                    command: Command::Watch(WatchArgs {
+                        unit: unit("x.service"),
+                        invocation: Some(invocation.to_owned()),
+                    }),
+                },
+            ),
+            (
+                r#"{"cmd":"watch","unit":"x.service","invocation":null}"#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::Watch(WatchArgs {
+                        unit: unit("x.service"),
+                        invocation: None,
+                    }),
+                },
+            ),
+            (
+                r#"{"id":"abc","cmd":"wait","unit":"x.service","timeout_ms":1500}"#.to_owned(),
+                Request {
+                    id: Some(RequestId::Text("abc".to_owned())),
+                    command: Command::Wait(WaitArgs {
+                        unit: unit("x.service"),
+                        timeout: Some(Duration::from_millis(1500)),
+                    }),
+                },
+            ),
+            (
+                r#"{"cmd":"wait","unit":"x.service"}"#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::Wait(WaitArgs {
+                        unit: unit("x.service"),
+                        timeout: None,
+                    }),
+                },
+            ),
+            (
+                r#"{"cmd":"stop","unit":"x.scope","timeout_ms":18446744073709551615}"#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::Stop(WaitArgs {
+                        unit: unit("x.scope"),
+                        timeout: Some(Duration::from_millis(u64::MAX)),
+                    }),
+                },
+            ),
+            (
+                r#"{"cmd":"stop","unit":"x.service","timeout_ms":0}"#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::Stop(WaitArgs {
+                        unit: unit("x.service"),
+                        timeout: Some(Duration::ZERO),
+                    }),
+                },
+            ),
+            (
+                r#"{"cmd":"unwatch","unit":"x.service","id":-3}"#.to_owned(),
+                Request {
+                    id: Some(RequestId::Number((-3i64).into())),
+                    command: Command::Unwatch(UnwatchArgs {
+                        unit: unit("x.service"),
+                    }),
+                },
+            ),
+            (
+                r#"  {"cmd":"list"}  "#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::List,
+                },
+            ),
+            (
+                "{\"cmd\":\"events\",\"id\":18446744073709551615}\r".to_owned(),
+                Request {
+                    id: number_id(u64::MAX),
+                    command: Command::Events,
+                },
+            ),
+        ];
+        for (line, expected) in cases {
+            assert_eq!(parse_request(line.as_bytes()), Ok(expected), "{line}");
+        }
+    }
+
+    #[test]
+    fn rejects_bad_requests() {
+        use ErrorKind::*;
+        let text_id = || Some(RequestId::Text("q".to_owned()));
+        // (line, recovered id, kind, a fragment the message must contain)
+        let cases: Vec<(&[u8], Option<RequestId>, ErrorKind, &str)> = vec![
+            (b"", None, BadJson, "not valid JSON"),
+            (b"{", None, BadJson, "not valid JSON"),
+            (b"{\"cmd\":\"list\"} x", None, BadJson, "trailing characters"),
+            (b"{\"cmd\":\"list\"}{}", None, BadJson, "trailing characters"),
+            (b"{\"cmd\":\"list\xff\"}", None, BadJson, "not valid UTF-8"),
+            (b"\xc3\x28", None, BadJson, "offset 0"),
+            (b"[1,2]", None, BadRequest, "must be a JSON object, not an array"),
+            (b"\"list\"", None, BadRequest, "not a string"),
+            (b"null", None, BadRequest, "not null"),
+            (b"42", None, BadRequest, "not a number"),
+            (b"{}", None, BadRequest, "missing field `cmd`"),
+            (br#"{"id":"q"}"#, text_id(), BadRequest, "missing field `cmd`"),
+            (br#"{"id":"q","cmd":7}"#, text_id(), BadRequest, "`cmd` must be a string"),
+            (br#"{"id":"q","cmd":"frob"}"#, text_id(), UnknownCommand, "unknown command \"frob\""),
+            (br#"{"cmd":"LIST"}"#, None, UnknownCommand, "unknown command"),
+            (br#"{"id":null,"cmd":"list"}"#, None, BadRequest, "`id` must be a string or an integer, not null"),
+            (br#"{"id":true,"cmd":"list"}"#, None, BadRequest, "not a boolean"),
+            (br#"{"id":[1],"cmd":"list"}"#, None, BadRequest, "not an array"),
+            (br#"{"id":{},"cmd":"list"}"#, None, BadRequest, "not an object"),
+            (br#"{"id":1.5,"cmd":"list"}"#, None, BadRequest, "integer"),
+            (br#"{"id":18446744073709551616,"cmd":"list"}"#, None, BadRequest, "integer"),
+            (br#"{"id":1e400,"cmd":"list"}"#, None, BadJson, "out of range"),
+            (br#"{"id":"q","cmd":"list","unit":"x.service"}"#, text_id(), BadRequest, "unknown field `unit`"),
+            (br#"{"cmd":"events","x":1}"#, None, BadRequest, "unknown field `x`"),
+            (br#"{"id":"q","cmd":"watch"}"#, text_id(), BadRequest, "missing field `unit`"),
+            (br#"{"cmd":"watch","unit":"x.service","unti":"y"}"#, None, BadRequest, "unknown field `unti`"),
+            (br#"{"cmd":"watch","unit":5}"#, None, BadRequest, "unit name"),
+            (br#"{"cmd":"watch","unit":null}"#, None, BadRequest, "unit name"),
+            (br#"{"id":"q","cmd":"watch","unit":"../x.service"}"#, text_id(), InvalidUnit, "invalid character '/'"),
+            (br#"{"cmd":"watch","unit":""}"#, None, InvalidUnit, "empty"),
+            (br#"{"cmd":"watch","unit":"a@.service"}"#, None, InvalidUnit, "template without an instance"),
+            (br#"{"cmd":"wait","unit":"x"}"#, None, InvalidUnit, "unit type suffix"),
+            (br#"{"cmd":"stop","unit":"x\n.service"}"#, None, InvalidUnit, "'\\n'"),
+            (br#"{"cmd":"stop","unit":"x.service\n"}"#, None, InvalidUnit, "not a unit type"),
+            (br#"{"cmd":"watch","unit":"x.service","invocation":"abc"}"#, None, BadRequest, "32 hexadecimal digits"),
+            (br#"{"cmd":"watch","unit":"x.service","invocation":"0123456789abcdef0123456789abcdeg"}"#, None, BadRequest, "32 hexadecimal"),
+            (br#"{"cmd":"watch","unit":"x.service","invocation":"01234567-89ab-cdef-0123-456789abcdef"}"#, None, BadRequest, "32 hexadecimal"),
+            (br#"{"cmd":"watch","unit":"x.service","invocation":7}"#, None, BadRequest, "invalid type"),
+            (br#"{"cmd":"wait","unit":"x.service","timeout_ms":-1}"#, None, BadRequest, "non-negative integer"),
+            (br#"{"cmd":"wait","unit":"x.service","timeout_ms":1.5}"#, None, BadRequest, "non-negative integer"),
+            (br#"{"cmd":"wait","unit":"x.service","timeout_ms":"10s"}"#, None, BadRequest, "non-negative integer"),
+            (br#"{"cmd":"stop","unit":"x.service","timeout_ms":18446744073709551616}"#, None, BadRequest, "non-negative integer"),
+            (br#"{"cmd":"stop","unit":"x.service","timeout":5}"#, None, BadRequest, "unknown field `timeout`"),
+            (br#"{"cmd":"unwatch","unit":"x.service","timeout_ms":5}"#, None, BadRequest, "unknown field `timeout_ms`"),
+        ];
+        for (line, id, kind, fragment) in cases {
+            let shown = String::from_utf8_lossy(line);
+            let err = parse_request(line).expect_err(&shown);
+            assert_eq!((&err.id, err.kind), (&id, kind), "{shown}: {err}");
+            assert!(err.message.contains(fragment), "{shown}: {err}");
+        }
+    }
+
+    /// The module docs (copied into the README) quote these exact lines.
+    #[test]
+    fn documented_error_examples_are_accurate() {
+        let cases: [(&[u8], &str); 2] = [
+            (
+                br#"{"cmd":"list""#,
+                r#"{"ok":false,"error":{"kind":"bad-json","message":"request is not valid JSON: EOF while parsing an object at line 1 column 13"}}"#,
+            ),
+            (
+                br#"{"id":7,"cmd":"watch","unti":"backup.service"}"#,
+                r#"{"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected `unit` or `invocation`"}}"#,
+            ),
+        ];
+        for (line, expected) in cases {
+            let err = parse_request(line).expect_err("documented failure");
+            assert_eq!(Response::from(err).to_line(), expected);
+        }
+    }
+
+    #[test]
+    fn unknown_command_is_reported_before_its_fields() {
+        let err = parse_request(br#"{"cmd":"frob","unit":"/"}"#).expect_err("unknown");
+        assert_eq!(err.kind, ErrorKind::UnknownCommand);
+    }
+
+    #[test]
+    fn error_kinds_serialize_kebab_case() {
+        let all = [
+            ErrorKind::BadJson,
+            ErrorKind::BadRequest,
+            ErrorKind::UnknownCommand,
+            ErrorKind::InvalidUnit,
+            ErrorKind::LineTooLong,
+            ErrorKind::NotWatched,
+            ErrorKind::StillRunning,
+            ErrorKind::Busy,
+            ErrorKind::Internal,
+        ];
+        for kind in all {
+            let wire = serde_json::to_value(kind).expect("serialize kind");
+            assert_eq!(wire, json!(kind.as_str()));
+            assert_eq!(serde_json::from_value::<ErrorKind>(wire).ok(), Some(kind));
+        }
+        assert_eq!(ErrorKind::BadJson.as_str(), "bad-json");
+    }
+
+    #[test]
+    fn response_lines() {
+        #[derive(Serialize)]
+        struct Listing {
+            units: Vec<&'static str>,
+        }
+        let cases: Vec<(Response, &str)> = vec![
+            (Response::ok(number_id(1), ()), r#"{"id":1,"ok":true}"#),
+            (Response::ok(None, ()), r#"{"ok":true}"#),
+            (
+                Response::ok(
+                    Some(RequestId::Text("a\nb".to_owned())),
+                    Listing {
+                        units: vec!["x.service"],
+                    },
+                ),
+                r#"{"id":"a\nb","ok":true,"units":["x.service"]}"#,
+            ),
+            (
+                Response::ok(
+                    Some(RequestId::Number((-5i64).into())),
+                    json!({"b": 1, "a": "line\nbreak"}),
+                ),
+                r#"{"id":-5,"ok":true,"a":"line\nbreak","b":1}"#,
+            ),
+            (
+                Response::error(None, ErrorKind::BadJson, "oops\n"),
+                r#"{"ok":false,"error":{"kind":"bad-json","message":"oops\n"}}"#,
+            ),
+            (
+                Response::error(number_id(u64::MAX), ErrorKind::NotWatched, "x"),
+                r#"{"id":18446744073709551615,"ok":false,"error":{"kind":"not-watched","message":"x"}}"#,
+            ),
+            (
+                Response::ok(None, json!({"ok": false})),
+                r#"{"ok":false,"error":{"kind":"internal","message":"response payload uses the reserved field `ok`"}}"#,
+            ),
+            (
+                Response::ok(None, json!([1])),
+                r#"{"ok":false,"error":{"kind":"internal","message":"response payload must be a JSON object, not an array"}}"#,
+            ),
+        ];
+        for (response, expected) in cases {
+            let line = response.to_line();
+            assert_eq!(line, expected);
+            assert!(!line.contains('\n'));
+        }
+    }
+
+    #[test]
+    fn request_errors_become_error_responses_with_their_id() {
+        let err = parse_request(br#"{"id":"z","cmd":"nope"}"#).expect_err("unknown command");
+        let line = Response::from(err).to_line();
+        let value: Value = serde_json::from_str(&line).expect("response is JSON");
+        assert_eq!(value["id"], json!("z"));
+        assert_eq!(value["ok"], json!(false));
+        assert_eq!(value["error"]["kind"], json!("unknown-command"));
+    }
+
+    #[test]
+    fn event_lines_wrap_objects_only() {
+        let line = event_line(&json!({"unit": "x.service", "state": "gone\n"})).expect("object");
+        assert_eq!(line, r#"{"event":{"state":"gone\n","unit":"x.service"}}"#);
+        assert!(event_line(&"text").is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_bytes(line in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let _ = parse_request(&line);
+        }
+
+        #[test]
+        fn never_panics_on_json_like_text(line in r#"[{}\[\]":,a-z0-9 .@\\-]{0,200}"#) {
+            let _ = parse_request(line.as_bytes());
+        }
+
+        /// Objects built from the real field names and hostile values reach every validation path.
+        #[test]
+        fn request_shaped_objects_parse_or_fail_cleanly(
+            fields in proptest::collection::vec((field_name(), json_value()), 0..6)
+        ) {
+            let object: Map<String, Value> = fields.into_iter().collect();
+            let line = Value::Object(object).to_string();
+            match parse_request(line.as_bytes()) {
+                // Whatever parses must echo back as a single well-formed line.
+                Ok(request) => {
+                    let response = Response::ok(request.id, ()).to_line();
+                    proptest::prop_assert!(!response.contains('\n'));
+                }
+                Err(error) => proptest::prop_assert!(!error.message.is_empty()),
+            }
+        }
+    }
+
+    fn field_name() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        prop_oneof![
+            proptest::sample::select(vec!["id", "cmd", "unit", "invocation", "timeout_ms", "x"])
+                .prop_map(str::to_owned),
+            "[a-z_]{0,12}",
+        ]
+    }
+
+    fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+        use proptest::prelude::*;
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<f64>().prop_map(Value::from),
+            proptest::sample::select(vec![
+                "watch",
+                "wait",
+                "stop",
+                "unwatch",
+                "list",
+                "events",
+                "x.service",
+                "a@.service",
+                "a@b.service",
+                "../x.service",
+                "0123456789ABCDEF0123456789abcdef",
+            ])
+            .prop_map(Value::from),
+            any::<String>().prop_map(Value::from),
+            Just(json!([1, "x"])),
+            Just(json!({"cmd": "list"})),
+        ]
+    }
+}

@@ -1,0 +1,633 @@
+//! Tests of the control server with real Unix sockets in a temporary directory, driven by a real mio
+//! `Poll` in the test thread. Clients are non-blocking std sockets (or blocking ones in writer threads),
+//! so the test thread never waits on a socket the server has not served yet.
+
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use exitproof::control::ControlError;
+use exitproof::control::protocol::{Command, RequestId, Response, event_line};
+use exitproof::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
+use mio::{Events, Poll};
+use serde_json::{Value, json};
+
+/// Generous bound for anything that waits on the kernel; never a speed assertion.
+const PATIENCE: Duration = Duration::from_secs(20);
+const TOKENS: std::ops::Range<usize> = 10..1_000_000;
+
+struct Harness {
+    poll: Poll,
+    events: Events,
+    server: ControlServer,
+    out: Vec<ServerEvent>,
+    path: PathBuf,
+    // Declared last so it is removed after the server (whose Drop removes its socket file).
+    dir: tempfile::TempDir,
+}
+
+impl Harness {
+    fn new(options: ServerOptions) -> Harness {
+        let dir = tempfile::tempdir().expect("create temporary directory");
+        let path = dir.path().join("control.sock");
+        let mut server = ControlServer::bind(&path, options).expect("bind control socket");
+        let poll = Poll::new().expect("create poll");
+        server
+            .register(poll.registry(), TOKENS)
+            .expect("register server");
+        Harness {
+            poll,
+            events: Events::with_capacity(64),
+            server,
+            out: Vec::new(),
+            path,
+            dir,
+        }
+    }
+
+    /// Runs one loop iteration: poll, then hand every owned event to the server.
+    fn turn(&mut self, timeout: Duration) {
+        match self.poll.poll(&mut self.events, Some(timeout)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return,
+            Err(e) => panic!("poll failed: {e}"),
+        }
+        for event in self.events.iter() {
+            assert!(self.server.owns(event.token()), "foreign token {event:?}");
+            self.server
+                .handle_event(self.poll.registry(), event, &mut self.out);
+        }
+    }
+
+    /// Turns the loop until `done` holds, failing after [`PATIENCE`].
+    fn pump_until(&mut self, what: &str, mut done: impl FnMut(&mut Harness) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        while !done(self) {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            self.turn(Duration::from_millis(50));
+        }
+    }
+
+    /// Turns the loop for a while to show that nothing more happens.
+    fn settle(&mut self) {
+        for _ in 0..5 {
+            self.turn(Duration::from_millis(20));
+        }
+    }
+
+    fn connect(&self) -> TestClient {
+        TestClient::connect(&self.path)
+    }
+
+    fn send(&mut self, client: ClientId, line: &str) -> bool {
+        self.server.send(self.poll.registry(), client, line)
+    }
+
+    /// Removes and returns the next request event, pumping until one arrives.
+    fn next_request(&mut self) -> (ClientId, exitproof::control::protocol::Request) {
+        self.pump_until("a request", |h| {
+            h.out
+                .iter()
+                .any(|e| matches!(e, ServerEvent::Request { .. }))
+        });
+        let index = self
+            .out
+            .iter()
+            .position(|e| matches!(e, ServerEvent::Request { .. }))
+            .expect("pumped until a request arrived");
+        match self.out.remove(index) {
+            ServerEvent::Request { client, request } => (client, request),
+            ServerEvent::Closed { .. } => unreachable!("position matched a request"),
+        }
+    }
+
+    fn closed(&self) -> Vec<ClientId> {
+        self.out
+            .iter()
+            .filter_map(|e| match e {
+                ServerEvent::Closed { client } => Some(*client),
+                ServerEvent::Request { .. } => None,
+            })
+            .collect()
+    }
+}
+
+/// A client whose reads never block the test thread.
+struct TestClient {
+    stream: StdStream,
+    input: Vec<u8>,
+    eof: bool,
+}
+
+impl TestClient {
+    fn connect(path: &std::path::Path) -> TestClient {
+        let stream = StdStream::connect(path).expect("connect test client");
+        stream.set_nonblocking(true).expect("set nonblocking");
+        TestClient {
+            stream,
+            input: Vec::new(),
+            eof: false,
+        }
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Test writes are small enough for the socket buffer; a short write would be a test bug.
+        let written = self.stream.write(bytes).expect("write test request");
+        assert_eq!(written, bytes.len(), "short write in test");
+    }
+
+    fn fill(&mut self) {
+        let mut buffer = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut buffer) {
+                Ok(0) => {
+                    self.eof = true;
+                    return;
+                }
+                Ok(n) => self.input.extend_from_slice(&buffer[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("test client read failed: {e}"),
+            }
+        }
+    }
+
+    /// Returns the next complete line as JSON, if one has arrived.
+    fn try_line(&mut self) -> Option<Value> {
+        self.fill();
+        let newline = self.input.iter().position(|&b| b == b'\n')?;
+        let line: Vec<u8> = self.input.drain(..=newline).collect();
+        Some(serde_json::from_slice(&line).expect("server sent JSON"))
+    }
+
+    fn line(&mut self, harness: &mut Harness) -> Value {
+        let mut line = None;
+        harness.pump_until("a line for the client", |_| {
+            line = self.try_line();
+            line.is_some()
+        });
+        line.expect("pumped until a line arrived")
+    }
+
+    fn at_eof(&mut self) -> bool {
+        self.fill();
+        self.eof
+    }
+}
+
+fn error_kind(response: &Value) -> &str {
+    response["error"]["kind"].as_str().unwrap_or("<none>")
+}
+
+#[test]
+fn requests_round_trip() {
+    let mut h = Harness::new(ServerOptions::default());
+    let mut client = h.connect();
+    client.write(
+        b"{\"id\":1,\"cmd\":\"list\"}\n{\"id\":\"two\",\"cmd\":\"watch\",\"unit\":\"x.service\"}\n",
+    );
+    let (first, request) = h.next_request();
+    assert_eq!(request.command, Command::List);
+    let (second, watch) = h.next_request();
+    assert_eq!(first, second);
+    assert_eq!(watch.command.name(), "watch");
+    assert!(h.send(
+        first,
+        &Response::ok(request.id, json!({"units": []})).to_line()
+    ));
+    assert!(h.send(first, &Response::ok(watch.id, ()).to_line()));
+    assert_eq!(
+        client.line(&mut h),
+        json!({"id": 1, "ok": true, "units": []})
+    );
+    assert_eq!(client.line(&mut h), json!({"id": "two", "ok": true}));
+    assert_eq!(h.server.client_count(), 1);
+    assert_eq!(h.server.queued_bytes(), 0);
+}
+
+#[test]
+fn malformed_lines_are_answered_by_the_server_while_others_are_served() {
+    let mut h = Harness::new(ServerOptions::default());
+    let mut noisy = h.connect();
+    let mut good = h.connect();
+    noisy.write(b"garbage\n\n   \n{\"id\":2,\"cmd\":\"frob\"}\n\xff\xfe\n[1]\n");
+    good.write(b"{\"id\":9,\"cmd\":\"events\"}\n");
+    let expected = [
+        (Value::Null, "bad-json"),
+        (json!(2), "unknown-command"),
+        (Value::Null, "bad-json"),
+        (Value::Null, "bad-request"),
+    ];
+    for (id, kind) in expected {
+        let response = noisy.line(&mut h);
+        assert_eq!((&response["id"], error_kind(&response)), (&id, kind));
+        assert_eq!(response["ok"], json!(false));
+    }
+    let (client, request) = h.next_request();
+    assert_eq!(request.command, Command::Events);
+    assert!(h.send(client, &Response::ok(request.id, ()).to_line()));
+    assert_eq!(good.line(&mut h), json!({"id": 9, "ok": true}));
+    // The noisy client is still served after its errors.
+    noisy.write(b"{\"id\":3,\"cmd\":\"list\"}\n");
+    let (noisy_id, request) = h.next_request();
+    assert_ne!(noisy_id, client);
+    assert!(h.send(noisy_id, &Response::ok(request.id, ()).to_line()));
+    assert_eq!(noisy.line(&mut h), json!({"id": 3, "ok": true}));
+    assert!(h.out.is_empty(), "unexpected events {:?}", h.out);
+}
+
+#[test]
+fn overlong_line_is_reported_early_and_discarded() {
+    let mut h = Harness::new(ServerOptions {
+        max_line: 1024,
+        ..ServerOptions::default()
+    });
+    let mut client = h.connect();
+    client.write(&[b'x'; 5000]);
+    // Reported before the line's newline arrives: the server does not wait for (or buffer) it.
+    let response = client.line(&mut h);
+    assert_eq!(error_kind(&response), "line-too-long");
+    client.write(&[b'{'; 3000]);
+    client.write(b"\n{\"id\":1,\"cmd\":\"list\"}\n");
+    let (_, request) = h.next_request();
+    assert_eq!(request.command, Command::List);
+    h.settle();
+    assert!(client.try_line().is_none(), "only one error per long line");
+    // A line of exactly the limit is accepted.
+    let mut exact = br#"{"id":2,"cmd":"list"}"#.to_vec();
+    exact.resize(1024, b' ');
+    exact.push(b'\n');
+    client.write(&exact);
+    let (_, request) = h.next_request();
+    assert_eq!(request.id, Some(RequestId::Number(2.into())));
+}
+
+#[test]
+fn half_closed_client_still_gets_its_response() {
+    let mut h = Harness::new(ServerOptions::default());
+    let mut client = h.connect();
+    // The last request has no newline: end of stream completes it.
+    client
+        .write(b"{\"id\":1,\"cmd\":\"wait\",\"unit\":\"x.service\"}\n{\"id\":2,\"cmd\":\"list\"}");
+    client
+        .stream
+        .shutdown(std::net::Shutdown::Write)
+        .expect("half-close");
+    let (id, wait) = h.next_request();
+    let (_, list) = h.next_request();
+    assert_eq!(list.command, Command::List);
+    h.settle();
+    assert!(h.closed().is_empty(), "half-closed client was dropped");
+    assert_eq!(h.server.client_count(), 1);
+    assert!(h.send(id, &Response::ok(list.id, ()).to_line()));
+    assert!(h.send(id, &Response::ok(wait.id, ()).to_line()));
+    assert_eq!(client.line(&mut h), json!({"id": 2, "ok": true}));
+    assert_eq!(client.line(&mut h), json!({"id": 1, "ok": true}));
+    drop(client);
+    h.pump_until("Closed", |h| !h.closed().is_empty());
+    assert_eq!(h.closed(), vec![id]);
+    assert_eq!(h.server.client_count(), 0);
+}
+
+#[test]
+fn abrupt_close_yields_one_closed() {
+    let mut h = Harness::new(ServerOptions::default());
+    // One client vanishes mid-line, one right after a request, one with a response pending.
+    let mut mid_line = h.connect();
+    mid_line.write(b"{\"cmd\":");
+    let mut after_request = h.connect();
+    after_request.write(b"{\"cmd\":\"list\"}\n");
+    let mut pending = h.connect();
+    pending.write(b"{\"cmd\":\"events\"}\n");
+    let mut requests = [h.next_request(), h.next_request()];
+    requests.sort_by_key(|(_, request)| request.command.name());
+    let [(pending_id, _), (after_request_id, _)] = requests;
+    h.settle();
+    drop(mid_line);
+    drop(after_request);
+    h.pump_until("two Closed", |h| h.closed().len() == 2);
+    assert!(h.closed().contains(&after_request_id));
+    // Output to a peer that is gone: the send fails at once or queues; either way one Closed.
+    let line = Response::ok(None, json!({"pad": "x".repeat(1000)})).to_line();
+    drop(pending);
+    let _ = h.send(pending_id, &line);
+    h.pump_until("three Closed", |h| {
+        h.server.take_closed(&mut h.out);
+        h.closed().len() == 3
+    });
+    h.settle();
+    h.server.take_closed(&mut h.out);
+    let mut closed = h.closed();
+    assert_eq!(closed.len(), 3, "{closed:?}");
+    closed.sort();
+    closed.dedup();
+    assert_eq!(closed.len(), 3, "each client is closed exactly once");
+    assert_eq!(h.server.client_count(), 0);
+    assert!(
+        !h.send(pending_id, &line),
+        "a closed client cannot be sent to"
+    );
+}
+
+#[test]
+fn subscriber_that_never_reads_is_dropped_without_growing_memory() {
+    let max_queued = 64 * 1024;
+    let mut h = Harness::new(ServerOptions {
+        max_queued,
+        ..ServerOptions::default()
+    });
+    let mut client = h.connect();
+    client.write(b"{\"cmd\":\"events\"}\n");
+    let (id, _) = h.next_request();
+    let event = event_line(&json!({"unit": "x.service", "pad": "y".repeat(1000)}))
+        .expect("event serializes");
+    let mut delivered = 0usize;
+    // The kernel buffers some megabytes at most; the loop bound only keeps a broken server finite.
+    for _ in 0..100_000 {
+        if !h.send(id, &event) {
+            break;
+        }
+        delivered += 1;
+        assert!(
+            h.server.queued_bytes() <= max_queued,
+            "queue exceeded its limit"
+        );
+    }
+    assert!(
+        delivered < 100_000,
+        "never-reading client was never dropped"
+    );
+    assert_eq!(h.server.client_count(), 0);
+    assert_eq!(h.server.queued_bytes(), 0);
+    assert!(!h.send(id, &event));
+    h.server.take_closed(&mut h.out);
+    assert_eq!(h.closed(), vec![id]);
+    h.settle();
+    assert_eq!(h.closed(), vec![id], "Closed reported exactly once");
+    // The client sees a prefix of whole events, then end of stream.
+    h.pump_until("client EOF", |_| client.at_eof());
+    let text = String::from_utf8_lossy(&client.input);
+    for line in text.lines() {
+        assert_eq!(line, event);
+    }
+}
+
+#[test]
+fn clients_beyond_the_limit_are_told_busy() {
+    let mut h = Harness::new(ServerOptions {
+        max_clients: 2,
+        ..ServerOptions::default()
+    });
+    let mut first = h.connect();
+    let _second = h.connect();
+    h.pump_until("two clients", |h| h.server.client_count() == 2);
+    let mut third = h.connect();
+    let response = third.line(&mut h);
+    assert_eq!(error_kind(&response), "busy");
+    h.pump_until("busy client closed", |_| third.at_eof());
+    assert_eq!(h.server.client_count(), 2);
+    assert!(
+        h.out.is_empty(),
+        "a refused client is invisible to the agent"
+    );
+    // A freed slot is taken by the next client.
+    first.write(b"{\"cmd\":\"list\"}\n");
+    let (first_id, _) = h.next_request();
+    drop(first);
+    h.pump_until("Closed", |h| h.closed() == vec![first_id]);
+    let mut fourth = h.connect();
+    fourth.write(b"{\"cmd\":\"list\"}\n");
+    let (fourth_id, _) = h.next_request();
+    assert!(fourth_id > first_id, "client ids are never reused");
+    assert_eq!(h.server.client_count(), 2);
+}
+
+#[test]
+fn socket_file_has_the_requested_mode_and_is_removed_on_drop() {
+    for mode in [0o600, 0o660] {
+        let h = Harness::new(ServerOptions {
+            mode,
+            ..ServerOptions::default()
+        });
+        let metadata = std::fs::symlink_metadata(&h.path).expect("socket exists");
+        assert!(metadata.file_type().is_socket());
+        assert_eq!(metadata.permissions().mode() & 0o7777, mode);
+        let entries: Vec<_> = std::fs::read_dir(h.dir.path())
+            .expect("list temporary directory")
+            .collect();
+        assert_eq!(entries.len(), 1, "staging leftovers: {entries:?}");
+        let path = h.path.clone();
+        let dir = h.dir.path().to_owned();
+        let Harness {
+            server, dir: keep, ..
+        } = h;
+        drop(server);
+        assert!(!path.exists(), "socket file left behind");
+        assert_eq!(std::fs::read_dir(&dir).expect("list").count(), 0);
+        drop(keep);
+    }
+}
+
+#[test]
+fn drop_leaves_a_file_that_replaced_the_socket() {
+    let h = Harness::new(ServerOptions::default());
+    let replacement = h.dir.path().join("other");
+    std::fs::write(&replacement, b"not ours").expect("write file");
+    std::fs::rename(&replacement, &h.path).expect("replace socket");
+    let Harness {
+        server, dir, path, ..
+    } = h;
+    drop(server);
+    assert_eq!(std::fs::read(&path).expect("file kept"), b"not ours");
+    drop(dir);
+}
+
+#[test]
+fn stale_socket_is_replaced() {
+    let dir = tempfile::tempdir().expect("create temporary directory");
+    let path = dir.path().join("control.sock");
+    // Binding and dropping a std listener leaves a socket file nobody answers on.
+    drop(StdListener::bind(&path).expect("bind stale socket"));
+    assert!(StdStream::connect(&path).is_err());
+    let server = ControlServer::bind(&path, ServerOptions::default()).expect("replace stale");
+    StdStream::connect(&path).expect("new socket answers");
+    drop(server);
+}
+
+#[test]
+fn live_socket_is_refused() {
+    let mut h = Harness::new(ServerOptions::default());
+    let err = ControlServer::bind(&h.path, ServerOptions::default()).expect_err("second bind");
+    assert!(
+        matches!(err, ControlError::AlreadyListening { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!("another agent is listening on {}", h.path.display())
+    );
+    // The first server is intact and its probe connection is reported closed.
+    h.pump_until("probe closed", |h| h.closed().len() == 1);
+    let mut client = h.connect();
+    client.write(b"{\"id\":1,\"cmd\":\"list\"}\n");
+    let (id, request) = h.next_request();
+    assert!(h.send(id, &Response::ok(request.id, ()).to_line()));
+    assert_eq!(client.line(&mut h), json!({"id": 1, "ok": true}));
+}
+
+#[test]
+fn non_socket_file_is_never_replaced() {
+    let dir = tempfile::tempdir().expect("create temporary directory");
+    let file = dir.path().join("control.sock");
+    std::fs::write(&file, b"precious").expect("write file");
+    let subdir = dir.path().join("subdir");
+    std::fs::create_dir(&subdir).expect("create dir");
+    for path in [&file, &subdir] {
+        let err = ControlServer::bind(path, ServerOptions::default()).expect_err("not a socket");
+        assert!(matches!(err, ControlError::NotASocket { .. }), "{err:?}");
+        assert!(err.to_string().contains("is not a socket"), "{err}");
+    }
+    assert_eq!(std::fs::read(&file).expect("file kept"), b"precious");
+    assert!(subdir.is_dir());
+    assert_eq!(std::fs::read_dir(dir.path()).expect("list").count(), 2);
+}
+
+#[test]
+fn missing_directory_is_an_error_naming_the_path() {
+    let dir = tempfile::tempdir().expect("create temporary directory");
+    let path = dir.path().join("missing").join("control.sock");
+    let err = ControlServer::bind(&path, ServerOptions::default()).expect_err("no directory");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+}
+
+/// A small deterministic generator (xorshift64*), enough to make varied garbage.
+struct Garbage(u64);
+
+impl Garbage {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let pieces: [&[u8]; 8] = [
+            b"\n",
+            b"{\"cmd\":\"watch\",\"unit\":",
+            b"\"x.service\"}",
+            b"{\"id\":",
+            b"\xff\xc3",
+            b"[[[[",
+            b"\"\\u0000\"",
+            b"}\n",
+        ];
+        let mut data = Vec::with_capacity(len);
+        while data.len() < len {
+            let roll = self.next();
+            if roll.is_multiple_of(4) {
+                data.extend_from_slice(pieces[(roll >> 8) as usize % pieces.len()]);
+            } else {
+                data.push((roll >> 16) as u8);
+            }
+        }
+        data
+    }
+}
+
+#[test]
+fn garbage_never_breaks_the_server() {
+    let mut h = Harness::new(ServerOptions {
+        max_line: 4096,
+        max_queued: 32 * 1024,
+        ..ServerOptions::default()
+    });
+    let mut garbage = Garbage(0x9e37_79b9_7f4a_7c15);
+    // Big writers run in threads with blocking sockets; the server drains them from this thread.
+    let writers: Vec<_> = [1usize << 20, 300_000, 70_000]
+        .into_iter()
+        .map(|len| {
+            let data = garbage.bytes(len);
+            let path = h.path.clone();
+            std::thread::spawn(move || {
+                let mut stream = StdStream::connect(&path).expect("connect writer");
+                stream
+                    .set_write_timeout(Some(PATIENCE))
+                    .expect("set write timeout");
+                // The server may drop a writer that never reads its error lines: EPIPE ends it.
+                let _ = stream.write_all(&data);
+            })
+        })
+        .collect();
+    let mut small: Vec<TestClient> = (0..20)
+        .map(|i| {
+            let mut client = h.connect();
+            let data = garbage.bytes(1 + i * 97);
+            client.write(&data);
+            client
+        })
+        .collect();
+    h.pump_until("writers to finish", |_| {
+        writers.iter().all(|writer| writer.is_finished())
+    });
+    for writer in writers {
+        writer.join().expect("writer thread");
+    }
+    small.clear();
+    h.pump_until("all garbage clients closed", |h| {
+        h.server.client_count() == 0
+    });
+    let closed = h.closed();
+    let mut unique = closed.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(closed.len(), 23, "every client closed once: {closed:?}");
+    assert_eq!(unique.len(), 23);
+    let mut good = h.connect();
+    good.write(b"{\"id\":\"after\",\"cmd\":\"list\"}\n");
+    let (id, request) = h.next_request();
+    assert!(h.send(id, &Response::ok(request.id, ()).to_line()));
+    assert_eq!(good.line(&mut h), json!({"id": "after", "ok": true}));
+    assert_eq!(h.server.queued_bytes(), 0);
+}
+
+#[test]
+fn flooding_client_loses_no_requests() {
+    const REQUESTS: usize = 50_000;
+    let mut h = Harness::new(ServerOptions::default());
+    let path = h.path.clone();
+    // Padded lines make megabytes of input, more than one event's read budget.
+    let writer = std::thread::spawn(move || {
+        let mut line = br#"{"cmd":"list"}"#.to_vec();
+        line.resize(120, b' ');
+        line.push(b'\n');
+        let data = line.repeat(REQUESTS);
+        let mut stream = StdStream::connect(&path).expect("connect flooder");
+        stream
+            .set_write_timeout(Some(PATIENCE))
+            .expect("set write timeout");
+        stream.write_all(&data).expect("flood");
+        stream
+    });
+    let mut other = h.connect();
+    other.write(b"{\"id\":\"other\",\"cmd\":\"events\"}\n");
+    let count_requests = |h: &Harness| {
+        h.out
+            .iter()
+            .filter(|e| matches!(e, ServerEvent::Request { .. }))
+            .count()
+    };
+    h.pump_until("every request", |h| count_requests(h) == REQUESTS + 1);
+    // The flooder's socket stays open until here, so no close event could have flushed out a tail
+    // left unread when a read budget ran out: the server's re-arming did.
+    let flooder = writer.join().expect("flooder thread");
+    h.settle();
+    assert_eq!(count_requests(&h), REQUESTS + 1);
+    assert!(h.closed().is_empty());
+    drop(flooder);
+}

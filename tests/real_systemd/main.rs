@@ -1,0 +1,55 @@
+//! Integration tests against a real systemd user manager, each in its own sandbox.
+//!
+//! A custom libtest-mimic harness, so that where a sandbox cannot run (no root, no cgroup v2,
+//! no systemd) every test is reported as ignored, with the reason printed loudly: these tests
+//! must never count as passed when they did not run.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod sandbox_smoke;
+
+use libtest_mimic::{Arguments, Completion, Trial};
+use support::Sandbox;
+
+/// A named test: it panics to fail.
+pub type Test = (&'static str, fn());
+
+/// Every suite (a submodule) with its tests.
+const SUITES: &[(&str, &[Test])] = &[("sandbox_smoke", sandbox_smoke::TESTS)];
+
+fn main() {
+    let arguments = Arguments::from_args();
+    let availability = Sandbox::availability();
+    if let Err(reason) = &availability {
+        eprintln!();
+        eprintln!("==================================================================");
+        eprintln!("REAL-SYSTEMD TESTS SKIPPED: a sandbox cannot run on this machine:");
+        eprintln!("  {reason}");
+        eprintln!("They are reported as ignored. They did NOT pass.");
+        eprintln!("==================================================================");
+        eprintln!();
+    }
+    let trials = SUITES
+        .iter()
+        .flat_map(|(suite, tests)| {
+            tests
+                .iter()
+                .map(move |(name, test)| (format!("{suite}::{name}"), *test))
+        })
+        .map(|(name, test)| match &availability {
+            Ok(()) => Trial::test(name, move || {
+                test();
+                Ok(())
+            }),
+            Err(reason) => {
+                // Ignored up front; and should --include-ignored run it anyway, it still only
+                // reports itself ignored, with the reason.
+                let reason = reason.clone();
+                Trial::ignorable_test(name, move || Ok(Completion::ignored_with(reason)))
+                    .with_ignored_flag(true)
+            }
+        })
+        .collect();
+    libtest_mimic::run(&arguments, trials).exit();
+}
