@@ -21,6 +21,8 @@ use crate::unit_name::{self, UnitName};
 #[derive(Debug, Parser)]
 #[command(name = "exitproof", version, about)]
 pub struct Cli {
+    #[command(flatten)]
+    socket: SocketArgs,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -64,8 +66,6 @@ pub fn default_socket(bus: Bus) -> PathBuf {
 enum Cmd {
     /// Run the agent in the foreground (logs to stderr; RUST_LOG sets the level).
     Agent {
-        #[command(flatten)]
-        socket: SocketArgs,
         /// The deadline of every D-Bus call, StopUnit included.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         method_timeout: Duration,
@@ -77,8 +77,6 @@ enum Cmd {
         /// Our invocation (32 hex digits) [default: the unit's current InvocationID].
         #[arg(long)]
         invocation: Option<String>,
-        #[command(flatten)]
-        socket: SocketArgs,
     },
     /// Wait for a unit's proof (watching it first if needed) and print the proof event.
     Wait {
@@ -87,8 +85,6 @@ enum Cmd {
         /// Give up after this long (e.g. 500ms, 10s, 2m) and exit 75 [default: wait forever].
         #[arg(long, value_parser = parse_duration)]
         timeout: Option<Duration>,
-        #[command(flatten)]
-        socket: SocketArgs,
     },
     /// Stop a unit (stop requested, then StopUnit) and wait for its proof.
     Stop {
@@ -97,26 +93,16 @@ enum Cmd {
         /// Give up waiting after this long and exit 75; the unit stays watched and stopping.
         #[arg(long, value_parser = parse_duration)]
         timeout: Option<Duration>,
-        #[command(flatten)]
-        socket: SocketArgs,
     },
     /// Stop watching a unit.
     Unwatch {
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
-        #[command(flatten)]
-        socket: SocketArgs,
     },
     /// Print one JSON line per watched unit.
-    List {
-        #[command(flatten)]
-        socket: SocketArgs,
-    },
+    List,
     /// Print every event as a JSON line until interrupted.
-    Events {
-        #[command(flatten)]
-        socket: SocketArgs,
-    },
+    Events,
 }
 
 fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
@@ -139,11 +125,9 @@ pub fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
+    let socket = cli.socket;
     match cli.command {
-        Cmd::Agent {
-            socket,
-            method_timeout,
-        } => {
+        Cmd::Agent { method_timeout } => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();
             let mut config = AgentConfig::new(socket.bus(), socket.path());
@@ -151,11 +135,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             agent::run(config).map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Watch {
-            unit,
-            invocation,
-            socket,
-        } => {
+        Cmd::Watch { unit, invocation } => {
             let mut request = json!({"cmd": "watch", "unit": unit.as_str()});
             if let Some(invocation) = invocation {
                 request["invocation"] = Value::String(invocation);
@@ -164,28 +144,20 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             print_line(&response["watch"])?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Wait {
-            unit,
-            timeout,
-            socket,
-        } => wait_like("wait", &unit, timeout, &socket),
-        Cmd::Stop {
-            unit,
-            timeout,
-            socket,
-        } => wait_like("stop", &unit, timeout, &socket),
-        Cmd::Unwatch { unit, socket } => {
+        Cmd::Wait { unit, timeout } => wait_like("wait", &unit, timeout, &socket),
+        Cmd::Stop { unit, timeout } => wait_like("stop", &unit, timeout, &socket),
+        Cmd::Unwatch { unit } => {
             call(&socket, &json!({"cmd": "unwatch", "unit": unit.as_str()}))?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::List { socket } => {
+        Cmd::List => {
             let response = call(&socket, &json!({"cmd": "list"}))?;
             for unit in response["units"].as_array().into_iter().flatten() {
                 print_line(unit)?;
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Events { socket } => {
+        Cmd::Events => {
             let mut client = connect(&socket)?;
             let response = client
                 .request(&json!({"cmd": "events"}))

@@ -10,30 +10,47 @@ use super::CgroupError;
 /// Where the kernel lists this process's mounts.
 const MOUNTINFO_PATH: &str = "/proc/self/mountinfo";
 
-/// Returns the mount point of the cgroup v2 hierarchy listed in `mountinfo` (the format of
-/// `/proc/self/mountinfo`), or `None` when there is none.
+/// Returns the mount points of the cgroup v2 hierarchy listed in `mountinfo` (the format of
+/// `/proc/self/mountinfo`), best first.
 ///
-/// When several `cgroup2` mounts are listed, the first whose root field is `/` wins (it shows the whole
-/// hierarchy as seen from this cgroup namespace); otherwise the first one. Malformed lines are skipped.
-pub fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
-    let mut fallback = None;
-    for (root, mount_point) in mountinfo.lines().filter_map(cgroup2_fields) {
-        if root == "/" {
-            return Some(unescape_octal(mount_point));
-        }
-        fallback.get_or_insert(mount_point);
-    }
-    fallback.map(unescape_octal)
+/// Mounts whose root field is `/` (the whole hierarchy) come before subtree mounts, and among
+/// each, later lines before earlier ones: a later mount may hide an earlier one (a sandbox that
+/// mounts a tmpfs over `/sys/fs/cgroup` and cgroup2 on top hides `/sys/fs/cgroup/unified`).
+/// Malformed lines are skipped.
+pub fn cgroup2_mount_candidates(mountinfo: &str) -> Vec<PathBuf> {
+    let mounts: Vec<(&str, &str)> = mountinfo.lines().filter_map(cgroup2_fields).collect();
+    let whole = mounts.iter().rev().filter(|(root, _)| *root == "/");
+    let subtrees = mounts.iter().rev().filter(|(root, _)| *root != "/");
+    whole
+        .chain(subtrees)
+        .map(|(_, mount_point)| unescape_octal(mount_point))
+        .collect()
 }
 
-/// Reads `/proc/self/mountinfo` and returns the cgroup v2 mount point.
+/// The best cgroup v2 mount point listed in `mountinfo`, if any.
+pub fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+    cgroup2_mount_candidates(mountinfo).into_iter().next()
+}
+
+/// Reads `/proc/self/mountinfo` and returns the cgroup v2 mount point that is really reachable:
+/// the first candidate that `statfs` confirms is a cgroup2 filesystem. A hidden mount would make
+/// every cgroup look gone, which is exactly the false proof this agent exists to prevent.
 pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
     let path = PathBuf::from(MOUNTINFO_PATH);
     let mountinfo = std::fs::read_to_string(&path).map_err(|source| CgroupError::Mountinfo {
         path: path.clone(),
         source,
     })?;
-    find_cgroup2_mount(&mountinfo).ok_or(CgroupError::NoCgroup2Mount { path })
+    cgroup2_mount_candidates(&mountinfo)
+        .into_iter()
+        .find(|candidate| is_cgroup2(candidate))
+        .ok_or(CgroupError::NoCgroup2Mount { path })
+}
+
+/// Whether `path` is the root of a mounted cgroup2 filesystem.
+fn is_cgroup2(path: &std::path::Path) -> bool {
+    nix::sys::statfs::statfs(path)
+        .is_ok_and(|fs| fs.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
 }
 
 /// Returns the (still escaped) root and mount point fields of a mountinfo line if its filesystem type
@@ -126,6 +143,13 @@ garbage
 72 30 0:40 / /c rw - cgroup2
 ";
 
+    /// The sandbox's layout: a tmpfs over /sys/fs/cgroup hides the host's v2 at .../unified.
+    const SHADOWED: &str = "\
+60 50 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+66 50 0:40 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw
+67 66 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw
+";
+
     #[test]
     fn find_cgroup2_mount_handles_layouts() {
         let cases: &[(&str, &str, Option<&str>)] = &[
@@ -140,6 +164,11 @@ garbage
             ),
             ("octal escapes", ESCAPED, Some("/mnt/my cgroups\\v2")),
             ("root / preferred", SUBTREE_FIRST, Some("/run/full\tcgroup")),
+            (
+                "a later mount hides an earlier one",
+                SHADOWED,
+                Some("/sys/fs/cgroup"),
+            ),
             ("only a subtree", ONLY_SUBTREE, Some("/sys/fs/cgroup")),
             ("malformed lines", MALFORMED, Some("/c")),
         ];

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::num::NonZeroUsize;
 
+use zbus::export::futures_core::Stream;
 use zbus::{Connection, MatchRule, Message, MessageStream, OwnedObjectPath, OwnedVariant};
 
 use super::signal::{MANAGER_INTERFACE, UNIT_INTERFACE, UNIT_PATH_PREFIX, unit_change};
@@ -70,20 +71,7 @@ pub struct Subscription {
 /// Subscribes to systemd's unit signals: `Subscribe` (without it systemd sends none), one
 /// match rule for PropertiesChanged under the unit path namespace, one for the manager.
 pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> {
-    let owner = conn
-        .call_method(
-            Some("org.freedesktop.DBus"),
-            "/org/freedesktop/DBus",
-            Some("org.freedesktop.DBus"),
-            "GetNameOwner",
-            &(SYSTEMD,),
-        )
-        .await
-        .map_err(ManagerError::new("find systemd on the bus"))?;
-    let systemd: String = owner
-        .body()
-        .deserialize()
-        .map_err(ManagerError::new("find systemd on the bus"))?;
+    let systemd = systemd_owner(conn).await?;
     let queue = NonZeroUsize::new(STREAM_QUEUE);
     // The sender is part of each rule: anyone on the bus may emit a signal with any path and
     // interface, and only systemd's are facts.
@@ -118,6 +106,60 @@ pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> 
         units,
         manager,
     })
+}
+
+/// The unique name that owns `org.freedesktop.systemd1`, waiting for one if nobody does yet:
+/// a user manager joins its session bus only once the bus has been socket-activated, which may
+/// be by this very connection.
+async fn systemd_owner(conn: &Connection) -> Result<String, ManagerError> {
+    let fail = ManagerError::new("find systemd on the bus");
+    // The match comes before the question, so an owner that appears in between is not missed.
+    let rule = MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender("org.freedesktop.DBus")
+        .interface("org.freedesktop.DBus")
+        .member("NameOwnerChanged")
+        .add_arg(SYSTEMD)
+        .build()
+        .map(|rule| rule.to_owned());
+    let rule = match rule {
+        Ok(rule) => rule,
+        Err(e) => return Err(fail(e)),
+    };
+    let mut changes = match MessageStream::for_match_rule(rule, conn, None).await {
+        Ok(stream) => stream,
+        Err(e) => return Err(fail(e)),
+    };
+    let reply = conn
+        .call_method(
+            Some("org.freedesktop.DBus"),
+            "/org/freedesktop/DBus",
+            Some("org.freedesktop.DBus"),
+            "GetNameOwner",
+            &(SYSTEMD,),
+        )
+        .await;
+    match reply {
+        Ok(reply) => return reply.body().deserialize::<String>().map_err(fail),
+        Err(zbus::Error::FDO(e)) if matches!(*e, zbus::fdo::Error::NameHasNoOwner(_)) => {}
+        Err(e) => return Err(fail(e)),
+    }
+    log::info!("waiting for {SYSTEMD} to appear on the bus");
+    while let Some(change) =
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut changes).poll_next(cx)).await
+    {
+        let change = change.map_err(ManagerError::new("find systemd on the bus"))?;
+        let (_, _, new_owner): (String, String, String) = change
+            .body()
+            .deserialize()
+            .map_err(ManagerError::new("find systemd on the bus"))?;
+        if !new_owner.is_empty() {
+            return Ok(new_owner);
+        }
+    }
+    Err(fail(zbus::Error::Failure(
+        "the bus connection closed".into(),
+    )))
 }
 
 async fn call_manager<B>(conn: &Connection, method: &str, body: &B) -> zbus::Result<Message>

@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod agent;
 mod sandbox_smoke;
 
 use libtest_mimic::{Arguments, Completion, Trial};
@@ -16,7 +17,10 @@ use support::Sandbox;
 pub type Test = (&'static str, fn());
 
 /// Every suite (a submodule) with its tests.
-const SUITES: &[(&str, &[Test])] = &[("sandbox_smoke", sandbox_smoke::TESTS)];
+const SUITES: &[(&str, &[Test])] = &[
+    ("sandbox_smoke", sandbox_smoke::TESTS),
+    ("agent", agent::TESTS),
+];
 
 fn main() {
     let arguments = Arguments::from_args();

@@ -6,6 +6,7 @@
 // Each test binary includes this module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod sandbox;
 
 pub use sandbox::Sandbox;

@@ -1,0 +1,494 @@
+//! The agent against real systemd, real D-Bus and real cgroups, driven through its CLI and its
+//! socket. Every test boots its own sandbox and agent; nothing is mocked.
+//!
+//! Waits are generous and no assertion is about speed: these tests must pass on a loaded
+//! 2-core machine.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::Test;
+use crate::support::Sandbox;
+use crate::support::agent::Agent;
+
+/// How long a test waits for something real systemd and the kernel will do.
+const PATIENCE: Duration = Duration::from_secs(30);
+const PATIENCE_ARG: &str = "30s";
+
+pub const TESTS: &[Test] = &[
+    (
+        "a_unit_that_exits_0_is_proven_exited",
+        a_unit_that_exits_0_is_proven_exited,
+    ),
+    ("a_sigkilled_unit_is_proven", a_sigkilled_unit_is_proven),
+    (
+        "a_leftover_child_blocks_the_proof_until_it_dies",
+        a_leftover_child_blocks_the_proof_until_it_dies,
+    ),
+    (
+        "stop_of_a_unit_that_ignores_sigterm_returns_75_then_proves",
+        stop_of_a_unit_that_ignores_sigterm_returns_75_then_proves,
+    ),
+    (
+        "a_restart_outside_is_stopped_once_and_reported",
+        a_restart_outside_is_stopped_once_and_reported,
+    ),
+    (
+        "a_stop_then_a_fresh_invocation_is_replaced_after_stop",
+        a_stop_then_a_fresh_invocation_is_replaced_after_stop,
+    ),
+    (
+        "a_unit_already_dead_and_gone_is_proven_at_once",
+        a_unit_already_dead_and_gone_is_proven_at_once,
+    ),
+    (
+        "two_hundred_units_killed_at_once_are_all_proven_none_early",
+        two_hundred_units_killed_at_once_are_all_proven_none_early,
+    ),
+    (
+        "bad_socket_input_gets_errors_and_the_agent_survives",
+        bad_socket_input_gets_errors_and_the_agent_survives,
+    ),
+    ("cli_usage_errors_exit_2", cli_usage_errors_exit_2),
+];
+
+/// Writes a unit file the sandbox's manager loads, and reloads it.
+fn install_unit(sandbox: &Sandbox, name: &str, body: &str) {
+    let dir = sandbox.host_path("/run/user/0/systemd/user");
+    std::fs::create_dir_all(&dir).expect("create the user unit directory");
+    std::fs::write(dir.join(name), body).expect("write the unit file");
+    let out = sandbox.systemctl(&["daemon-reload"]);
+    assert!(out.status.success(), "daemon-reload: {out:?}");
+}
+
+/// Runs `systemctl --user ARGS` and requires success.
+fn systemctl(sandbox: &Sandbox, args: &[&str]) {
+    let out = sandbox.systemctl(args);
+    assert!(
+        out.status.success(),
+        "systemctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts a transient service running `command` (with extra `systemd-run` options).
+fn run_unit(sandbox: &Sandbox, unit: &str, options: &[&str], command: &[&str]) {
+    let unit_arg = format!("--unit={unit}");
+    let mut args = vec!["--user", unit_arg.as_str()];
+    args.extend_from_slice(options);
+    args.extend_from_slice(command);
+    let out = sandbox.run("systemd-run", &args);
+    assert!(
+        out.status.success(),
+        "systemd-run {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A shell command that waits until the file `go` exists, then exits with `code`. The wait is
+/// the workload's own polling, so the test decides when the unit ends.
+fn exit_when(go: &str, code: i32) -> String {
+    format!("while [ ! -e {go} ]; do sleep 0.05; done; exit {code}")
+}
+
+fn populated(dir: &Path) -> Option<bool> {
+    let events = std::fs::read_to_string(dir.join("cgroup.events")).ok()?;
+    events
+        .lines()
+        .find_map(|l| l.strip_prefix("populated "))
+        .map(|v| v == "1")
+}
+
+fn cli_event(agent: &Agent, args: &[&str]) -> Value {
+    let mut lines = agent.cli_json(args, 0);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines.remove(0)
+}
+
+fn a_unit_that_exits_0_is_proven_exited() {
+    let sandbox = Sandbox::start("exit0");
+    let agent = Agent::start(&sandbox);
+    run_unit(
+        &sandbox,
+        "exit0.service",
+        &[],
+        &["sh", "-c", &exit_when("/run/exit0.go", 0)],
+    );
+    let watch = cli_event(&agent, &["watch", "exit0.service"]);
+    assert_eq!(watch["phase"], "watching");
+    assert_eq!(watch["active_state"], "active");
+    let invocation = sandbox.show("exit0.service", "InvocationID");
+    assert_eq!(watch["invocation"], invocation.as_str());
+    assert_eq!(watch["populated"], true);
+
+    std::fs::write(sandbox.host_path("/run/exit0.go"), "").expect("write the go file");
+    let event = cli_event(
+        &agent,
+        &["wait", "exit0.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["unit"], "exit0.service");
+    assert_eq!(event["invocation"], invocation.as_str());
+    assert_eq!(event["cause"], "exited");
+    assert_eq!(event["type"], "proven");
+    assert!(
+        event["proven_mono_ns"].as_u64().is_some_and(|ns| ns > 0),
+        "{event}"
+    );
+    assert_eq!(
+        event["message"],
+        "instance exited (status unknown: no exit record)"
+    );
+    assert_eq!(event["level"], "warn");
+
+    // Proven stays listed, and a later wait answers at once with the same event.
+    let entry = agent.entry("exit0.service").expect("still listed");
+    assert_eq!(entry["phase"], "proven");
+    assert_eq!(entry["proof"], event);
+    assert_eq!(cli_event(&agent, &["wait", "exit0.service"]), event);
+}
+
+fn a_sigkilled_unit_is_proven() {
+    let sandbox = Sandbox::start("sigkill");
+    let agent = Agent::start(&sandbox);
+    run_unit(&sandbox, "victim.service", &[], &["sleep", "1000"]);
+    cli_event(&agent, &["watch", "victim.service"]);
+    systemctl(&sandbox, &["kill", "-s", "KILL", "victim.service"]);
+    let event = cli_event(
+        &agent,
+        &["wait", "victim.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited");
+    assert_eq!(event["stop_requested"], false);
+}
+
+fn a_leftover_child_blocks_the_proof_until_it_dies() {
+    let sandbox = Sandbox::start("leftover");
+    let agent = Agent::start(&sandbox);
+    let script = format!(
+        "sleep 1000 & echo $! > /run/leftover.pid; {}",
+        exit_when("/run/leftover.go", 0)
+    );
+    run_unit(
+        &sandbox,
+        "leftover.service",
+        &["-p", "KillMode=process"],
+        &["sh", "-c", &script],
+    );
+    cli_event(&agent, &["watch", "leftover.service"]);
+    let cgroup = sandbox.show("leftover.service", "ControlGroup");
+    let dir = sandbox.host_cgroup_dir(&cgroup);
+    std::fs::write(sandbox.host_path("/run/leftover.go"), "").expect("write the go file");
+    sandbox.wait_until("the main process exits", PATIENCE, || {
+        let state = sandbox.show("leftover.service", "ActiveState");
+        state == "inactive" || state == "failed"
+    });
+    // The unit is terminal but its child lives on in the cgroup: no proof.
+    assert_eq!(
+        populated(&dir),
+        Some(true),
+        "the child is still in {}",
+        dir.display()
+    );
+    let out = agent.cli(&["wait", "leftover.service", "--timeout", "2s"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    let entry = agent.entry("leftover.service").expect("listed");
+    assert_eq!(entry["phase"], "watching", "{entry}");
+    assert_eq!(entry["populated"], true, "{entry}");
+    assert!(
+        agent.log_text().contains("processes remain after"),
+        "{}",
+        agent.log_text()
+    );
+
+    let pid: i32 = std::fs::read_to_string(sandbox.host_path("/run/leftover.pid"))
+        .expect("the child's pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the leftover child");
+    let event = cli_event(
+        &agent,
+        &["wait", "leftover.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited");
+    assert_ne!(populated(&dir), Some(true));
+}
+
+fn stop_of_a_unit_that_ignores_sigterm_returns_75_then_proves() {
+    let sandbox = Sandbox::start("stubborn");
+    let agent = Agent::start(&sandbox);
+    run_unit(
+        &sandbox,
+        "stubborn.service",
+        &["-p", "TimeoutStopSec=5"],
+        &["sh", "-c", "trap '' TERM; while :; do sleep 0.1; done"],
+    );
+    cli_event(&agent, &["watch", "stubborn.service"]);
+    let out = agent.cli(&["stop", "stubborn.service", "--timeout", "1s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "stop must give up at its deadline while systemd waits for SIGKILL: {out:?}"
+    );
+    let entry = agent.entry("stubborn.service").expect("still watched");
+    assert_eq!(entry["phase"], "stopping", "{entry}");
+    assert_eq!(entry["stop_requested"], true);
+    // systemd sends SIGKILL after TimeoutStopSec; the proof then arrives on its own.
+    let event = cli_event(
+        &agent,
+        &["wait", "stubborn.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited");
+    assert_eq!(event["stop_requested"], true);
+    let result = sandbox.show("stubborn.service", "Result");
+    assert!(result == "timeout" || result.is_empty(), "{result}");
+}
+
+fn a_restart_outside_is_stopped_once_and_reported() {
+    let sandbox = Sandbox::start("restart");
+    install_unit(
+        &sandbox,
+        "restarted.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n",
+    );
+    systemctl(&sandbox, &["start", "restarted.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("restarted.service", "InvocationID");
+    cli_event(&agent, &["watch", "restarted.service"]);
+    // The agent is paused through the restart, as a busy agent would be: it then reads the
+    // old invocation's terminal state only after the new one populates the cgroup, so it must
+    // not prove "exited" but see the foreign invocation, stop it once, and prove from that.
+    let agent_pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
+    nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGSTOP).expect("pause the agent");
+    let restarted = sandbox.systemctl(&["restart", "restarted.service"]);
+    sandbox.wait_until("the restart is done", PATIENCE, || {
+        sandbox.show("restarted.service", "ActiveState") == "active"
+            && sandbox.show("restarted.service", "InvocationID") != ours
+    });
+    nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGCONT).expect("resume the agent");
+    assert!(restarted.status.success(), "{restarted:?}");
+    let event = cli_event(
+        &agent,
+        &["wait", "restarted.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "restarted-outside");
+    assert_eq!(
+        event["message"],
+        "instance exited (status unknown: restarted outside the activator)"
+    );
+    assert_eq!(event["invocation"], ours.as_str());
+    // The foreign invocation was stopped, by us, once.
+    sandbox.wait_until("the foreign invocation is stopped", PATIENCE, || {
+        sandbox.show("restarted.service", "ActiveState") == "inactive"
+    });
+    let log = agent.log_text();
+    assert_eq!(log.matches("stopping (Foreign)").count(), 1, "{log}");
+}
+
+fn a_stop_then_a_fresh_invocation_is_replaced_after_stop() {
+    let sandbox = Sandbox::start("replaced");
+    // The stop leaves a child in the cgroup, so the first invocation cannot be proven exited
+    // before the second one begins.
+    install_unit(
+        &sandbox,
+        "replaced.service",
+        "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 1000 & exec sleep 1000'\n",
+    );
+    systemctl(&sandbox, &["start", "replaced.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("replaced.service", "InvocationID");
+    cli_event(&agent, &["watch", "replaced.service"]);
+    let out = agent.cli(&["stop", "replaced.service", "--timeout", "2s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "the leftover child blocks the proof: {out:?}"
+    );
+    systemctl(&sandbox, &["start", "replaced.service"]);
+    let event = cli_event(
+        &agent,
+        &["wait", "replaced.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "replaced-after-stop");
+    assert_eq!(
+        event["message"],
+        "instance exited (status unknown: replaced after stop)"
+    );
+    assert_eq!(event["invocation"], ours.as_str());
+    assert_ne!(sandbox.show("replaced.service", "InvocationID"), ours);
+    systemctl(&sandbox, &["kill", "-s", "KILL", "replaced.service"]);
+}
+
+fn a_unit_already_dead_and_gone_is_proven_at_once() {
+    let sandbox = Sandbox::start("gone");
+    let agent = Agent::start(&sandbox);
+    let event = cli_event(
+        &agent,
+        &["wait", "never-existed.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited");
+    assert_eq!(event["invocation"], "");
+    // A unit that ran and was garbage-collected.
+    run_unit(&sandbox, "brief.service", &[], &["true"]);
+    sandbox.wait_until("brief.service is unloaded", PATIENCE, || {
+        sandbox.show("brief.service", "LoadState") != "loaded"
+    });
+    let event = cli_event(
+        &agent,
+        &["stop", "brief.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited");
+}
+
+fn two_hundred_units_killed_at_once_are_all_proven_none_early() {
+    const UNITS: usize = 200;
+    let sandbox = Sandbox::start("many");
+    install_unit(
+        &sandbox,
+        "many@.service",
+        "[Service]\nExecStart=/bin/sleep 1000\n",
+    );
+    let names: Vec<String> = (0..UNITS).map(|i| format!("many@{i}.service")).collect();
+    let mut start = vec!["start"];
+    start.extend(names.iter().map(String::as_str));
+    systemctl(&sandbox, &start);
+    let agent = Agent::start(&sandbox);
+
+    let mut conn = agent.connect();
+    for name in &names {
+        let reply = conn.request(&json!({"cmd": "watch", "unit": name}));
+        assert_eq!(reply["ok"], true, "{reply}");
+        assert_eq!(reply["watch"]["active_state"], "active", "{reply}");
+    }
+    let mut events = agent.connect();
+    assert_eq!(events.request(&json!({"cmd": "events"}))["ok"], true);
+    // Pipelined waits on one connection, answered as the proofs arrive.
+    for (i, name) in names.iter().enumerate() {
+        conn.send_raw(format!("{}\n", json!({"id": i, "cmd": "wait", "unit": name})).as_bytes());
+    }
+    assert!(
+        agent.list().iter().all(|u| u["phase"] == "watching"),
+        "nothing is proven before the kill"
+    );
+
+    let dirs: Vec<_> = names
+        .iter()
+        .map(|n| sandbox.host_cgroup_dir(&sandbox.show(n, "ControlGroup")))
+        .collect();
+    let t_kill = exitproof::agent::monotonic_ns();
+    systemctl(&sandbox, &["kill", "-s", "KILL", "many@*.service"]);
+
+    let mut proven = [false; UNITS];
+    for _ in 0..UNITS {
+        let reply = conn.read();
+        assert_eq!(reply["ok"], true, "{reply}");
+        let i = reply["id"].as_u64().expect("the id of a wait") as usize;
+        assert!(!proven[i], "proven twice: {reply}");
+        proven[i] = true;
+        let event = &reply["event"];
+        assert_eq!(event["unit"], names[i].as_str());
+        assert!(
+            event["proven_mono_ns"].as_u64().expect("ns") > t_kill,
+            "{event}"
+        );
+        assert_ne!(
+            populated(&dirs[i]),
+            Some(true),
+            "proven while populated: {event}"
+        );
+    }
+    // The subscriber saw every proof too, each once.
+    let mut seen = std::collections::HashSet::new();
+    for _ in 0..UNITS {
+        let line = events.read();
+        assert!(seen.insert(line["event"]["unit"].as_str().expect("unit").to_owned()));
+    }
+    assert_eq!(seen.len(), UNITS);
+}
+
+fn bad_socket_input_gets_errors_and_the_agent_survives() {
+    let sandbox = Sandbox::start("badinput");
+    let mut agent = Agent::start(&sandbox);
+    let mut conn = agent.connect();
+    let cases: &[(&[u8], &str)] = &[
+        (b"this is not json\n", "bad-json"),
+        (b"{\"cmd\":\"explode\"}\n", "unknown-command"),
+        (b"{\"cmd\":\"watch\"}\n", "bad-request"),
+        (
+            b"{\"cmd\":\"watch\",\"unit\":\"../etc.service\"}\n",
+            "invalid-unit",
+        ),
+        (b"{\"cmd\":\"watch\",\"unit\":\"x\"}\n", "invalid-unit"),
+        (
+            b"{\"cmd\":\"wait\",\"unit\":\"a.service\",\"timeout_ms\":-1}\n",
+            "bad-request",
+        ),
+        (b"[1,2,3]\n", "bad-request"),
+        (b"\xff\xfe\n", "bad-json"),
+        (
+            b"{\"cmd\":\"unwatch\",\"unit\":\"nope.service\"}\n",
+            "not-watched",
+        ),
+    ];
+    for (input, kind) in cases {
+        conn.send_raw(input);
+        let reply = conn.read();
+        assert_eq!(reply["ok"], false, "{reply}");
+        assert_eq!(
+            reply["error"]["kind"],
+            *kind,
+            "{}: {reply}",
+            String::from_utf8_lossy(input)
+        );
+    }
+    let mut long = vec![b'x'; 100 * 1024];
+    long.push(b'\n');
+    conn.send_raw(&long);
+    assert_eq!(conn.read()["error"]["kind"], "line-too-long");
+    // Random bytes from another client, which then vanishes mid-line.
+    {
+        let mut rogue = agent.connect();
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let noise: Vec<u8> = (0..64 * 1024)
+            .map(|_| {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                (seed & 0xff) as u8
+            })
+            .collect();
+        rogue.send_raw(&noise);
+    }
+    assert!(agent.is_running(), "the agent died: {}", agent.log_text());
+    let reply = conn.request(&json!({"id": "still-here", "cmd": "list"}));
+    assert_eq!(reply["ok"], true, "{reply}");
+    assert_eq!(reply["id"], "still-here");
+}
+
+fn cli_usage_errors_exit_2() {
+    let sandbox = Sandbox::start("usage");
+    let agent = Agent::start(&sandbox);
+    for args in [
+        &["wait", "bad/name.service"][..],
+        &["wait", "x.service", "--timeout", "10"],
+        &["stop"],
+        &["frobnicate"],
+    ] {
+        let out = agent.cli(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+    }
+    let out = std::process::Command::new(crate::support::agent::binary())
+        .args(["--socket", "/nonexistent/exitproof.sock", "list"])
+        .output()
+        .expect("run the CLI");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no agent listening"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}

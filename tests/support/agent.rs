@@ -1,0 +1,189 @@
+//! The exitproof agent, run inside a sandbox for a test, and the CLI pointed at it.
+//!
+//! The agent runs in the sandbox's mount namespace (it needs the sandbox's session bus and
+//! cgroup v2 mount); the test reaches its socket from outside through `/proc/PID/root`. Drop
+//! stops the agent by pid (TERM, then KILL) and, if the test is failing, prints its log.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::Sandbox;
+
+/// Where the agent's socket is inside the sandbox.
+const SOCKET: &str = "/run/exitproof-test.sock";
+/// Generous: the agent starts in milliseconds, but CI machines are loaded.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A running agent.
+pub struct Agent {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+/// The agent binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_exitproof")
+}
+
+impl Agent {
+    /// Starts the agent inside `sandbox` on its session bus and waits until it answers.
+    pub fn start(sandbox: &Sandbox) -> Agent {
+        let log = sandbox.host_path(&format!("/run/exitproof-agent-{}.log", std::process::id()));
+        let log_file = File::create(&log).expect("create the agent's log file");
+        let child = sandbox
+            .command(binary())
+            .args(["agent", "--user", "--socket", SOCKET])
+            .env("RUST_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .spawn()
+            .expect("spawn the agent");
+        let mut agent = Agent {
+            child,
+            socket: sandbox.host_path(SOCKET),
+            log,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        while UnixStream::connect(&agent.socket).is_err() {
+            assert!(
+                agent.is_running(),
+                "the agent exited at start; its log:\n{}",
+                agent.log_text()
+            );
+            assert!(
+                Instant::now() < deadline,
+                "the agent did not listen within {START_TIMEOUT:?}; its log:\n{}",
+                agent.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        agent
+    }
+
+    /// The socket, as the test (outside the sandbox) reaches it.
+    pub fn socket(&self) -> &PathBuf {
+        &self.socket
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the agent process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Runs the CLI against this agent with `args` and returns what it did.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(binary())
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run the exitproof CLI")
+    }
+
+    /// Runs the CLI, requires exit code `code`, and returns its stdout parsed as JSON lines.
+    pub fn cli_json(&self, args: &[&str], code: i32) -> Vec<Value> {
+        let output = self.cli(args);
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "exitproof {args:?}: stdout {} stderr {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+
+    /// A raw connection to the control socket, for protocol-level tests.
+    pub fn connect(&self) -> Connection {
+        let stream = UnixStream::connect(&self.socket).expect("connect to the agent");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("set a read timeout");
+        Connection {
+            reader: BufReader::new(stream.try_clone().expect("clone the stream")),
+            writer: stream,
+        }
+    }
+
+    /// The agent's `list`, one value per watched unit.
+    pub fn list(&self) -> Vec<Value> {
+        self.cli_json(&["list"], 0)
+    }
+
+    /// The `list` entry of `unit`.
+    pub fn entry(&self, unit: &str) -> Option<Value> {
+        self.list().into_iter().find(|v| v["unit"] == unit)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "---- agent log ----\n{}\n---- end of agent log ----",
+                self.log_text()
+            );
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A line-oriented connection to the control socket.
+pub struct Connection {
+    reader: BufReader<UnixStream>,
+    pub writer: UnixStream,
+}
+
+impl Connection {
+    /// Sends raw bytes (a line, garbage, anything).
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        self.writer.write_all(bytes).expect("write to the agent");
+    }
+
+    /// Reads one response line.
+    pub fn read(&mut self) -> Value {
+        let mut line = String::new();
+        let n = self
+            .reader
+            .read_line(&mut line)
+            .expect("read from the agent");
+        assert!(n > 0, "the agent closed the connection");
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+    }
+
+    /// Sends one request and reads one response.
+    pub fn request(&mut self, request: &Value) -> Value {
+        self.send_raw(format!("{request}\n").as_bytes());
+        self.read()
+    }
+}
