@@ -338,7 +338,7 @@ impl Agent {
             self.runtime.turn();
             self.take_completions();
             if cgroups_ready {
-                self.take_cgroup_notices()?;
+                self.take_cgroup_notices();
             }
             // Sends may drop slow clients; their `Closed` comes through take_closed.
             self.server.take_closed(&mut requests);
@@ -697,7 +697,7 @@ impl Agent {
         }
     }
 
-    fn take_cgroup_notices(&mut self) -> Result<(), AgentError> {
+    fn take_cgroup_notices(&mut self) {
         let mut notices = Vec::new();
         if let Err(e) = self.cgroups.drain(&mut notices) {
             log::error!("{e}");
@@ -718,7 +718,6 @@ impl Agent {
                 }
             }
         }
-        Ok(())
     }
 
     fn on_time(&mut self, now: Instant) {

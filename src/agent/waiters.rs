@@ -42,24 +42,19 @@ impl<K: Copy + Eq, R> Waiters<K, R> {
 
     /// Takes every waiter on `key` (its proof arrived, or it was unwatched).
     pub fn take_key(&mut self, key: K) -> Vec<R> {
-        let ids: Vec<WaiterId> = self
-            .by_id
-            .iter()
-            .filter(|(_, (k, _, _))| *k == key)
-            .map(|(id, _)| *id)
-            .collect();
-        ids.into_iter()
-            .filter_map(|id| self.remove(id))
-            .map(|(_, r)| r)
-            .collect()
+        self.take_matching(|k, _| *k == key)
     }
 
     /// Takes every waiter whose reply matches `pred` (its client went away).
     pub fn take_where(&mut self, mut pred: impl FnMut(&R) -> bool) -> Vec<R> {
+        self.take_matching(|_, r| pred(r))
+    }
+
+    fn take_matching(&mut self, mut pred: impl FnMut(&K, &R) -> bool) -> Vec<R> {
         let ids: Vec<WaiterId> = self
             .by_id
             .iter()
-            .filter(|(_, (_, r, _))| pred(r))
+            .filter(|(_, (k, r, _))| pred(k, r))
             .map(|(id, _)| *id)
             .collect();
         ids.into_iter()

@@ -48,14 +48,10 @@
 //! a machine-readable `kind` and a human-readable `message`. The `id` is present exactly when the request
 //! carried a valid one.
 //!
-//! Requests (`>`) and their responses (`<`); the first two responses come from the agent (their messages
-//! and extra fields are its own), the last two from the server itself:
+//! Requests (`>`) and their responses (`<`); the payload fields of a success (`watch`, `event`,
+//! `units`) are the agent's and are described in README.md; these errors come from here:
 //!
 //! ```text
-//! > {"id":1,"cmd":"watch","unit":"backup.service"}
-//! < {"id":1,"ok":true}
-//! > {"id":"w","cmd":"wait","unit":"other.service"}
-//! < {"id":"w","ok":false,"error":{"kind":"not-watched","message":"other.service is not watched"}}
 //! > {"cmd":"list"
 //! < {"ok":false,"error":{"kind":"bad-json","message":"request is not valid JSON: EOF while parsing an object at line 1 column 13"}}
 //! > {"id":7,"cmd":"watch","unti":"backup.service"}

@@ -17,8 +17,10 @@ pub const SYSTEMD: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
-/// How many signals may wait in a stream before zbus stops reading the socket.
-const STREAM_QUEUE: usize = 65_536;
+/// How many signals may wait in a stream before zbus stops reading the socket. zbus waits for
+/// room rather than dropping, and the agent drains its streams every turn, so this bounds memory
+/// (the queue is allocated up front), not what a burst may carry.
+const STREAM_QUEUE: usize = 1024;
 
 /// A failed call to systemd, with what it was for.
 #[derive(Debug)]
@@ -72,32 +74,21 @@ pub struct Subscription {
 /// match rule for PropertiesChanged under the unit path namespace, one for the manager.
 pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> {
     let systemd = systemd_owner(conn).await?;
-    let queue = NonZeroUsize::new(STREAM_QUEUE);
     // The sender is part of each rule: anyone on the bus may emit a signal with any path and
     // interface, and only systemd's are facts.
-    let units_rule = MatchRule::builder()
+    let units = MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .sender(systemd.as_str())
         .interface(PROPERTIES)
         .member("PropertiesChanged")
-        .path_namespace(UNIT_PATH_PREFIX)
-        .build()
-        .map(|rule| rule.to_owned())
-        .map_err(ManagerError::new("build the unit match rule"))?;
-    let units = MessageStream::for_match_rule(units_rule, conn, queue)
-        .await
-        .map_err(ManagerError::new("add the unit match rule"))?;
-    let manager_rule = MatchRule::builder()
+        .path_namespace(UNIT_PATH_PREFIX);
+    let units = signal_stream(conn, units, "the unit match rule").await?;
+    let manager = MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .sender(systemd.as_str())
         .interface(MANAGER_INTERFACE)
-        .path(MANAGER_PATH)
-        .build()
-        .map(|rule| rule.to_owned())
-        .map_err(ManagerError::new("build the manager match rule"))?;
-    let manager = MessageStream::for_match_rule(manager_rule, conn, queue)
-        .await
-        .map_err(ManagerError::new("add the manager match rule"))?;
+        .path(MANAGER_PATH);
+    let manager = signal_stream(conn, manager, "the manager match rule").await?;
     call_manager(conn, "Subscribe", &())
         .await
         .map_err(ManagerError::new("subscribe to systemd"))?;
@@ -106,6 +97,21 @@ pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> 
         units,
         manager,
     })
+}
+
+/// Adds the match rule `rule` and returns the stream of what it matches.
+async fn signal_stream(
+    conn: &Connection,
+    rule: zbus::match_rule::Builder<'_>,
+    what: &str,
+) -> Result<MessageStream, ManagerError> {
+    let rule = rule
+        .build()
+        .map(|rule| rule.to_owned())
+        .map_err(ManagerError::new(format!("build {what}")))?;
+    MessageStream::for_match_rule(rule, conn, NonZeroUsize::new(STREAM_QUEUE))
+        .await
+        .map_err(ManagerError::new(format!("add {what}")))
 }
 
 /// The unique name that owns `org.freedesktop.systemd1`, waiting for one if nobody does yet:
@@ -119,17 +125,8 @@ async fn systemd_owner(conn: &Connection) -> Result<String, ManagerError> {
         .sender("org.freedesktop.DBus")
         .interface("org.freedesktop.DBus")
         .member("NameOwnerChanged")
-        .add_arg(SYSTEMD)
-        .build()
-        .map(|rule| rule.to_owned());
-    let rule = match rule {
-        Ok(rule) => rule,
-        Err(e) => return Err(fail(e)),
-    };
-    let mut changes = match MessageStream::for_match_rule(rule, conn, None).await {
-        Ok(stream) => stream,
-        Err(e) => return Err(fail(e)),
-    };
+        .add_arg(SYSTEMD);
+    let mut changes = signal_stream(conn, rule, "the name owner match rule").await?;
     let reply = conn
         .call_method(
             Some("org.freedesktop.DBus"),
