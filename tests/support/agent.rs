@@ -37,8 +37,11 @@ impl Agent {
     pub fn start(sandbox: &Sandbox) -> Agent {
         let log = sandbox.host_path(&format!("/run/exitproof-agent-{}.log", std::process::id()));
         let log_file = File::create(&log).expect("create the agent's log file");
+        // The sandbox mounts its own /tmp, where a checkout (and so the binary) may live; the
+        // test process's root, seen through /proc from inside, still shows the host's files.
+        let binary = format!("/proc/{}/root{}", std::process::id(), binary());
         let child = sandbox
-            .command(binary())
+            .command(&binary)
             .args(["agent", "--user", "--socket", SOCKET])
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
