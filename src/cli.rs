@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::agent::{self, AgentConfig, Bus};
 use crate::control::client::Client;
+use crate::control::protocol::parse_invocation_id;
 use crate::duration::parse_duration;
 use crate::unit_name::{self, UnitName};
 
@@ -75,7 +76,7 @@ enum Cmd {
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
         /// Our invocation (32 hex digits) [default: the unit's current InvocationID].
-        #[arg(long)]
+        #[arg(long, value_parser = parse_invocation_id)]
         invocation: Option<String>,
     },
     /// Wait for a unit's proof (watching it first if needed) and print the proof event.

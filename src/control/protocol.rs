@@ -188,14 +188,21 @@ fn invocation_id<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<St
     let Some(text) = Option::<String>::deserialize(deserializer)? else {
         return Ok(None);
     };
+    parse_invocation_id(&text)
+        .map(Some)
+        .map_err(|e| D::Error::custom(format_args!("field `invocation` {e}")))
+}
+
+/// Checks a systemd invocation ID (32 hex digits, any case) and returns it in lower case.
+pub fn parse_invocation_id(text: &str) -> Result<String, String> {
     if text.len() == 32 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        Ok(Some(text.to_ascii_lowercase()))
+        Ok(text.to_ascii_lowercase())
     } else {
         let quoted: String = text.chars().take(64).collect();
-        Err(D::Error::custom(format_args!(
-            "field `invocation` must be 32 hexadecimal digits (a systemd invocation ID), not \"{}\"",
+        Err(format!(
+            "must be 32 hexadecimal digits (a systemd invocation ID), not \"{}\"",
             quoted.escape_debug()
-        )))
+        ))
     }
 }
 

@@ -52,6 +52,10 @@ pub const TESTS: &[Test] = &[
         bad_socket_input_gets_errors_and_the_agent_survives,
     ),
     ("cli_usage_errors_exit_2", cli_usage_errors_exit_2),
+    (
+        "cli_watch_unwatch_and_the_event_stream",
+        cli_watch_unwatch_and_the_event_stream,
+    ),
 ];
 
 /// Writes a unit file the sandbox's manager loads, and reloads it.
@@ -477,6 +481,7 @@ fn cli_usage_errors_exit_2() {
     for args in [
         &["wait", "bad/name.service"][..],
         &["wait", "x.service", "--timeout", "10"],
+        &["watch", "x.service", "--invocation", "not-hex"],
         &["stop"],
         &["frobnicate"],
     ] {
@@ -491,4 +496,97 @@ fn cli_usage_errors_exit_2() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no agent listening"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+fn cli_watch_unwatch_and_the_event_stream() {
+    let sandbox = Sandbox::start("clistream");
+    let agent = Agent::start(&sandbox);
+    run_unit(&sandbox, "streamed.service", &[], &["sleep", "1000"]);
+    run_unit(&sandbox, "dropped.service", &[], &["sleep", "1000"]);
+    let ours = sandbox.show("streamed.service", "InvocationID");
+    let watch = cli_event(
+        &agent,
+        &[
+            "watch",
+            "streamed.service",
+            "--invocation",
+            &ours.to_uppercase(),
+        ],
+    );
+    assert_eq!(
+        watch["invocation"],
+        ours.as_str(),
+        "normalized to lower case"
+    );
+    // Watching again is idempotent; with another invocation it is an error.
+    assert_eq!(
+        cli_event(&agent, &["watch", "streamed.service"])["invocation"],
+        ours.as_str()
+    );
+    let other = "0123456789abcdef0123456789abcdef";
+    let out = agent.cli(&["watch", "streamed.service", "--invocation", other]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    cli_event(&agent, &["watch", "dropped.service"]);
+    assert_eq!(agent.list().len(), 2);
+    agent.cli_json(&["unwatch", "dropped.service"], 0);
+    let units: Vec<Value> = agent.list();
+    assert_eq!(units.len(), 1, "{units:?}");
+    assert_eq!(units[0]["unit"], "streamed.service");
+    let out = agent.cli(&["unwatch", "dropped.service"]);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "unwatching twice is an error: {out:?}"
+    );
+
+    let mut events = std::process::Command::new(crate::support::agent::binary())
+        .arg("--socket")
+        .arg(agent.socket())
+        .arg("events")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run exitproof events");
+    // The stream is read on a thread, so the test can tell when the subscription is live:
+    // it proves throwaway units until one of them shows up on the stream.
+    let stdout = events.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel::<Value>();
+    let reader = std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)) {
+            let Ok(line) = line else { break };
+            let Ok(value) = serde_json::from_str(&line) else {
+                break;
+            };
+            if tx.send(value).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + PATIENCE;
+    let mut probe = 0;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "exitproof events never streamed"
+        );
+        probe += 1;
+        cli_event(&agent, &["wait", &format!("probe-{probe}.service")]);
+        if rx.recv_timeout(Duration::from_millis(500)).is_ok() {
+            break;
+        }
+    }
+    systemctl(&sandbox, &["kill", "-s", "KILL", "streamed.service"]);
+    let event = loop {
+        let event = rx
+            .recv_timeout(PATIENCE)
+            .expect("the proof of streamed.service");
+        if event["unit"] == "streamed.service" {
+            break event;
+        }
+    };
+    assert_eq!(event["cause"], "exited");
+    assert_eq!(event["invocation"], ours.as_str());
+    let _ = events.kill();
+    let _ = events.wait();
+    let _ = reader.join();
+    systemctl(&sandbox, &["kill", "-s", "KILL", "dropped.service"]);
 }
