@@ -16,6 +16,7 @@ use crate::agent::{self, AgentConfig, Bus};
 use crate::control::client::Client;
 use crate::control::protocol::parse_invocation_id;
 use crate::duration::parse_duration;
+use crate::exit::write::{default_record_name, record_from_env, write_record};
 use crate::unit_name::{self, UnitName};
 
 /// Proves that every process of a systemd unit is gone.
@@ -78,6 +79,28 @@ enum Cmd {
         /// Our invocation (32 hex digits) [default: the unit's current InvocationID].
         #[arg(long, value_parser = parse_invocation_id)]
         invocation: Option<String>,
+        /// The run directory holding the unit's advisory exit record.
+        #[arg(long)]
+        run_dir: Option<PathBuf>,
+        /// The exit record's file name in the run directory [default: exit-<invocation>.json].
+        #[arg(long, requires = "run_dir")]
+        record: Option<String>,
+        /// The generation (> 0) this invocation belongs to; never reused.
+        #[arg(long = "gen", value_parser = clap::value_parser!(u64).range(1..))]
+        generation: Option<u64>,
+        /// The generation's launch file, removed once the generation is proven gone.
+        #[arg(long, requires = "generation")]
+        launch_file: Option<PathBuf>,
+    },
+    /// Write an exit record from systemd's $SERVICE_RESULT, $EXIT_CODE and $EXIT_STATUS (for
+    /// ExecStopPost=), atomically, named after $INVOCATION_ID unless --name is given.
+    Record {
+        /// The run directory to write into.
+        #[arg(long)]
+        dir: PathBuf,
+        /// The file name [default: exit-$INVOCATION_ID.json].
+        #[arg(long)]
+        name: Option<String>,
     },
     /// Wait for a unit's proof (watching it first if needed) and print the proof event.
     Wait {
@@ -136,10 +159,35 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             agent::run(config).map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Watch { unit, invocation } => {
+        Cmd::Watch {
+            unit,
+            invocation,
+            run_dir,
+            record,
+            generation,
+            launch_file,
+        } => {
             let mut request = json!({"cmd": "watch", "unit": unit.as_str()});
+            let paths = [("run_dir", run_dir), ("launch_file", launch_file)];
+            for (field, path) in paths {
+                if let Some(path) = path {
+                    // The agent wants absolute paths; a relative one means "from here".
+                    let absolute = std::path::absolute(&path)
+                        .map_err(|e| format!("{field} {}: {e}", path.display()))?;
+                    let text = absolute
+                        .to_str()
+                        .ok_or_else(|| format!("{field} {} is not UTF-8", path.display()))?;
+                    request[field] = Value::from(text);
+                }
+            }
             if let Some(invocation) = invocation {
                 request["invocation"] = Value::String(invocation);
+            }
+            if let Some(record) = record {
+                request["record"] = Value::String(record);
+            }
+            if let Some(generation) = generation {
+                request["gen"] = json!(generation);
             }
             let response = call(&socket, &request)?;
             print_line(&response["watch"])?;
@@ -147,6 +195,21 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Cmd::Wait { unit, timeout } => wait_like("wait", &unit, timeout, &socket),
         Cmd::Stop { unit, timeout } => wait_like("stop", &unit, timeout, &socket),
+        Cmd::Record { dir, name } => {
+            let (record, invocation) =
+                record_from_env(|var| std::env::var(var).ok()).map_err(|e| e.to_string())?;
+            let name = match (name, invocation) {
+                (Some(name), _) => name,
+                (None, Some(invocation)) => default_record_name(&invocation),
+                (None, None) => {
+                    return Err("$INVOCATION_ID is not set: give --name, or run this from \
+                                ExecStopPost= where systemd sets it"
+                        .into());
+                }
+            };
+            write_record(&dir, &name, &record).map_err(|e| e.to_string())?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Unwatch { unit } => {
             call(&socket, &json!({"cmd": "unwatch", "unit": unit.as_str()}))?;
             Ok(ExitCode::SUCCESS)

@@ -13,6 +13,7 @@ pub mod cgroup;
 pub mod cli;
 pub mod control;
 pub mod duration;
+pub mod exit;
 pub mod proof;
 pub mod systemd;
 pub mod unit_name;

@@ -6,25 +6,41 @@
 //! an older message never overwrites a newer value.
 
 use crate::proof::UnitState;
-use crate::systemd::manager::UnitSnapshot;
+use crate::systemd::manager::{ServiceExit, UnitSnapshot};
 use crate::systemd::signal::UnitChange;
 
 /// One property and the serial of the message that set it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-struct Stamped {
-    value: Option<String>,
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Stamped<T> {
+    value: Option<T>,
     serial: u32,
 }
 
-impl Stamped {
+impl<T> Default for Stamped<T> {
+    fn default() -> Self {
+        Stamped {
+            value: None,
+            serial: 0,
+        }
+    }
+}
+
+impl<T: PartialEq + Clone> Stamped<T> {
     /// Takes `value` if it comes from a message newer than the current one; true if it did.
-    fn offer(&mut self, value: &str, serial: u32) -> bool {
+    fn offer(&mut self, value: &T, serial: u32) -> bool {
         if self.value.is_some() && !newer(serial, self.serial) {
             return false;
         }
-        self.value = Some(value.to_owned());
+        self.value = Some(value.clone());
         self.serial = serial;
         true
+    }
+
+    /// Offers `value` if there is one.
+    fn offer_some(&mut self, value: Option<&T>, serial: u32) {
+        if let Some(v) = value {
+            self.offer(v, serial);
+        }
     }
 }
 
@@ -36,9 +52,12 @@ fn newer(a: u32, b: u32) -> bool {
 /// The merged state of one unit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UnitFacts {
-    active_state: Stamped,
-    sub_state: Stamped,
-    invocation: Stamped,
+    active_state: Stamped<String>,
+    sub_state: Stamped<String>,
+    invocation: Stamped<String>,
+    result: Stamped<String>,
+    exec_main_code: Stamped<i32>,
+    exec_main_status: Stamped<i32>,
 }
 
 impl UnitFacts {
@@ -49,17 +68,26 @@ impl UnitFacts {
             .offer(&snapshot.active_state, snapshot.serial);
         self.sub_state.offer(&snapshot.sub_state, snapshot.serial);
         self.invocation.offer(&snapshot.invocation, snapshot.serial);
+        if let Some((exit, serial)) = &snapshot.exit {
+            self.result.offer_some(exit.result.as_ref(), *serial);
+            self.exec_main_code
+                .offer_some(exit.exec_main_code.as_ref(), *serial);
+            self.exec_main_status
+                .offer_some(exit.exec_main_status.as_ref(), *serial);
+        }
         before.is_some() && before != self.invocation.value
     }
 
     /// Applies a signal. Returns true if the invocation changed.
     pub fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
-        if let Some(v) = &change.active_state {
-            self.active_state.offer(v, serial);
-        }
-        if let Some(v) = &change.sub_state {
-            self.sub_state.offer(v, serial);
-        }
+        self.active_state
+            .offer_some(change.active_state.as_ref(), serial);
+        self.sub_state.offer_some(change.sub_state.as_ref(), serial);
+        self.result.offer_some(change.result.as_ref(), serial);
+        self.exec_main_code
+            .offer_some(change.exec_main_code.as_ref(), serial);
+        self.exec_main_status
+            .offer_some(change.exec_main_status.as_ref(), serial);
         let before = self.invocation.value.clone();
         match &change.invocation {
             Some(v) => {
@@ -71,9 +99,9 @@ impl UnitFacts {
 
     /// Applies UnitRemoved: the unit is no longer loaded, so inactive with no invocation.
     pub fn apply_unloaded(&mut self, serial: u32) {
-        self.active_state.offer("inactive", serial);
-        self.sub_state.offer("dead", serial);
-        self.invocation.offer("", serial);
+        self.active_state.offer(&"inactive".to_owned(), serial);
+        self.sub_state.offer(&"dead".to_owned(), serial);
+        self.invocation.offer(&String::new(), serial);
     }
 
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
@@ -87,6 +115,16 @@ impl UnitFacts {
             active_state: self.active_state.value.clone()?,
             invocation: self.invocation.value.clone()?,
         })
+    }
+
+    /// How the service's main process last ended, as far as systemd has said.
+    pub fn service_exit(&self) -> Option<ServiceExit> {
+        let exit = ServiceExit {
+            result: self.result.value.clone(),
+            exec_main_code: self.exec_main_code.value,
+            exec_main_status: self.exec_main_status.value,
+        };
+        (exit != ServiceExit::default()).then_some(exit)
     }
 
     pub fn active_state(&self) -> Option<&str> {
@@ -114,6 +152,7 @@ mod tests {
             sub_state: "x".into(),
             invocation: invocation.into(),
             control_group: String::new(),
+            exit: None,
         }
     }
 
@@ -122,7 +161,7 @@ mod tests {
             active_state: active.map(Into::into),
             sub_state: None,
             invocation: invocation.map(Into::into),
-            invalidated: false,
+            ..UnitChange::default()
         }
     }
 

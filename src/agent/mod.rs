@@ -33,12 +33,16 @@ use crate::control::protocol::{
     Command, ErrorKind, Request, RequestId, Response, UnwatchArgs, WaitArgs, WatchArgs, event_line,
 };
 use crate::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
-use crate::proof::{Input, Output, Phase, StopReason, UnitProof};
+use crate::exit::record::SanitizedRecord;
+use crate::exit::write::default_record_name;
+use crate::exit::{read_record, remove_beneath};
+use crate::proof::release::{Release, ReleaseInput, ReleaseOutput};
+use crate::proof::{Cause, Input, Output, Phase, Proof, StopReason, UnitProof};
 use crate::systemd::manager::{self, ManagerError, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal::{self, SystemdSignal, unit_path};
 use crate::unit_name::UnitName;
-use event::{ProofEvent, WatchView};
+use event::{ProofEvent, WatchView, systemd_record, terminal_wording};
 use facts::UnitFacts;
 use waiters::Waiters;
 
@@ -130,10 +134,40 @@ enum Completion {
         result: Result<UnitSnapshot, ManagerError>,
     },
     Stopped {
+        key: UnitKey,
         unit: String,
-        reason: StopReason,
+        kind: StopKind,
         result: Result<(), ManagerError>,
     },
+}
+
+/// Why the agent issues a StopUnit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StopKind {
+    /// The proof asked for it (a stop requested by a client, or a foreign invocation).
+    Proof(StopReason),
+    /// The final stop of a proven generation, so the control side removes its files.
+    FinalGeneration,
+}
+
+impl fmt::Display for StopKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StopKind::Proof(StopReason::Requested) => "requested",
+            StopKind::Proof(StopReason::Foreign) => "foreign invocation",
+            StopKind::FinalGeneration => "final stop of the generation",
+        })
+    }
+}
+
+/// What a `watch` may carry besides the unit and the invocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct WatchSpec {
+    run_dir: Option<PathBuf>,
+    /// The record's file name; `None` with a run dir is `exit-<invocation>.json`.
+    record: Option<String>,
+    generation: Option<u64>,
+    launch_file: Option<PathBuf>,
 }
 
 type Completions = Arc<Mutex<VecDeque<Completion>>>;
@@ -171,9 +205,21 @@ struct Watch {
     read_again: bool,
     timer: Option<Instant>,
     event: Option<ProofEvent>,
+    spec: WatchSpec,
+    /// A generation's files to release after the proof; `None` for a watch without `gen`.
+    release: Option<Release>,
 }
 
 impl Watch {
+    /// The exit record's file name, once our invocation is known.
+    fn record_name(&self) -> Option<String> {
+        self.spec.run_dir.as_ref()?;
+        match &self.spec.record {
+            Some(name) => Some(name.clone()),
+            None => Some(default_record_name(self.proof.as_ref()?.invocation())),
+        }
+    }
+
     fn view(&self) -> WatchView {
         let proof = self.proof.as_ref();
         WatchView {
@@ -188,6 +234,14 @@ impl Watch {
             },
             phase: proof.map_or(Phase::Watching, UnitProof::phase),
             stop_requested: proof.is_some_and(UnitProof::stop_requested) || self.pending_stop,
+            run_dir: self.spec.run_dir.as_ref().map(|p| p.display().to_string()),
+            record: self.record_name().or_else(|| self.spec.record.clone()),
+            generation: self.spec.generation,
+            launch_file: self
+                .spec
+                .launch_file
+                .as_ref()
+                .map(|p| p.display().to_string()),
             proof: self.event.clone(),
         }
     }
@@ -217,6 +271,8 @@ struct Agent {
     waiters: Waiters<UnitKey, ReplyTo>,
     subscribers: HashSet<ClientId>,
     proven_order: VecDeque<(Instant, UnitKey)>,
+    /// Every (unit, generation) ever watched: generation numbers are never reused.
+    generations: HashSet<(String, u64)>,
 }
 
 impl Agent {
@@ -306,6 +362,7 @@ impl Agent {
             waiters: Waiters::default(),
             subscribers: HashSet::new(),
             proven_order: VecDeque::new(),
+            generations: HashSet::new(),
         })
     }
 
@@ -390,13 +447,18 @@ impl Agent {
                 }
                 Completion::Read { key, result } => self.on_read(key, result),
                 Completion::Stopped {
+                    key,
                     unit,
-                    reason,
+                    kind,
                     result,
-                } => match result {
-                    Ok(()) => log::debug!("{unit}: stop ({reason:?}) accepted"),
-                    Err(e) => log::warn!("{unit}: stop ({reason:?}): {e}"),
-                },
+                } => {
+                    match &result {
+                        Ok(()) => log::debug!("{unit}: stop ({kind}) accepted"),
+                        Err(e) => log::warn!("{unit}: stop ({kind}): {e}"),
+                    }
+                    let succeeded = result.is_ok();
+                    self.release(key, ReleaseInput::StopFinished { succeeded });
+                }
             }
         }
     }
@@ -599,32 +661,110 @@ impl Agent {
                     }
                 }
                 Output::StopUnit(reason) => {
+                    if let Some(release) = watch.release.as_mut() {
+                        release.handle(ReleaseInput::StopIssued);
+                    }
                     let unit = watch.unit.to_string();
-                    self.stop_unit(unit, reason);
+                    self.stop_unit(key, unit, StopKind::Proof(reason));
                 }
                 Output::Log(level, line) => {
                     log::log!(to_log_level(level), "{}: {line}", watch.unit);
                 }
                 Output::Proven(proof) => {
-                    let event = ProofEvent {
-                        kind: "proven",
-                        unit: watch.unit.to_string(),
-                        invocation: watch
-                            .proof
-                            .as_ref()
-                            .map(|p| p.invocation().to_owned())
-                            .unwrap_or_default(),
-                        level: proof.level,
-                        message: proof.message,
-                        cause: proof.cause,
-                        proven_mono_ns: monotonic_ns(),
-                        stop_requested: watch.proof.as_ref().is_some_and(UnitProof::stop_requested),
-                    };
-                    self.on_proven(key, event, now);
+                    if let Some(event) = self.proof_event(key, proof) {
+                        self.on_proven(key, event, now);
+                        self.release(key, ReleaseInput::Proven);
+                    }
                 }
             }
         }
         self.rearm(key);
+    }
+
+    /// The event of a proof. A terminal proof reads the advisory exit record (once, and
+    /// consumes it: it must never count for a later invocation) and is worded from it, or
+    /// from systemd's own exit status when the watch names no record.
+    fn proof_event(&mut self, key: UnitKey, proof: Proof) -> Option<ProofEvent> {
+        let watch = self.units.get(&key)?;
+        let invocation = watch
+            .proof
+            .as_ref()
+            .map(|p| p.invocation().to_owned())
+            .unwrap_or_default();
+        let mut event = ProofEvent {
+            kind: "proven",
+            unit: watch.unit.to_string(),
+            invocation,
+            level: proof.level,
+            message: proof.message,
+            cause: proof.cause,
+            proven_mono_ns: monotonic_ns(),
+            stop_requested: watch.proof.as_ref().is_some_and(UnitProof::stop_requested),
+            systemd: None,
+            record: None,
+            generation: watch.spec.generation,
+            launch_file: watch
+                .spec
+                .launch_file
+                .as_ref()
+                .map(|p| p.display().to_string()),
+        };
+        if proof.cause != Cause::Exited {
+            return Some(event);
+        }
+        let systemd = watch.facts.service_exit().map(|exit| systemd_record(&exit));
+        let named = watch.spec.run_dir.clone().zip(watch.record_name());
+        let record = named
+            .as_ref()
+            .and_then(|(dir, name)| match read_record(dir, name) {
+                Ok(record) => record,
+                Err(e) => {
+                    log::info!("{}: no exit record: {e}", event.unit);
+                    None
+                }
+            });
+        if let Some((dir, name)) = &named
+            && let Err(e) = remove_beneath(dir, name)
+        {
+            log::warn!("{}: remove the exit record: {e}", event.unit);
+        }
+        let (level, message) = terminal_wording(named.is_some(), record.as_ref(), systemd.as_ref());
+        event.level = level;
+        event.message = message;
+        event.systemd = systemd.as_ref().map(SanitizedRecord::from);
+        event.record = record.as_ref().map(SanitizedRecord::from);
+        Some(event)
+    }
+
+    /// Hands a fact to a generation's release and carries out what it asks for.
+    fn release(&mut self, key: UnitKey, input: ReleaseInput) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let Some(release) = watch.release.as_mut() else {
+            return;
+        };
+        release.handle(input);
+        for output in release.take_outputs() {
+            match output {
+                ReleaseOutput::RemoveLaunchFile => {
+                    if let Some(path) = &watch.spec.launch_file {
+                        // unlink never follows the final component: a symlink is removed,
+                        // never what it points to.
+                        match std::fs::remove_file(path) {
+                            Ok(()) => log::info!("{}: removed {}", watch.unit, path.display()),
+                            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                            Err(e) => log::warn!("{}: remove {}: {e}", watch.unit, path.display()),
+                        }
+                    }
+                }
+                ReleaseOutput::FinalStop => {
+                    let unit = watch.unit.to_string();
+                    self.stop_unit(key, unit, StopKind::FinalGeneration);
+                    return;
+                }
+            }
+        }
     }
 
     fn rearm(&mut self, key: UnitKey) {
@@ -643,8 +783,8 @@ impl Agent {
         }
     }
 
-    fn stop_unit(&mut self, unit: String, reason: StopReason) {
-        log::info!("{unit}: stopping ({reason:?})");
+    fn stop_unit(&mut self, key: UnitKey, unit: String, kind: StopKind) {
+        log::info!("{unit}: stopping ({kind})");
         let conn = self.conn.clone();
         let queue = self.completions.clone();
         self.runtime
@@ -653,8 +793,9 @@ impl Agent {
                 push(
                     &queue,
                     Completion::Stopped {
+                        key,
                         unit,
-                        reason,
+                        kind,
                         result,
                     },
                 );
@@ -768,8 +909,21 @@ impl Agent {
         };
         let now = Instant::now();
         match request.command {
-            Command::Watch(WatchArgs { unit, invocation }) => {
-                self.cmd_watch(reply, unit, invocation)
+            Command::Watch(WatchArgs {
+                unit,
+                invocation,
+                run_dir,
+                record,
+                generation,
+                launch_file,
+            }) => {
+                let spec = WatchSpec {
+                    run_dir,
+                    record,
+                    generation,
+                    launch_file,
+                };
+                self.cmd_watch(reply, unit, invocation, spec)
             }
             Command::Wait(WaitArgs { unit, timeout }) => {
                 let key = self.ensure_watch(&unit);
@@ -814,7 +968,22 @@ impl Agent {
         }
     }
 
-    fn cmd_watch(&mut self, reply: ReplyTo, unit: UnitName, invocation: Option<String>) {
+    fn cmd_watch(
+        &mut self,
+        reply: ReplyTo,
+        unit: UnitName,
+        invocation: Option<String>,
+        spec: WatchSpec,
+    ) {
+        if let Some(generation) = spec.generation
+            && !self.generations.insert((unit.to_string(), generation))
+        {
+            let message = format!(
+                "generation {generation} of {unit} was already watched; generation numbers are never reused"
+            );
+            self.reply_error(&reply, ErrorKind::BadRequest, &message);
+            return;
+        }
         if let Some(&key) = self.by_name.get(unit.as_str()) {
             let Some(watch) = self.units.get_mut(&key) else {
                 return;
@@ -834,6 +1003,10 @@ impl Agent {
                 );
                 self.reply_error(&reply, ErrorKind::BadRequest, &message);
                 return;
+            } else if spec != WatchSpec::default() && spec != watch.spec {
+                let message = format!("{unit} is already watched with other options");
+                self.reply_error(&reply, ErrorKind::BadRequest, &message);
+                return;
             } else if watch.proof.is_some() {
                 let view = watch.view();
                 self.reply_ok(&reply, "watch", &view);
@@ -843,7 +1016,7 @@ impl Agent {
                 return;
             }
         }
-        let key = self.new_watch(&unit, invocation);
+        let key = self.new_watch(&unit, invocation, spec);
         if let Some(watch) = self.units.get_mut(&key) {
             watch.watch_replies.push(reply);
         }
@@ -853,11 +1026,16 @@ impl Agent {
     fn ensure_watch(&mut self, unit: &UnitName) -> UnitKey {
         match self.by_name.get(unit.as_str()) {
             Some(&key) => key,
-            None => self.new_watch(unit, None),
+            None => self.new_watch(unit, None, WatchSpec::default()),
         }
     }
 
-    fn new_watch(&mut self, unit: &UnitName, invocation: Option<String>) -> UnitKey {
+    fn new_watch(
+        &mut self,
+        unit: &UnitName,
+        invocation: Option<String>,
+        spec: WatchSpec,
+    ) -> UnitKey {
         let key = UnitKey(self.next_key);
         self.next_key += 1;
         let path = unit_path(unit.as_str());
@@ -878,6 +1056,10 @@ impl Agent {
                 read_again: false,
                 timer: None,
                 event: None,
+                release: spec
+                    .generation
+                    .map(|_| Release::new(spec.launch_file.is_some())),
+                spec,
             },
         );
         self.read_unit(key);

@@ -55,7 +55,7 @@
 //! > {"cmd":"list"
 //! < {"ok":false,"error":{"kind":"bad-json","message":"request is not valid JSON: EOF while parsing an object at line 1 column 13"}}
 //! > {"id":7,"cmd":"watch","unti":"backup.service"}
-//! < {"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected `unit` or `invocation`"}}
+//! < {"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected one of `unit`, `invocation`, `run_dir`, `record`, `gen`, `launch_file`"}}
 //! ```
 //!
 //! Error kinds: `bad-json` (not UTF-8 or not JSON), `bad-request` (JSON but not a valid request: missing
@@ -70,6 +70,7 @@
 //! events is disconnected once its unsent output exceeds the server's limit (1 MiB by default).
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::de::{DeserializeOwned, Error as _};
@@ -158,6 +159,59 @@ pub struct WatchArgs {
     /// The invocation to track, as 32 lowercase hex digits; `None` adopts the current invocation.
     #[serde(default, deserialize_with = "invocation_id")]
     pub invocation: Option<String>,
+    /// The run directory that holds the unit's advisory exit record (an absolute path).
+    #[serde(default, deserialize_with = "absolute_path")]
+    pub run_dir: Option<PathBuf>,
+    /// The exit record's file name in `run_dir` (one path component); `None` with a `run_dir`
+    /// is `exit-<invocation>.json`.
+    #[serde(default)]
+    pub record: Option<String>,
+    /// The generation this invocation belongs to (> 0); generation numbers are never reused.
+    #[serde(default, rename = "gen", deserialize_with = "generation")]
+    pub generation: Option<u64>,
+    /// The generation's launch file (an absolute path), removed once the generation is proven
+    /// gone.
+    #[serde(default, deserialize_with = "absolute_path")]
+    pub launch_file: Option<PathBuf>,
+}
+
+impl WatchArgs {
+    /// The checks that involve more than one field.
+    fn check(self) -> Result<WatchArgs, (ErrorKind, String)> {
+        let bad = |message: &str| Err((ErrorKind::BadRequest, message.to_owned()));
+        if let Some(name) = &self.record {
+            if self.run_dir.is_none() {
+                return bad("field `record` needs `run_dir`");
+            }
+            if let Err(e) = crate::exit::beneath::validate_name(name) {
+                return Err((ErrorKind::BadRequest, format!("field `record`: {e}")));
+            }
+        }
+        if self.launch_file.is_some() && self.generation.is_none() {
+            return bad("field `launch_file` needs `gen`");
+        }
+        Ok(self)
+    }
+}
+
+fn absolute_path<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<PathBuf>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    if text.starts_with('/') && !text.contains('\0') {
+        Ok(Some(PathBuf::from(text)))
+    } else {
+        Err(D::Error::custom("a path field must be an absolute path"))
+    }
+}
+
+fn generation<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    match Option::<u64>::deserialize(deserializer) {
+        Ok(Some(0)) | Err(_) => Err(D::Error::custom(
+            "field `gen` must be a whole number greater than 0",
+        )),
+        Ok(number) => Ok(number),
+    }
 }
 
 /// Arguments of `wait` and of `stop` (which stops the unit, then waits the same way).
@@ -344,7 +398,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
         }
     };
     let command = match name.as_str() {
-        "watch" => args(fields).map(Command::Watch),
+        "watch" => args::<WatchArgs>(fields)
+            .and_then(WatchArgs::check)
+            .map(Command::Watch),
         "wait" => args(fields).map(Command::Wait),
         "stop" => args(fields).map(Command::Stop),
         "unwatch" => args(fields).map(Command::Unwatch),
@@ -537,6 +593,10 @@ mod tests {
                     command: Command::Watch(WatchArgs {
                         unit: unit("x.service"),
                         invocation: None,
+                        run_dir: None,
+                        record: None,
+                        generation: None,
+                        launch_file: None,
                     }),
                 },
             ),
@@ -549,6 +609,10 @@ mod tests {
                     command: Command::Watch(WatchArgs {
                         unit: unit("a@b.service"),
                         invocation: Some(invocation.to_owned()),
+                        run_dir: None,
+                        record: None,
+                        generation: None,
+                        launch_file: None,
                     }),
                 },
             ),
@@ -562,6 +626,10 @@ mod tests {
                     command: Command::Watch(WatchArgs {
                         unit: unit("x.service"),
                         invocation: Some(invocation.to_owned()),
+                        run_dir: None,
+                        record: None,
+                        generation: None,
+                        launch_file: None,
                     }),
                 },
             ),
@@ -572,6 +640,10 @@ mod tests {
                     command: Command::Watch(WatchArgs {
                         unit: unit("x.service"),
                         invocation: None,
+                        run_dir: None,
+                        record: None,
+                        generation: None,
+                        launch_file: None,
                     }),
                 },
             ),
@@ -684,6 +756,15 @@ mod tests {
             (br#"{"cmd":"wait","unit":"x"}"#, None, InvalidUnit, "unit type suffix"),
             (br#"{"cmd":"stop","unit":"x\n.service"}"#, None, InvalidUnit, "'\\n'"),
             (br#"{"cmd":"stop","unit":"x.service\n"}"#, None, InvalidUnit, "not a unit type"),
+            (br#"{"cmd":"watch","unit":"x.service","record":"r.json"}"#, None, BadRequest, "`record` needs `run_dir`"),
+            (br#"{"cmd":"watch","unit":"x.service","run_dir":"/run/x","record":"../r.json"}"#, None, BadRequest, "field `record`"),
+            (br#"{"cmd":"watch","unit":"x.service","run_dir":"/run/x","record":"a/b"}"#, None, BadRequest, "field `record`"),
+            (br#"{"cmd":"watch","unit":"x.service","run_dir":"relative"}"#, None, BadRequest, "absolute path"),
+            (br#"{"cmd":"watch","unit":"x.service","gen":0}"#, None, BadRequest, "greater than 0"),
+            (br#"{"cmd":"watch","unit":"x.service","gen":-1}"#, None, BadRequest, "greater than 0"),
+            (br#"{"cmd":"watch","unit":"x.service","gen":"1"}"#, None, BadRequest, "greater than 0"),
+            (br#"{"cmd":"watch","unit":"x.service","launch_file":"/run/l"}"#, None, BadRequest, "`launch_file` needs `gen`"),
+            (br#"{"cmd":"watch","unit":"x.service","gen":1,"launch_file":"l"}"#, None, BadRequest, "absolute path"),
             (br#"{"cmd":"watch","unit":"x.service","invocation":"abc"}"#, None, BadRequest, "32 hexadecimal digits"),
             (br#"{"cmd":"watch","unit":"x.service","invocation":"0123456789abcdef0123456789abcdeg"}"#, None, BadRequest, "32 hexadecimal"),
             (br#"{"cmd":"watch","unit":"x.service","invocation":"01234567-89ab-cdef-0123-456789abcdef"}"#, None, BadRequest, "32 hexadecimal"),
@@ -713,7 +794,7 @@ mod tests {
             ),
             (
                 br#"{"id":7,"cmd":"watch","unti":"backup.service"}"#,
-                r#"{"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected `unit` or `invocation`"}}"#,
+                r#"{"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected one of `unit`, `invocation`, `run_dir`, `record`, `gen`, `launch_file`"}}"#,
             ),
         ];
         for (line, expected) in cases {

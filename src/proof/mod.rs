@@ -29,6 +29,8 @@
 #[cfg(test)]
 mod tests;
 
+pub mod release;
+
 use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};

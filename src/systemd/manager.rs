@@ -10,7 +10,9 @@ use std::num::NonZeroUsize;
 use zbus::export::futures_core::Stream;
 use zbus::{Connection, MatchRule, Message, MessageStream, OwnedObjectPath, OwnedVariant};
 
-use super::signal::{MANAGER_INTERFACE, UNIT_INTERFACE, UNIT_PATH_PREFIX, unit_change};
+use super::signal::{
+    MANAGER_INTERFACE, SERVICE_INTERFACE, UNIT_INTERFACE, UNIT_PATH_PREFIX, unit_change,
+};
 
 /// systemd's well-known name on the bus.
 pub const SYSTEMD: &str = "org.freedesktop.systemd1";
@@ -59,6 +61,17 @@ pub struct UnitSnapshot {
     pub invocation: String,
     /// The cgroup as systemd reports it (`/app.slice/x.service`); empty once it is gone.
     pub control_group: String,
+    /// The service's exit status (Result, ExecMainCode, ExecMainStatus) and the serial of the
+    /// reply it came from; `None` for a unit that is not a loaded service.
+    pub exit: Option<(ServiceExit, u32)>,
+}
+
+/// How a service's main process ended, as systemd reports it (tenants cannot forge it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceExit {
+    pub result: Option<String>,
+    pub exec_main_code: Option<i32>,
+    pub exec_main_status: Option<i32>,
 }
 
 /// The streams of systemd's signals, subscribed before any unit is read so nothing slips
@@ -190,6 +203,7 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
                 sub_state: "dead".into(),
                 invocation: String::new(),
                 control_group: String::new(),
+                exit: None,
             });
         }
         Err(e) => return Err(ManagerError::new(what())(e)),
@@ -210,7 +224,43 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
         .deserialize()
         .map_err(ManagerError::new(what()))?;
     let change = unit_change(all, &[]).map_err(ManagerError::new(what()))?;
-    let control_group = control_group(conn, unit, &path).await?;
+    let (control_group, exit) = match cgroup_interface(unit) {
+        // One GetAll of a service carries its cgroup and its exit status.
+        Some(SERVICE_INTERFACE) => {
+            let reply = conn
+                .call_method(
+                    Some(SYSTEMD),
+                    &path,
+                    Some(PROPERTIES),
+                    "GetAll",
+                    &(SERVICE_INTERFACE,),
+                )
+                .await
+                .map_err(ManagerError::new(what()))?;
+            let mut all: HashMap<String, OwnedVariant> = reply
+                .body()
+                .deserialize()
+                .map_err(ManagerError::new(what()))?;
+            let control_group = all
+                .remove("ControlGroup")
+                .map(String::try_from)
+                .transpose()
+                .map_err(ManagerError::new(what()))?
+                .unwrap_or_default();
+            let service = unit_change(all, &[]).map_err(ManagerError::new(what()))?;
+            let exit = ServiceExit {
+                result: service.result,
+                exec_main_code: service.exec_main_code,
+                exec_main_status: service.exec_main_status,
+            };
+            (
+                control_group,
+                Some((exit, reply.primary_header().serial_num().get())),
+            )
+        }
+        Some(interface) => (control_group(conn, unit, &path, interface).await?, None),
+        None => (String::new(), None),
+    };
     Ok(UnitSnapshot {
         serial,
         loaded: true,
@@ -218,6 +268,7 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
         sub_state: change.sub_state.unwrap_or_default(),
         invocation: change.invocation.unwrap_or_default(),
         control_group,
+        exit,
     })
 }
 
@@ -225,7 +276,7 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
 fn cgroup_interface(unit: &str) -> Option<&'static str> {
     let suffix = unit.rsplit_once('.')?.1;
     Some(match suffix {
-        "service" => "org.freedesktop.systemd1.Service",
+        "service" => SERVICE_INTERFACE,
         "scope" => "org.freedesktop.systemd1.Scope",
         "slice" => "org.freedesktop.systemd1.Slice",
         "socket" => "org.freedesktop.systemd1.Socket",
@@ -235,16 +286,14 @@ fn cgroup_interface(unit: &str) -> Option<&'static str> {
     })
 }
 
-/// Reads a unit's ControlGroup, which systemd never signals; empty for a unit type that has
-/// no cgroup or a cgroup that is gone.
+/// Reads a unit's ControlGroup from `interface`; systemd never signals it.
 async fn control_group(
     conn: &Connection,
     unit: &str,
     path: &OwnedObjectPath,
+    interface: &str,
 ) -> Result<String, ManagerError> {
-    let Some(interface) = cgroup_interface(unit) else {
-        return Ok(String::new());
-    };
+    let what = || format!("read the cgroup of {unit}");
     let reply = conn
         .call_method(
             Some(SYSTEMD),
@@ -254,12 +303,12 @@ async fn control_group(
             &(interface, "ControlGroup"),
         )
         .await
-        .map_err(ManagerError::new(format!("read the cgroup of {unit}")))?;
+        .map_err(ManagerError::new(what()))?;
     let value: OwnedVariant = reply
         .body()
         .deserialize()
-        .map_err(ManagerError::new(format!("read the cgroup of {unit}")))?;
-    String::try_from(value).map_err(ManagerError::new(format!("read the cgroup of {unit}")))
+        .map_err(ManagerError::new(what()))?;
+    String::try_from(value).map_err(ManagerError::new(what()))
 }
 
 /// Asks systemd to stop `unit`, replacing any queued job. A unit systemd does not have is

@@ -11,6 +11,8 @@ use zbus::{Message, OwnedObjectPath, OwnedVariant};
 
 /// The interface of every unit object, which carries ActiveState, SubState and InvocationID.
 pub const UNIT_INTERFACE: &str = "org.freedesktop.systemd1.Unit";
+/// The interface of service units, which carries Result, ExecMainCode and ExecMainStatus.
+pub const SERVICE_INTERFACE: &str = "org.freedesktop.systemd1.Service";
 /// The manager's interface, which carries UnitNew, UnitRemoved and Reloading.
 pub const MANAGER_INTERFACE: &str = "org.freedesktop.systemd1.Manager";
 /// Where systemd puts its unit objects.
@@ -23,6 +25,12 @@ pub struct UnitChange {
     pub sub_state: Option<String>,
     /// InvocationID as lowercase hex; empty when the unit has none.
     pub invocation: Option<String>,
+    /// The service's Result (`success`, `exit-code`, `signal`, ...).
+    pub result: Option<String>,
+    /// ExecMainCode: how the main process ended (CLD_EXITED 1, CLD_KILLED 2, CLD_DUMPED 3).
+    pub exec_main_code: Option<i32>,
+    /// ExecMainStatus: the exit status, or the signal number.
+    pub exec_main_status: Option<i32>,
     /// A property we use was invalidated instead of carried: read the unit again.
     pub invalidated: bool,
 }
@@ -33,6 +41,9 @@ impl UnitChange {
         self.active_state.is_some()
             || self.sub_state.is_some()
             || self.invocation.is_some()
+            || self.result.is_some()
+            || self.exec_main_code.is_some()
+            || self.exec_main_status.is_some()
             || self.invalidated
     }
 }
@@ -40,7 +51,7 @@ impl UnitChange {
 /// A signal from systemd, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SystemdSignal {
-    /// PropertiesChanged on a unit object's `Unit` interface.
+    /// PropertiesChanged on a unit object's `Unit` or `Service` interface.
     UnitChanged { path: String, change: UnitChange },
     /// A unit was loaded into memory.
     UnitNew { unit: String },
@@ -87,7 +98,7 @@ pub fn decode(message: &Message) -> Result<Option<SystemdSignal>, DecodeError> {
                 HashMap<String, OwnedVariant>,
                 Vec<String>,
             ) = message.body().deserialize().map_err(fail)?;
-            if iface != UNIT_INTERFACE {
+            if iface != UNIT_INTERFACE && iface != SERVICE_INTERFACE {
                 return Ok(None);
             }
             let change = unit_change(changed, &invalidated).map_err(fail)?;
@@ -114,29 +125,50 @@ pub fn decode(message: &Message) -> Result<Option<SystemdSignal>, DecodeError> {
     }
 }
 
-/// Takes the properties the proof uses out of a changed dict (or a GetAll reply).
+/// Takes the properties the agent uses out of a changed dict (or a GetAll reply) of the `Unit`
+/// or the `Service` interface.
 pub fn unit_change(
     mut changed: HashMap<String, OwnedVariant>,
     invalidated: &[String],
 ) -> zbus::Result<UnitChange> {
-    let mut take_string = |name: &str| -> zbus::Result<Option<String>> {
-        changed.remove(name).map(String::try_from).transpose()
-    };
-    let active_state = take_string("ActiveState")?;
-    let sub_state = take_string("SubState")?;
-    let invocation = changed
-        .remove("InvocationID")
-        .map(|v| Vec::<u8>::try_from(v).map(|bytes| hex(&bytes)))
-        .transpose()?;
-    let invalidated = invalidated
-        .iter()
-        .any(|p| matches!(p.as_str(), "ActiveState" | "SubState" | "InvocationID"));
+    let active_state = take(&mut changed, "ActiveState")?;
+    let sub_state = take(&mut changed, "SubState")?;
+    let invocation = take::<Vec<u8>>(&mut changed, "InvocationID")?.map(|bytes| hex(&bytes));
+    let result = take(&mut changed, "Result")?;
+    let exec_main_code = take(&mut changed, "ExecMainCode")?;
+    let exec_main_status = take(&mut changed, "ExecMainStatus")?;
+    let invalidated = invalidated.iter().any(|p| {
+        matches!(
+            p.as_str(),
+            "ActiveState"
+                | "SubState"
+                | "InvocationID"
+                | "Result"
+                | "ExecMainCode"
+                | "ExecMainStatus"
+        )
+    });
     Ok(UnitChange {
         active_state,
         sub_state,
         invocation,
+        result,
+        exec_main_code,
+        exec_main_status,
         invalidated,
     })
+}
+
+/// Takes property `name` out of `changed`, converted to `T`; a wrong type is an error.
+fn take<T>(changed: &mut HashMap<String, OwnedVariant>, name: &str) -> zbus::Result<Option<T>>
+where
+    T: TryFrom<OwnedVariant>,
+    zbus::Error: From<T::Error>,
+{
+    changed
+        .remove(name)
+        .map(|v| T::try_from(v).map_err(zbus::Error::from))
+        .transpose()
 }
 
 /// An InvocationID as systemd prints it: 32 lowercase hex digits, or empty for all zeroes or
@@ -228,7 +260,7 @@ mod tests {
                     active_state: Some("inactive".into()),
                     sub_state: Some("dead".into()),
                     invocation: Some("0102030405060708090a0b0c0d0e0f10".into()),
-                    invalidated: false,
+                    ..UnitChange::default()
                 }
             })
         );
@@ -242,11 +274,29 @@ mod tests {
             None
         );
         let changed = HashMap::from([("ActiveState", Variant::from("active"))]);
-        let service = "org.freedesktop.systemd1.Service";
+        let socket = "org.freedesktop.systemd1.Socket";
         assert_eq!(
-            decode(&properties_changed(service, changed, vec![])).unwrap(),
+            decode(&properties_changed(socket, changed, vec![])).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn a_service_exit_status_signal_decodes() {
+        let changed = HashMap::from([
+            ("Result", Variant::from("signal")),
+            ("ExecMainCode", Variant::from(2i32)),
+            ("ExecMainStatus", Variant::from(9i32)),
+            ("ControlGroup", Variant::from("/x")),
+        ]);
+        let signal = decode(&properties_changed(SERVICE_INTERFACE, changed, vec![])).unwrap();
+        let Some(SystemdSignal::UnitChanged { change, .. }) = signal else {
+            panic!("{signal:?}");
+        };
+        assert_eq!(change.result.as_deref(), Some("signal"));
+        assert_eq!(change.exec_main_code, Some(2));
+        assert_eq!(change.exec_main_status, Some(9));
+        assert_eq!(change.active_state, None);
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod support;
 
 mod agent;
+mod records;
 mod sandbox_smoke;
 
 use libtest_mimic::{Arguments, Completion, Trial};
@@ -20,6 +21,7 @@ pub type Test = (&'static str, fn());
 const SUITES: &[(&str, &[Test])] = &[
     ("sandbox_smoke", sandbox_smoke::TESTS),
     ("agent", agent::TESTS),
+    ("records", records::TESTS),
 ];
 
 fn main() {

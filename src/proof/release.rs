@@ -1,0 +1,166 @@
+//! What a generation's watch releases once, and only once, its proof is in: the seed's
+//! `finaliseGen`, as a pure state machine.
+//!
+//! A generation (a unit whose number is never reused) leaves files behind: its launch file,
+//! which the agent removes, and the control side's drop-in and layout, which a StopUnit of the
+//! now inactive unit removes. A stop of ours that succeeded already did the latter, so the
+//! final stop is issued only if none did. Stops are asynchronous here, so the decision waits for
+//! every stop still in flight at the proof.
+
+/// A fact handed to [`Release`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseInput {
+    /// A StopUnit of ours went out.
+    StopIssued,
+    /// A StopUnit of ours came back, successful or not.
+    StopFinished { succeeded: bool },
+    /// The unit is proven gone.
+    Proven,
+}
+
+/// What the driver must do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReleaseOutput {
+    /// Remove the generation's launch file (never following a final symlink).
+    RemoveLaunchFile,
+    /// Issue the final StopUnit of the inactive unit, so the control side removes the
+    /// generation's files.
+    FinalStop,
+}
+
+/// The release of one generation's files.
+#[derive(Debug)]
+pub struct Release {
+    has_launch_file: bool,
+    stops_in_flight: u32,
+    stop_succeeded: bool,
+    proven: bool,
+    final_stop_decided: bool,
+    outputs: Vec<ReleaseOutput>,
+}
+
+impl Release {
+    /// The release of a generation, with a launch file or not.
+    pub fn new(has_launch_file: bool) -> Self {
+        Release {
+            has_launch_file,
+            stops_in_flight: 0,
+            stop_succeeded: false,
+            proven: false,
+            final_stop_decided: false,
+            outputs: Vec::new(),
+        }
+    }
+
+    pub fn handle(&mut self, input: ReleaseInput) {
+        match input {
+            ReleaseInput::StopIssued => self.stops_in_flight += 1,
+            ReleaseInput::StopFinished { succeeded } => {
+                self.stops_in_flight = self.stops_in_flight.saturating_sub(1);
+                // Only a stop that came back before the final decision counts; the final stop
+                // itself comes back after it and changes nothing.
+                if !self.final_stop_decided {
+                    self.stop_succeeded |= succeeded;
+                }
+            }
+            ReleaseInput::Proven => {
+                if self.proven {
+                    return;
+                }
+                self.proven = true;
+                if self.has_launch_file {
+                    self.outputs.push(ReleaseOutput::RemoveLaunchFile);
+                }
+            }
+        }
+        if self.proven && self.stops_in_flight == 0 && !self.final_stop_decided {
+            self.final_stop_decided = true;
+            if !self.stop_succeeded {
+                self.outputs.push(ReleaseOutput::FinalStop);
+            }
+        }
+    }
+
+    /// Takes what the driver must do now.
+    pub fn take_outputs(&mut self) -> Vec<ReleaseOutput> {
+        std::mem::take(&mut self.outputs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ReleaseInput::*;
+    use super::ReleaseOutput::*;
+    use super::*;
+
+    fn run(has_launch_file: bool, inputs: &[ReleaseInput]) -> Vec<(usize, ReleaseOutput)> {
+        let mut release = Release::new(has_launch_file);
+        let mut outputs = Vec::new();
+        for (i, input) in inputs.iter().enumerate() {
+            release.handle(*input);
+            outputs.extend(release.take_outputs().into_iter().map(|o| (i, o)));
+        }
+        outputs
+    }
+
+    #[test]
+    fn the_release_follows_the_seed_finalise_gen() {
+        let ok = StopFinished { succeeded: true };
+        let failed = StopFinished { succeeded: false };
+        type Case<'a> = (
+            &'a str,
+            bool,
+            &'a [ReleaseInput],
+            &'a [(usize, ReleaseOutput)],
+        );
+        let cases: &[Case] = &[
+            ("nothing before the proof", true, &[StopIssued, ok], &[]),
+            (
+                "no stop of ours: launch file, then the final stop",
+                true,
+                &[Proven],
+                &[(0, RemoveLaunchFile), (0, FinalStop)],
+            ),
+            ("no launch file", false, &[Proven], &[(0, FinalStop)]),
+            (
+                "a stop of ours succeeded: no final stop",
+                true,
+                &[StopIssued, ok, Proven],
+                &[(2, RemoveLaunchFile)],
+            ),
+            (
+                "a stop of ours failed: the final stop still goes out",
+                true,
+                &[StopIssued, failed, Proven],
+                &[(2, RemoveLaunchFile), (2, FinalStop)],
+            ),
+            (
+                "a stop in flight at the proof: decided when it comes back",
+                true,
+                &[StopIssued, Proven, ok],
+                &[(1, RemoveLaunchFile)],
+            ),
+            (
+                "one of two stops in flight succeeds: no final stop",
+                false,
+                &[StopIssued, StopIssued, Proven, ok, failed],
+                &[],
+            ),
+            (
+                "two in flight, both fail",
+                false,
+                &[StopIssued, StopIssued, Proven, failed, failed],
+                &[(4, FinalStop)],
+            ),
+            (
+                "exactly once: a second proof and the final stop's own reply change nothing",
+                true,
+                &[Proven, Proven, StopIssued, ok, Proven],
+                &[(0, RemoveLaunchFile), (0, FinalStop)],
+            ),
+        ];
+        for (name, has_launch_file, inputs, expected) in cases {
+            assert_eq!(&run(*has_launch_file, inputs), expected, "{name}");
+        }
+    }
+}
