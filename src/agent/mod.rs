@@ -672,8 +672,11 @@ impl Agent {
                 }
                 Output::Proven(proof) => {
                     if let Some(event) = self.proof_event(key, proof) {
-                        self.on_proven(key, event, now);
+                        // Released before anyone is told, as the seed's finaliseGen runs
+                        // before Stop returns: a caller that hears "proven" finds the launch
+                        // file gone.
                         self.release(key, ReleaseInput::Proven);
+                        self.on_proven(key, event, now);
                     }
                 }
             }
