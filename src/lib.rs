@@ -9,6 +9,7 @@
 //! See ARCHITECTURE.md for the map.
 
 pub mod agent;
+pub mod bench;
 pub mod cgroup;
 pub mod cli;
 pub mod control;

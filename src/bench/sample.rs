@@ -1,0 +1,54 @@
+//! What one benchmark run measured: raw per-unit timestamps and per-contender resources.
+//!
+//! Every timestamp is CLOCK_MONOTONIC in nanoseconds, comparable across the bench and the
+//! agent (the agent reports `proven_mono_ns`).
+
+use serde::{Deserialize, Serialize};
+
+/// The timestamps of one unit in one kill round.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnitSample {
+    pub round: u32,
+    pub unit: String,
+    /// Just before the bench wrote `1` to the unit's `cgroup.kill`.
+    pub t_kill_ns: u64,
+    /// When the bench's own inotify saw `populated 0` or the cgroup's removal.
+    pub t_cgroup_ns: Option<u64>,
+    /// When the bench's own (subscribed) D-Bus connection saw ActiveState become terminal.
+    pub t_signal_ns: Option<u64>,
+    /// When the exitproof agent proved it (`proven_mono_ns`).
+    pub t_event_ns: Option<u64>,
+    /// When the polling contender (the seed's algorithm) proved it.
+    pub t_poll_ns: Option<u64>,
+}
+
+/// What one contender cost.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    /// CPU time used during the idle window, all units watched, in milliseconds.
+    pub idle_cpu_ms: f64,
+    /// CPU time used during the kill rounds, in milliseconds.
+    pub round_cpu_ms: f64,
+    /// Peak resident set size, KiB (`None` where it cannot be told apart from the bench's own).
+    pub rss_kib: Option<u64>,
+    /// Threads of the contender's process (`None` where it has no process of its own).
+    pub threads: Option<u64>,
+    /// CPU time of the processes the contender spawned (the poller's `systemctl`s), in ms,
+    /// idle window and kill rounds together.
+    pub spawned_cpu_ms: Option<f64>,
+}
+
+/// One whole benchmark run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BenchRun {
+    pub units: usize,
+    pub rounds: u32,
+    pub poll_interval_ms: u64,
+    pub idle_ms: u64,
+    /// When and where it ran (free text: date, kernel, CPU, cores).
+    pub machine: String,
+    pub date: String,
+    pub samples: Vec<UnitSample>,
+    pub event: Resources,
+    pub poll: Resources,
+}
