@@ -52,14 +52,7 @@ const SIGNALS: Token = Token(2);
 const CONTROL_TOKENS: std::ops::Range<usize> = 16..(1 << 20);
 const RUNTIME_TOKENS: std::ops::Range<usize> = (1 << 20)..(1 << 30);
 
-/// Which bus systemd is reached on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Bus {
-    /// The system bus and the system manager.
-    System,
-    /// The session bus and the user's manager (`--user`).
-    User,
-}
+pub use crate::systemd::Bus;
 
 /// How the agent runs.
 #[derive(Clone, Debug)]
@@ -96,8 +89,7 @@ pub enum AgentError {
         what: &'static str,
         source: io::Error,
     },
-    Bus(ManagerError),
-    Connect(zbus::Error),
+    Connect(crate::systemd::ConnectError),
     Cgroup(CgroupError),
     Control(ControlError),
 }
@@ -106,8 +98,7 @@ impl fmt::Display for AgentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AgentError::Io { what, source } => write!(f, "{what}: {source}"),
-            AgentError::Bus(e) => write!(f, "{e}"),
-            AgentError::Connect(e) => write!(f, "connect to the bus: {e}"),
+            AgentError::Connect(e) => write!(f, "{e}"),
             AgentError::Cgroup(e) => write!(f, "{e}"),
             AgentError::Control(e) => write!(f, "{e}"),
         }
@@ -280,26 +271,11 @@ impl Agent {
         let mut poll = Poll::new().map_err(io_error("create the event loop"))?;
         let runtime = MioRuntime::new(poll.registry(), WAKER, RUNTIME_TOKENS)
             .map_err(io_error("create the bus runtime"))?;
-        let handle = runtime.handle();
-        let builder = match config.bus {
-            Bus::System => zbus::connection::Builder::system(),
-            Bus::User => zbus::connection::Builder::session(),
-        };
-        let timeout = config.method_timeout;
         // Connecting and subscribing happen before any other source is registered, so
         // block_on may drop foreign events: there are none yet.
-        let (conn, subscription) = runtime
-            .block_on(&mut poll, async move {
-                let conn = builder
-                    .runtime(handle)
-                    .method_timeout(timeout)
-                    .build()
-                    .await
-                    .map_err(AgentError::Connect)?;
-                let subscription = manager::subscribe(&conn).await.map_err(AgentError::Bus)?;
-                Ok::<_, AgentError>((conn, subscription))
-            })
-            .map_err(io_error("run the bus runtime"))??;
+        let (conn, subscription) =
+            crate::systemd::connect(&runtime, &mut poll, config.bus, config.method_timeout)
+                .map_err(AgentError::Connect)?;
         let completions: Completions = Arc::default();
         for stream in [subscription.units, subscription.manager] {
             forward_signals(&runtime, stream, completions.clone());
@@ -336,13 +312,10 @@ impl Agent {
             .register(poll.registry(), CONTROL_TOKENS)
             .map_err(io_error("register the control socket"))?;
         log::info!(
-            "listening on {}, systemd is {} on the {} bus",
+            "listening on {}, systemd is {} on the {}",
             config.socket.display(),
             subscription.systemd,
-            match config.bus {
-                Bus::System => "system",
-                Bus::User => "session",
-            }
+            config.bus
         );
         Ok(Agent {
             config,

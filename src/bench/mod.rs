@@ -1,3 +1,70 @@
 //! The termination-latency benchmark: exitproof's agent, the polling design it replaces, and
 //! systemd's own signal, side by side on the same units.
+//!
+//! `run` drives a run, `observer` is the independent referee (its own D-Bus connection and
+//! inotify), `poll` is the polling baseline, `stats` and `report` turn samples into bench.json,
+//! bench.md and latency.svg. Unlike the agent, the bench may use threads and sleep: it is a
+//! measuring harness, not the thing measured.
+
+pub mod observer;
+pub mod poll;
+pub mod report;
+pub mod run;
 pub mod sample;
+pub mod stats;
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::control::ControlError;
+use crate::systemd::ConnectError;
+use crate::systemd::manager::ManagerError;
+
+/// The deadline of the bench's own D-Bus calls.
+const METHOD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a benchmark run failed.
+#[derive(Debug)]
+pub enum BenchError {
+    Connect(ConnectError),
+    Manager(ManagerError),
+    Control(ControlError),
+    Io(String, std::io::Error),
+    Failed(String),
+}
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BenchError::Connect(e) => write!(f, "{e}"),
+            BenchError::Manager(e) => write!(f, "{e}"),
+            BenchError::Control(e) => write!(f, "the agent: {e}"),
+            BenchError::Io(what, e) => write!(f, "{what}: {e}"),
+            BenchError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+/// Time on CPU from a `schedstat` file (its first field, in nanoseconds).
+fn schedstat_ns(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// CPU time of every child process this process has waited for, in nanoseconds.
+fn children_cpu_ns() -> u64 {
+    use nix::sys::resource::{UsageWho, getrusage};
+    getrusage(UsageWho::RUSAGE_CHILDREN).map_or(0, |u| {
+        let ns = |t: nix::sys::time::TimeVal| {
+            u64::try_from(t.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(t.tv_usec()).unwrap_or(0) * 1_000
+        };
+        ns(u.user_time()) + ns(u.system_time())
+    })
+}

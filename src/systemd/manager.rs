@@ -321,6 +321,41 @@ pub async fn stop_unit(conn: &Connection, unit: &str) -> Result<(), ManagerError
     }
 }
 
+/// Starts a transient service `unit` running `argv` (the benchmark's units), like
+/// `systemd-run --unit=UNIT ARGV...`.
+pub async fn start_transient_service(
+    conn: &Connection,
+    unit: &str,
+    argv: &[&str],
+) -> Result<(), ManagerError> {
+    let Some(program) = argv.first() else {
+        return Err(ManagerError::new(format!("start {unit}"))(
+            zbus::Error::Failure("an empty command line".into()),
+        ));
+    };
+    let exec_start = vec![(
+        program.to_string(),
+        argv.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+        false,
+    )];
+    let properties: Vec<(&str, zbus::Variant<'_>)> = vec![
+        (
+            "Description",
+            zbus::Variant::from("exitproof benchmark unit"),
+        ),
+        ("ExecStart", zbus::Variant::from(exec_start)),
+    ];
+    let aux: Vec<(&str, Vec<(&str, zbus::Variant<'_>)>)> = Vec::new();
+    call_manager(
+        conn,
+        "StartTransientUnit",
+        &(unit, "replace", properties, aux),
+    )
+    .await
+    .map(|_| ())
+    .map_err(ManagerError::new(format!("start {unit}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::cgroup_interface;

@@ -1,4 +1,83 @@
-//! The systemd side: decoding its signals and calling its manager over D-Bus.
+//! The systemd side: decoding its signals and calling its manager over D-Bus, on the caller's
+//! own mio loop.
 pub mod manager;
 pub mod runtime;
 pub mod signal;
+
+use std::fmt;
+use std::time::Duration;
+
+use zbus::Connection;
+
+use manager::{ManagerError, Subscription};
+use runtime::MioRuntime;
+
+/// Which bus systemd is reached on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bus {
+    /// The system bus and the system manager.
+    System,
+    /// The session bus and the user's manager (`--user`).
+    User,
+}
+
+impl fmt::Display for Bus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Bus::System => "system bus",
+            Bus::User => "session bus",
+        })
+    }
+}
+
+/// Why systemd could not be reached.
+#[derive(Debug)]
+pub enum ConnectError {
+    Runtime(std::io::Error),
+    Bus(Bus, zbus::Error),
+    Subscribe(ManagerError),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnectError::Runtime(e) => write!(f, "run the bus connection: {e}"),
+            ConnectError::Bus(bus, e) => {
+                write!(f, "no systemd manager reachable on the {bus}: {e}")
+            }
+            ConnectError::Subscribe(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
+/// Connects to `bus` on `runtime` (driving `poll` until done) and subscribes to systemd's
+/// signals. Call it before registering anything else on `poll`: `block_on` drops events of
+/// sources it does not own.
+pub fn connect(
+    runtime: &MioRuntime,
+    poll: &mut mio::Poll,
+    bus: Bus,
+    method_timeout: Duration,
+) -> Result<(Connection, Subscription), ConnectError> {
+    let builder = match bus {
+        Bus::System => zbus::connection::Builder::system(),
+        Bus::User => zbus::connection::Builder::session(),
+    };
+    let handle = runtime.handle();
+    runtime
+        .block_on(poll, async move {
+            let conn = builder
+                .runtime(handle)
+                .method_timeout(method_timeout)
+                .build()
+                .await
+                .map_err(|e| ConnectError::Bus(bus, e))?;
+            let subscription = manager::subscribe(&conn)
+                .await
+                .map_err(ConnectError::Subscribe)?;
+            Ok((conn, subscription))
+        })
+        .map_err(ConnectError::Runtime)?
+}

@@ -8,6 +8,7 @@
 mod support;
 
 mod agent;
+mod bench;
 mod records;
 mod sandbox_smoke;
 
@@ -22,6 +23,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("sandbox_smoke", sandbox_smoke::TESTS),
     ("agent", agent::TESTS),
     ("records", records::TESTS),
+    ("bench", bench::TESTS),
 ];
 
 fn main() {
