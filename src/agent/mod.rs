@@ -46,6 +46,10 @@ use event::{ProofEvent, WatchView, systemd_record, terminal_wording};
 use facts::UnitFacts;
 use waiters::Waiters;
 
+/// Reads of units in flight at once. A burst of watches is read a window at a time, which
+/// bounds the replies held in memory (a service's properties are several KiB).
+const MAX_READS_IN_FLIGHT: usize = 32;
+
 const WAKER: Token = Token(0);
 const INOTIFY: Token = Token(1);
 const SIGNALS: Token = Token(2);
@@ -264,6 +268,8 @@ struct Agent {
     proven_order: VecDeque<(Instant, UnitKey)>,
     /// Every (unit, generation) ever watched: generation numbers are never reused.
     generations: HashSet<(String, u64)>,
+    reads_in_flight: usize,
+    read_queue: VecDeque<UnitKey>,
 }
 
 impl Agent {
@@ -336,6 +342,8 @@ impl Agent {
             subscribers: HashSet::new(),
             proven_order: VecDeque::new(),
             generations: HashSet::new(),
+            reads_in_flight: 0,
+            read_queue: VecDeque::new(),
         })
     }
 
@@ -418,7 +426,10 @@ impl Agent {
                         self.feed(key, Input::StateUnknown);
                     }
                 }
-                Completion::Read { key, result } => self.on_read(key, result),
+                Completion::Read { key, result } => {
+                    self.read_done();
+                    self.on_read(key, result);
+                }
                 Completion::Stopped {
                     key,
                     unit,
@@ -503,6 +514,18 @@ impl Agent {
             return;
         }
         watch.read_in_flight = true;
+        if self.reads_in_flight < MAX_READS_IN_FLIGHT {
+            self.start_read(key);
+        } else {
+            self.read_queue.push_back(key);
+        }
+    }
+
+    fn start_read(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        self.reads_in_flight += 1;
         let conn = self.conn.clone();
         let unit = watch.unit.to_string();
         let queue = self.completions.clone();
@@ -512,6 +535,19 @@ impl Agent {
                 push(&queue, Completion::Read { key, result });
             })
             .detach();
+    }
+
+    /// A read came back: the next queued one may go.
+    fn read_done(&mut self) {
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        while self.reads_in_flight < MAX_READS_IN_FLIGHT {
+            let Some(key) = self.read_queue.pop_front() else {
+                break;
+            };
+            if self.units.contains_key(&key) {
+                self.start_read(key);
+            }
+        }
     }
 
     fn on_read(&mut self, key: UnitKey, result: Result<UnitSnapshot, ManagerError>) {

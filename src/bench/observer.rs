@@ -35,6 +35,8 @@ pub struct Observed {
 struct Shared {
     /// Units to start watching: (unit, cgroup as systemd reports it).
     pending: Vec<(String, String)>,
+    /// How many units the thread has started watching, so `arm` can wait for it.
+    armed: usize,
     observed: HashMap<String, Observed>,
 }
 
@@ -79,13 +81,24 @@ impl Observer {
         }
     }
 
-    /// Starts watching `units` (name, ControlGroup); their observations start empty.
-    pub fn arm(&self, units: &[(String, String)]) {
-        let mut shared = lock(&self.shared);
-        for (unit, _) in units {
-            shared.observed.insert(unit.clone(), Observed::default());
+    /// Starts watching `units` (name, ControlGroup) and returns once the observer watches
+    /// them all, so a kill that follows cannot slip past it.
+    pub fn arm(&self, units: &[(String, String)]) -> Result<(), BenchError> {
+        let target = {
+            let mut shared = lock(&self.shared);
+            for (unit, _) in units {
+                shared.observed.insert(unit.clone(), Observed::default());
+            }
+            shared.pending.extend(units.iter().cloned());
+            shared.armed + units.len()
+        };
+        while lock(&self.shared).armed < target {
+            if self.thread.as_ref().is_none_or(|t| t.is_finished()) {
+                return Err(BenchError::Failed("the observer thread stopped".into()));
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
-        shared.pending.extend(units.iter().cloned());
+        Ok(())
     }
 
     /// What was seen of `unit` so far.
@@ -230,6 +243,7 @@ fn observe(
             ) {
                 record(shared, &unit, monotonic_ns(), |o| &mut o.t_cgroup_ns);
             }
+            lock(shared).armed += 1;
         }
     }
     Ok(())

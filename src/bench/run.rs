@@ -249,7 +249,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchRun, BenchError> {
                 .iter()
                 .map(|(n, _, cg)| (n.clone(), cg.clone()))
                 .collect::<Vec<_>>(),
-        );
+        )?;
 
         if round == 1 {
             progress(&format!(
