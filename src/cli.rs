@@ -230,8 +230,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 rounds,
                 poll_interval,
                 idle,
-                agent_binary: std::env::current_exe()
-                    .map_err(|e| format!("find the exitproof binary: {e}"))?,
+                // This very binary, by a path that works even where its own path is hidden
+                // (a mount namespace with another /tmp): the child's /proc/self/exe is ours.
+                agent_binary: PathBuf::from("/proc/self/exe"),
                 work_dir: work_dir.clone(),
             };
             let run = bench::run::run(&config).map_err(|e| {
