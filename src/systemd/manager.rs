@@ -208,38 +208,15 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
         }
         Err(e) => return Err(ManagerError::new(what())(e)),
     };
-    let reply = conn
-        .call_method(
-            Some(SYSTEMD),
-            &path,
-            Some(PROPERTIES),
-            "GetAll",
-            &(UNIT_INTERFACE,),
-        )
+    let (all, serial) = get_all(conn, &path, UNIT_INTERFACE)
         .await
-        .map_err(ManagerError::new(what()))?;
-    let serial = reply.primary_header().serial_num().get();
-    let all: HashMap<String, OwnedVariant> = reply
-        .body()
-        .deserialize()
         .map_err(ManagerError::new(what()))?;
     let change = unit_change(all, &[]).map_err(ManagerError::new(what()))?;
     let (control_group, exit) = match cgroup_interface(unit) {
         // One GetAll of a service carries its cgroup and its exit status.
         Some(SERVICE_INTERFACE) => {
-            let reply = conn
-                .call_method(
-                    Some(SYSTEMD),
-                    &path,
-                    Some(PROPERTIES),
-                    "GetAll",
-                    &(SERVICE_INTERFACE,),
-                )
+            let (mut all, exit_serial) = get_all(conn, &path, SERVICE_INTERFACE)
                 .await
-                .map_err(ManagerError::new(what()))?;
-            let mut all: HashMap<String, OwnedVariant> = reply
-                .body()
-                .deserialize()
                 .map_err(ManagerError::new(what()))?;
             let control_group = all
                 .remove("ControlGroup")
@@ -253,10 +230,7 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
                 exec_main_code: service.exec_main_code,
                 exec_main_status: service.exec_main_status,
             };
-            (
-                control_group,
-                Some((exit, reply.primary_header().serial_num().get())),
-            )
+            (control_group, Some((exit, exit_serial)))
         }
         Some(interface) => (control_group(conn, unit, &path, interface).await?, None),
         None => (String::new(), None),
@@ -270,6 +244,25 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
         control_group,
         exit,
     })
+}
+
+/// Every property of `interface` on the object `path`, with the serial of the reply.
+async fn get_all(
+    conn: &Connection,
+    path: &OwnedObjectPath,
+    interface: &str,
+) -> zbus::Result<(HashMap<String, OwnedVariant>, u32)> {
+    let reply = conn
+        .call_method(
+            Some(SYSTEMD),
+            path,
+            Some(PROPERTIES),
+            "GetAll",
+            &(interface,),
+        )
+        .await?;
+    let serial = reply.primary_header().serial_num().get();
+    Ok((reply.body().deserialize()?, serial))
 }
 
 /// The interface that carries ControlGroup for a unit of this type, if it has a cgroup.

@@ -58,25 +58,6 @@ pub const TESTS: &[Test] = &[
     ),
 ];
 
-/// Writes a unit file the sandbox's manager loads, and reloads it.
-fn install_unit(sandbox: &Sandbox, name: &str, body: &str) {
-    let dir = sandbox.host_path("/run/user/0/systemd/user");
-    std::fs::create_dir_all(&dir).expect("create the user unit directory");
-    std::fs::write(dir.join(name), body).expect("write the unit file");
-    let out = sandbox.systemctl(&["daemon-reload"]);
-    assert!(out.status.success(), "daemon-reload: {out:?}");
-}
-
-/// Runs `systemctl --user ARGS` and requires success.
-fn systemctl(sandbox: &Sandbox, args: &[&str]) {
-    let out = sandbox.systemctl(args);
-    assert!(
-        out.status.success(),
-        "systemctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Starts a transient service running `command` (with extra `systemd-run` options).
 fn run_unit(sandbox: &Sandbox, unit: &str, options: &[&str], command: &[&str]) {
     let unit_arg = format!("--unit={unit}");
@@ -160,7 +141,7 @@ fn a_sigkilled_unit_is_proven() {
     let agent = Agent::start(&sandbox);
     run_unit(&sandbox, "victim.service", &[], &["sleep", "1000"]);
     cli_event(&agent, &["watch", "victim.service"]);
-    systemctl(&sandbox, &["kill", "-s", "KILL", "victim.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "victim.service"]);
     let event = cli_event(
         &agent,
         &["wait", "victim.service", "--timeout", PATIENCE_ARG],
@@ -258,12 +239,11 @@ fn stop_of_a_unit_that_ignores_sigterm_returns_75_then_proves() {
 
 fn a_restart_outside_is_stopped_once_and_reported() {
     let sandbox = Sandbox::start("restart");
-    install_unit(
-        &sandbox,
+    sandbox.install_unit(
         "restarted.service",
         "[Service]\nExecStart=/bin/sleep 1000\n",
     );
-    systemctl(&sandbox, &["start", "restarted.service"]);
+    sandbox.systemctl_ok(&["start", "restarted.service"]);
     let agent = Agent::start(&sandbox);
     let ours = sandbox.show("restarted.service", "InvocationID");
     cli_event(&agent, &["watch", "restarted.service"]);
@@ -305,12 +285,11 @@ fn a_stop_then_a_fresh_invocation_is_replaced_after_stop() {
     let sandbox = Sandbox::start("replaced");
     // The stop leaves a child in the cgroup, so the first invocation cannot be proven exited
     // before the second one begins.
-    install_unit(
-        &sandbox,
+    sandbox.install_unit(
         "replaced.service",
         "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 1000 & exec sleep 1000'\n",
     );
-    systemctl(&sandbox, &["start", "replaced.service"]);
+    sandbox.systemctl_ok(&["start", "replaced.service"]);
     let agent = Agent::start(&sandbox);
     let ours = sandbox.show("replaced.service", "InvocationID");
     cli_event(&agent, &["watch", "replaced.service"]);
@@ -320,7 +299,7 @@ fn a_stop_then_a_fresh_invocation_is_replaced_after_stop() {
         Some(75),
         "the leftover child blocks the proof: {out:?}"
     );
-    systemctl(&sandbox, &["start", "replaced.service"]);
+    sandbox.systemctl_ok(&["start", "replaced.service"]);
     let event = cli_event(
         &agent,
         &["wait", "replaced.service", "--timeout", PATIENCE_ARG],
@@ -332,7 +311,7 @@ fn a_stop_then_a_fresh_invocation_is_replaced_after_stop() {
     );
     assert_eq!(event["invocation"], ours.as_str());
     assert_ne!(sandbox.show("replaced.service", "InvocationID"), ours);
-    systemctl(&sandbox, &["kill", "-s", "KILL", "replaced.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "replaced.service"]);
 }
 
 fn a_unit_already_dead_and_gone_is_proven_at_once() {
@@ -359,15 +338,11 @@ fn a_unit_already_dead_and_gone_is_proven_at_once() {
 fn two_hundred_units_killed_at_once_are_all_proven_none_early() {
     const UNITS: usize = 200;
     let sandbox = Sandbox::start("many");
-    install_unit(
-        &sandbox,
-        "many@.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n",
-    );
+    sandbox.install_unit("many@.service", "[Service]\nExecStart=/bin/sleep 1000\n");
     let names: Vec<String> = (0..UNITS).map(|i| format!("many@{i}.service")).collect();
     let mut start = vec!["start"];
     start.extend(names.iter().map(String::as_str));
-    systemctl(&sandbox, &start);
+    sandbox.systemctl_ok(&start);
     let agent = Agent::start(&sandbox);
 
     let mut conn = agent.connect();
@@ -392,7 +367,7 @@ fn two_hundred_units_killed_at_once_are_all_proven_none_early() {
         .map(|n| sandbox.host_cgroup_dir(&sandbox.show(n, "ControlGroup")))
         .collect();
     let t_kill = exitproof::agent::monotonic_ns();
-    systemctl(&sandbox, &["kill", "-s", "KILL", "many@*.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "many@*.service"]);
 
     let mut proven = [false; UNITS];
     for _ in 0..UNITS {
@@ -580,7 +555,7 @@ fn cli_watch_unwatch_and_the_event_stream() {
             break;
         }
     }
-    systemctl(&sandbox, &["kill", "-s", "KILL", "streamed.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "streamed.service"]);
     let event = loop {
         let event = rx
             .recv_timeout(PATIENCE)
@@ -594,5 +569,5 @@ fn cli_watch_unwatch_and_the_event_stream() {
     let _ = events.kill();
     let _ = events.wait();
     let _ = reader.join();
-    systemctl(&sandbox, &["kill", "-s", "KILL", "dropped.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "dropped.service"]);
 }

@@ -45,19 +45,6 @@ fn inner_binary() -> String {
     format!("/proc/{}/root{}", std::process::id(), binary())
 }
 
-fn install_unit(sandbox: &Sandbox, name: &str, body: &str) {
-    let dir = sandbox.host_path("/run/user/0/systemd/user");
-    std::fs::create_dir_all(&dir).expect("create the user unit directory");
-    std::fs::write(dir.join(name), body).expect("write the unit file");
-    let out = sandbox.systemctl(&["daemon-reload"]);
-    assert!(out.status.success(), "daemon-reload: {out:?}");
-}
-
-fn systemctl(sandbox: &Sandbox, args: &[&str]) {
-    let out = sandbox.systemctl(args);
-    assert!(out.status.success(), "systemctl {args:?}: {out:?}");
-}
-
 fn one(agent: &Agent, args: &[&str]) -> Value {
     let mut lines = agent.cli_json(args, 0);
     assert_eq!(lines.len(), 1, "{lines:?}");
@@ -78,9 +65,9 @@ fn exec_stop_post_records_word_exit_0_exit_3_and_sigkill() {
     let sandbox = Sandbox::start("records");
     std::fs::create_dir_all(sandbox.host_path(RUN_DIR)).expect("create the run dir");
     let agent = Agent::start(&sandbox);
-    install_unit(&sandbox, "zero.service", &recording_unit("zero", 0));
-    install_unit(&sandbox, "three.service", &recording_unit("three", 3));
-    install_unit(&sandbox, "killed.service", &recording_unit("killed", 0));
+    sandbox.install_unit("zero.service", &recording_unit("zero", 0));
+    sandbox.install_unit("three.service", &recording_unit("three", 3));
+    sandbox.install_unit("killed.service", &recording_unit("killed", 0));
     let cases = [
         (
             "zero",
@@ -103,13 +90,13 @@ fn exec_stop_post_records_word_exit_0_exit_3_and_sigkill() {
     ];
     for (name, level, message, expected) in cases {
         let unit = format!("{name}.service");
-        systemctl(&sandbox, &["start", &unit]);
+        sandbox.systemctl_ok(&["start", &unit]);
         let invocation = sandbox.show(&unit, "InvocationID");
         let watch = one(&agent, &["watch", &unit, "--run-dir", RUN_DIR]);
         let record_name = format!("exit-{invocation}.json");
         assert_eq!(watch["record"], record_name.as_str(), "{watch}");
         if name == "killed" {
-            systemctl(&sandbox, &["kill", "-s", "KILL", &unit]);
+            sandbox.systemctl_ok(&["kill", "-s", "KILL", &unit]);
         } else {
             std::fs::write(sandbox.host_path(&format!("/run/{name}.go")), "").expect("go");
         }
@@ -176,7 +163,7 @@ fn prove_with_planted_record(
         &["watch", &unit, "--run-dir", RUN_DIR, "--record", &record],
     );
     plant(&sandbox.host_path(&format!("{RUN_DIR}/{record}")));
-    systemctl(sandbox, &["kill", "-s", "KILL", &unit]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", &unit]);
     one(agent, &["wait", &unit, "--timeout", PATIENCE])
 }
 
@@ -247,16 +234,12 @@ fn hostile_records_are_no_record_and_the_agent_stays_up() {
 
 fn a_generation_is_finalised_once_and_only_after_its_proof() {
     let sandbox = Sandbox::start("generation");
-    install_unit(
-        &sandbox,
-        "gen@.service",
-        "[Service]\nExecStart=/bin/sleep 1000\n",
-    );
+    sandbox.install_unit("gen@.service", "[Service]\nExecStart=/bin/sleep 1000\n");
     let agent = Agent::start(&sandbox);
 
     // Generation 1 dies on its own: the launch file goes only after the proof, then one final
     // stop of the inactive unit lets the control side remove the generation's files.
-    systemctl(&sandbox, &["start", "gen@1.service"]);
+    sandbox.systemctl_ok(&["start", "gen@1.service"]);
     let launch = sandbox.host_path("/run/launch-1.env");
     std::fs::write(&launch, "A=1\n").unwrap();
     let watch = one(
@@ -278,7 +261,7 @@ fn a_generation_is_finalised_once_and_only_after_its_proof() {
         launch.exists(),
         "never removed while termination is unproven"
     );
-    systemctl(&sandbox, &["kill", "-s", "KILL", "gen@1.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "gen@1.service"]);
     let event = one(&agent, &["wait", "gen@1.service", "--timeout", PATIENCE]);
     assert_eq!(event["gen"], 1);
     assert_eq!(event["launch_file"], "/run/launch-1.env");
@@ -293,7 +276,7 @@ fn a_generation_is_finalised_once_and_only_after_its_proof() {
 
     // Generation 2 is stopped by us: that stop removed its files, so no final stop. Its launch
     // file is a symlink, which is removed without touching what it points to.
-    systemctl(&sandbox, &["start", "gen@2.service"]);
+    sandbox.systemctl_ok(&["start", "gen@2.service"]);
     let target = sandbox.host_path("/run/launch-target");
     std::fs::write(&target, "keep me\n").unwrap();
     let link = sandbox.host_path("/run/launch-2.env");

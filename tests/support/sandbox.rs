@@ -153,6 +153,24 @@ impl Sandbox {
         mount.join(control_group.trim_start_matches('/'))
     }
 
+    /// Writes a unit file the manager loads (in its runtime unit directory) and reloads it.
+    pub fn install_unit(&self, name: &str, body: &str) {
+        let dir = self.host_path("/run/user/0/systemd/user");
+        std::fs::create_dir_all(&dir).expect("create the user unit directory");
+        std::fs::write(dir.join(name), body).expect("write the unit file");
+        self.systemctl_ok(&["daemon-reload"]);
+    }
+
+    /// Runs `systemctl --user ARGS` and panics with its stderr unless it succeeds.
+    pub fn systemctl_ok(&self, args: &[&str]) {
+        let out = self.systemctl(args);
+        assert!(
+            out.status.success(),
+            "systemctl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
     /// Polls `condition` every 20 ms until it holds; panics naming `what` after `timeout`.
     pub fn wait_until(&self, what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
         let start = Instant::now();
