@@ -72,6 +72,10 @@ enum Cmd {
         /// The deadline of every D-Bus call, StopUnit included.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         method_timeout: Duration,
+        /// How often every watched unit is read again as a safety net (`0` disables it).
+        /// Proofs come from events; this only catches what an event could have missed.
+        #[arg(long, default_value = "5m", value_parser = parse_interval)]
+        resync_interval: Duration,
     },
     /// Start watching a unit and print the watch.
     Watch {
@@ -149,6 +153,14 @@ enum Cmd {
     Events,
 }
 
+/// A duration, or `0` for "never" (zero).
+fn parse_interval(s: &str) -> Result<Duration, crate::duration::DurationError> {
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(s)
+}
+
 fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
     unit_name::validate(s)
 }
@@ -171,11 +183,15 @@ pub fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let socket = cli.socket;
     match cli.command {
-        Cmd::Agent { method_timeout } => {
+        Cmd::Agent {
+            method_timeout,
+            resync_interval,
+        } => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();
             let mut config = AgentConfig::new(socket.bus(), socket.path());
             config.method_timeout = method_timeout;
+            config.resync_interval = (!resync_interval.is_zero()).then_some(resync_interval);
             agent::run(config).map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }

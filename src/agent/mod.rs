@@ -6,6 +6,7 @@
 //! place that reads the clock, and it sleeps in `epoll_wait` until the earliest of: a source is
 //! ready, a unit's retry timer, a waiter's deadline, the runtime's own timers.
 
+mod bus;
 pub mod event;
 pub mod facts;
 pub mod waiters;
@@ -15,7 +16,6 @@ use std::fmt;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -23,9 +23,8 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
 use nix::sys::signal::{SigSet, Signal};
 use nix::sys::signalfd::{SfdFlags, SignalFd};
-use zbus::export::futures_core::Stream;
 use zbus::runtime::traits::TaskHandle;
-use zbus::{Connection, Message, MessageStream};
+use zbus::{Connection, Message};
 
 use crate::cgroup::{CgroupError, CgroupReading, CgroupWatcher, Notice, cgroup2_mount};
 use crate::control::ControlError;
@@ -38,7 +37,8 @@ use crate::exit::write::default_record_name;
 use crate::exit::{read_record, remove_beneath};
 use crate::proof::release::{Release, ReleaseInput, ReleaseOutput};
 use crate::proof::{Cause, Input, Output, Phase, Proof, StopReason, UnitProof};
-use crate::systemd::manager::{self, ManagerError, UnitSnapshot};
+use crate::systemd::ConnectError;
+use crate::systemd::manager::{self, ManagerError, Subscription, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal::{self, SystemdSignal, unit_path};
 use crate::unit_name::UnitName;
@@ -66,6 +66,9 @@ pub struct AgentConfig {
     pub server: ServerOptions,
     /// The deadline of every D-Bus call, StopUnit included.
     pub method_timeout: Duration,
+    /// How often every unit is read again as a safety net (`None`: never). Proofs are made from
+    /// events; this only catches what an event could have missed.
+    pub resync_interval: Option<Duration>,
     /// How many proven units stay listed at most; the oldest leave first.
     pub retain_proven: usize,
     /// How long a proven unit stays listed at most.
@@ -80,6 +83,7 @@ impl AgentConfig {
             socket,
             server: ServerOptions::default(),
             method_timeout: Duration::from_secs(10),
+            resync_interval: Some(Duration::from_secs(300)),
             retain_proven: 1024,
             retain_for: Duration::from_secs(3600),
         }
@@ -123,7 +127,20 @@ struct UnitKey(u64);
 /// What async work on the runtime hands back to the loop.
 enum Completion {
     Signal(Message),
-    SignalsEnded,
+    /// A signal stream of the connection of `epoch` ended: that connection is gone.
+    SignalsEnded {
+        epoch: u64,
+    },
+    /// `org.freedesktop.systemd1` changed hands on the connection of `epoch`.
+    OwnerChanged {
+        epoch: u64,
+        new_owner: String,
+    },
+    /// A reconnect attempt finished.
+    Connected {
+        epoch: u64,
+        result: Result<(Connection, Subscription), ConnectError>,
+    },
     Read {
         key: UnitKey,
         result: Result<UnitSnapshot, ManagerError>,
@@ -252,8 +269,17 @@ struct Agent {
     config: AgentConfig,
     poll: Poll,
     runtime: MioRuntime,
-    conn: Connection,
+    /// The bus connection; `None` while it is lost and being re-established.
+    conn: Option<Connection>,
     systemd: String,
+    /// Counts connections, so a late message of a lost one is told apart.
+    bus_epoch: u64,
+    /// When to try connecting again, and the backoff that got us there.
+    reconnect: Option<(Instant, Duration)>,
+    /// StopUnits asked for while the bus was down, issued once it is back.
+    deferred_stops: Vec<(UnitKey, String, StopKind)>,
+    /// The next safety-net relist of every unit.
+    next_resync: Option<Instant>,
     completions: Completions,
     cgroups: CgroupWatcher<UnitKey>,
     server: ControlServer,
@@ -283,9 +309,6 @@ impl Agent {
             crate::systemd::connect(&runtime, &mut poll, config.bus, config.method_timeout)
                 .map_err(AgentError::Connect)?;
         let completions: Completions = Arc::default();
-        for stream in [subscription.units, subscription.manager] {
-            forward_signals(&runtime, stream, completions.clone());
-        }
 
         let root = cgroup2_mount().map_err(AgentError::Cgroup)?;
         let cgroups = CgroupWatcher::new(root).map_err(AgentError::Cgroup)?;
@@ -323,12 +346,17 @@ impl Agent {
             subscription.systemd,
             config.bus
         );
-        Ok(Agent {
+        let next_resync = config.resync_interval.map(|every| Instant::now() + every);
+        let mut agent = Agent {
             config,
             poll,
             runtime,
-            conn,
-            systemd: subscription.systemd,
+            conn: None,
+            systemd: String::new(),
+            bus_epoch: 0,
+            reconnect: None,
+            deferred_stops: Vec::new(),
+            next_resync,
             completions,
             cgroups,
             server,
@@ -344,7 +372,9 @@ impl Agent {
             generations: HashSet::new(),
             reads_in_flight: 0,
             read_queue: VecDeque::new(),
-        })
+        };
+        agent.on_connected(conn, subscription);
+        Ok(agent)
     }
 
     fn run(&mut self) -> Result<(), AgentError> {
@@ -393,6 +423,8 @@ impl Agent {
         let ours = [
             self.timers.first().map(|(at, _)| *at),
             self.waiters.next_deadline(),
+            self.reconnect.map(|(at, _)| at),
+            self.next_resync,
             self.proven_order
                 .front()
                 .map(|(at, _)| *at + self.config.retain_for),
@@ -417,15 +449,17 @@ impl Agent {
             let Some(completion) = next else { break };
             match completion {
                 Completion::Signal(message) => self.on_signal(&message),
-                Completion::SignalsEnded => {
-                    // Reconnecting is the reliability issue's work; until then every unit's
-                    // state is unknown, which blocks every proof that would need it.
-                    log::error!("the bus connection closed; no proof can be made until restart");
-                    let keys: Vec<UnitKey> = self.units.keys().copied().collect();
-                    for key in keys {
-                        self.feed(key, Input::StateUnknown);
+                Completion::SignalsEnded { epoch } => {
+                    if epoch == self.bus_epoch {
+                        self.bus_lost("the bus connection closed");
                     }
                 }
+                Completion::OwnerChanged { epoch, new_owner } => {
+                    if epoch == self.bus_epoch && new_owner != self.systemd {
+                        self.bus_lost("systemd left the bus (re-executed or restarted)");
+                    }
+                }
+                Completion::Connected { epoch, result } => self.on_reconnect(epoch, result),
                 Completion::Read { key, result } => {
                     self.read_done();
                     self.on_read(key, result);
@@ -522,11 +556,15 @@ impl Agent {
     }
 
     fn start_read(&mut self, key: UnitKey) {
-        let Some(watch) = self.units.get(&key) else {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let Some(conn) = self.conn.clone() else {
+            // The bus is down: every unit is read again once it is back.
+            watch.read_in_flight = false;
             return;
         };
         self.reads_in_flight += 1;
-        let conn = self.conn.clone();
         let unit = watch.unit.to_string();
         let queue = self.completions.clone();
         self.runtime
@@ -557,6 +595,8 @@ impl Agent {
         watch.read_in_flight = false;
         let snapshot = match result {
             Ok(snapshot) => snapshot,
+            // The bus went away under the read; it is read again once the bus is back.
+            Err(_) if self.conn.is_none() => return,
             Err(e) if watch.proof.is_none() => {
                 let message = e.to_string();
                 log::warn!("{}: {message}", watch.unit);
@@ -796,8 +836,12 @@ impl Agent {
     }
 
     fn stop_unit(&mut self, key: UnitKey, unit: String, kind: StopKind) {
+        let Some(conn) = self.conn.clone() else {
+            log::info!("{unit}: stop ({kind}) deferred until the bus is back");
+            self.deferred_stops.push((key, unit, kind));
+            return;
+        };
         log::info!("{unit}: stopping ({kind})");
-        let conn = self.conn.clone();
         let queue = self.completions.clone();
         self.runtime
             .spawn(async move {
@@ -874,6 +918,7 @@ impl Agent {
     }
 
     fn on_time(&mut self, now: Instant) {
+        self.bus_timers(now);
         while let Some(&(at, key)) = self.timers.first() {
             if at > now {
                 break;
@@ -1133,23 +1178,6 @@ impl Agent {
     fn send(&mut self, client: ClientId, line: &str) {
         self.server.send(self.poll.registry(), client, line);
     }
-}
-
-/// Hands every signal of `stream` to the loop, in order, as it arrives.
-fn forward_signals(runtime: &MioRuntime, mut stream: MessageStream, queue: Completions) {
-    runtime
-        .spawn(async move {
-            while let Some(next) =
-                std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await
-            {
-                match next {
-                    Ok(message) => push(&queue, Completion::Signal(message)),
-                    Err(e) => log::warn!("bus: {e}"),
-                }
-            }
-            push(&queue, Completion::SignalsEnded);
-        })
-        .detach();
 }
 
 fn to_log_level(level: crate::proof::Level) -> log::Level {

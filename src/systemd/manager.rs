@@ -81,12 +81,15 @@ pub struct Subscription {
     pub systemd: String,
     pub units: MessageStream,
     pub manager: MessageStream,
+    /// NameOwnerChanged of `org.freedesktop.systemd1`: a new owner (systemd re-executed and
+    /// came back) means every earlier fact and rule is stale.
+    pub owner: MessageStream,
 }
 
 /// Subscribes to systemd's unit signals: `Subscribe` (without it systemd sends none), one
 /// match rule for PropertiesChanged under the unit path namespace, one for the manager.
 pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> {
-    let systemd = systemd_owner(conn).await?;
+    let (systemd, owner) = systemd_owner(conn).await?;
     // The sender is part of each rule: anyone on the bus may emit a signal with any path and
     // interface, and only systemd's are facts.
     let units = MatchRule::builder()
@@ -109,6 +112,7 @@ pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> 
         systemd,
         units,
         manager,
+        owner,
     })
 }
 
@@ -130,7 +134,7 @@ async fn signal_stream(
 /// The unique name that owns `org.freedesktop.systemd1`, waiting for one if nobody does yet:
 /// a user manager joins its session bus only once the bus has been socket-activated, which may
 /// be by this very connection.
-async fn systemd_owner(conn: &Connection) -> Result<String, ManagerError> {
+async fn systemd_owner(conn: &Connection) -> Result<(String, MessageStream), ManagerError> {
     let fail = ManagerError::new("find systemd on the bus");
     // The match comes before the question, so an owner that appears in between is not missed.
     let rule = MatchRule::builder()
@@ -150,7 +154,10 @@ async fn systemd_owner(conn: &Connection) -> Result<String, ManagerError> {
         )
         .await;
     match reply {
-        Ok(reply) => return reply.body().deserialize::<String>().map_err(fail),
+        Ok(reply) => {
+            let owner = reply.body().deserialize::<String>().map_err(fail)?;
+            return Ok((owner, changes));
+        }
         Err(zbus::Error::FDO(e)) if matches!(*e, zbus::fdo::Error::NameHasNoOwner(_)) => {}
         Err(e) => return Err(fail(e)),
     }
@@ -164,7 +171,7 @@ async fn systemd_owner(conn: &Connection) -> Result<String, ManagerError> {
             .deserialize()
             .map_err(ManagerError::new("find systemd on the bus"))?;
         if !new_owner.is_empty() {
-            return Ok(new_owner);
+            return Ok((new_owner, changes));
         }
     }
     Err(fail(zbus::Error::Failure(

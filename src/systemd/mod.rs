@@ -61,23 +61,30 @@ pub fn connect(
     bus: Bus,
     method_timeout: Duration,
 ) -> Result<(Connection, Subscription), ConnectError> {
+    runtime
+        .block_on(poll, connect_async(runtime.handle(), bus, method_timeout))
+        .map_err(ConnectError::Runtime)?
+}
+
+/// Connects to `bus` and subscribes to systemd's signals, as a future on `handle`'s runtime
+/// (for reconnecting from inside a running loop).
+pub async fn connect_async(
+    handle: runtime::RuntimeHandle,
+    bus: Bus,
+    method_timeout: Duration,
+) -> Result<(Connection, Subscription), ConnectError> {
     let builder = match bus {
         Bus::System => zbus::connection::Builder::system(),
         Bus::User => zbus::connection::Builder::session(),
     };
-    let handle = runtime.handle();
-    runtime
-        .block_on(poll, async move {
-            let conn = builder
-                .runtime(handle)
-                .method_timeout(method_timeout)
-                .build()
-                .await
-                .map_err(|e| ConnectError::Bus(bus, e))?;
-            let subscription = manager::subscribe(&conn)
-                .await
-                .map_err(ConnectError::Subscribe)?;
-            Ok((conn, subscription))
-        })
-        .map_err(ConnectError::Runtime)?
+    let conn = builder
+        .runtime(handle)
+        .method_timeout(method_timeout)
+        .build()
+        .await
+        .map_err(|e| ConnectError::Bus(bus, e))?;
+    let subscription = manager::subscribe(&conn)
+        .await
+        .map_err(ConnectError::Subscribe)?;
+    Ok((conn, subscription))
 }

@@ -1,0 +1,176 @@
+//! The agent's bus connection over its life: forwarding signals, losing the connection,
+//! reconnecting with backoff, and the slow safety-net relist.
+//!
+//! A lost connection (dbus-daemon restarted) or a new owner of `org.freedesktop.systemd1`
+//! (systemd re-executed) makes every fact the agent holds stale: each unit's state becomes
+//! unknown, which blocks every proof that needs it, until the unit has been read again on the
+//! new connection. Nothing is guessed meanwhile.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use zbus::export::futures_core::Stream;
+use zbus::runtime::traits::TaskHandle;
+use zbus::{Connection, Message, MessageStream};
+
+use super::{Agent, Completion, Completions, UnitKey, push};
+use crate::proof::Input;
+use crate::systemd::ConnectError;
+use crate::systemd::manager::Subscription;
+
+/// The first wait before reconnecting, doubled up to [`RECONNECT_MAX`].
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(5);
+
+impl Agent {
+    /// Takes a fresh connection into use: forward its signals, then read every unit again.
+    pub(super) fn on_connected(&mut self, conn: Connection, subscription: Subscription) {
+        self.bus_epoch += 1;
+        let epoch = self.bus_epoch;
+        for stream in [subscription.units, subscription.manager] {
+            forward(
+                &self.runtime,
+                stream,
+                self.completions.clone(),
+                epoch,
+                |message| Completion::Signal(message),
+            );
+        }
+        forward(
+            &self.runtime,
+            subscription.owner,
+            self.completions.clone(),
+            epoch,
+            move |message: Message| {
+                let new_owner = message
+                    .body()
+                    .deserialize::<(String, String, String)>()
+                    .map(|(_, _, new)| new)
+                    .unwrap_or_default();
+                Completion::OwnerChanged { epoch, new_owner }
+            },
+        );
+        if epoch > 1 {
+            log::info!("back on the bus; systemd is {}", subscription.systemd);
+        }
+        self.systemd = subscription.systemd;
+        self.conn = Some(conn);
+        self.reconnect = None;
+        let keys: Vec<UnitKey> = self.units.keys().copied().collect();
+        for key in keys {
+            self.read_unit(key);
+        }
+        for (key, unit, kind) in std::mem::take(&mut self.deferred_stops) {
+            self.stop_unit(key, unit, kind);
+        }
+    }
+
+    /// The connection is gone, or systemd behind it is: forget every fact that came through
+    /// it, and reconnect.
+    pub(super) fn bus_lost(&mut self, why: &str) {
+        if self.conn.take().is_none() {
+            return;
+        }
+        self.bus_epoch += 1;
+        log::error!("{why}: every unit's state is unknown until it is read again");
+        let keys: Vec<UnitKey> = self.units.keys().copied().collect();
+        for key in keys {
+            if let Some(watch) = self.units.get_mut(&key) {
+                // Serial numbers belong to one connection; the next one starts afresh.
+                watch.facts.clear();
+                watch.read_in_flight = false;
+                watch.read_again = false;
+            }
+            self.feed(key, Input::StateUnknown);
+        }
+        self.read_queue.clear();
+        self.reads_in_flight = 0;
+        self.reconnect = Some((Instant::now(), RECONNECT_FIRST));
+    }
+
+    /// A reconnect attempt came back.
+    pub(super) fn on_reconnect(
+        &mut self,
+        epoch: u64,
+        result: Result<(Connection, Subscription), ConnectError>,
+    ) {
+        if epoch != self.bus_epoch || self.conn.is_some() {
+            return;
+        }
+        match result {
+            Ok((conn, subscription)) => self.on_connected(conn, subscription),
+            Err(e) => {
+                let backoff = self
+                    .reconnect
+                    .map_or(RECONNECT_FIRST, |(_, b)| (b * 2).min(RECONNECT_MAX));
+                log::warn!("reconnect: {e}; trying again in {backoff:?}");
+                self.reconnect = Some((Instant::now() + backoff, backoff));
+            }
+        }
+    }
+
+    /// Fires the reconnect and relist timers.
+    pub(super) fn bus_timers(&mut self, now: Instant) {
+        if let Some((at, backoff)) = self.reconnect
+            && at <= now
+        {
+            // Parked far ahead until the attempt reports back, which re-arms it on failure.
+            self.reconnect = Some((now + Duration::from_secs(3600), backoff));
+            let epoch = self.bus_epoch;
+            let queue = self.completions.clone();
+            let connect = crate::systemd::connect_async(
+                self.runtime.handle(),
+                self.config.bus,
+                self.config.method_timeout,
+            );
+            self.runtime
+                .spawn(async move {
+                    let result = connect.await;
+                    push(&queue, Completion::Connected { epoch, result });
+                })
+                .detach();
+        }
+        if let (Some(at), Some(every)) = (self.next_resync, self.config.resync_interval)
+            && at <= now
+        {
+            self.next_resync = Some(now + every);
+            self.resync();
+        }
+    }
+
+    /// The safety net: read every unit's state and cgroup again. Proofs normally come from
+    /// events; this exists for whatever an event could have missed.
+    fn resync(&mut self) {
+        log::debug!("safety-net relist of {} units", self.units.len());
+        let keys: Vec<UnitKey> = self.units.keys().copied().collect();
+        for key in keys {
+            self.read_unit(key);
+            let reading = self.cgroups.read(key);
+            self.feed(key, Input::Cgroup(reading));
+        }
+    }
+}
+
+/// Hands every message of `stream` to the loop, in order, as `wrap` makes it; then says the
+/// stream of connection `epoch` ended.
+fn forward(
+    runtime: &crate::systemd::runtime::MioRuntime,
+    mut stream: MessageStream,
+    queue: Completions,
+    epoch: u64,
+    wrap: impl Fn(Message) -> Completion + Send + 'static,
+) {
+    runtime
+        .spawn(async move {
+            while let Some(next) =
+                std::future::poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await
+            {
+                match next {
+                    Ok(message) => push(&queue, wrap(message)),
+                    Err(e) => log::warn!("bus: {e}"),
+                }
+            }
+            push(&queue, Completion::SignalsEnded { epoch });
+        })
+        .detach();
+}
