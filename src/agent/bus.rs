@@ -92,13 +92,16 @@ impl Agent {
     pub(super) fn on_reconnect(
         &mut self,
         epoch: u64,
-        result: Result<(Connection, Subscription), ConnectError>,
+        result: Result<Box<(Connection, Subscription)>, ConnectError>,
     ) {
         if epoch != self.bus_epoch || self.conn.is_some() {
             return;
         }
         match result {
-            Ok((conn, subscription)) => self.on_connected(conn, subscription),
+            Ok(connected) => {
+                let (conn, subscription) = *connected;
+                self.on_connected(conn, subscription)
+            }
             Err(e) => {
                 let backoff = self
                     .reconnect
@@ -125,7 +128,7 @@ impl Agent {
             );
             self.runtime
                 .spawn(async move {
-                    let result = connect.await;
+                    let result = connect.await.map(Box::new);
                     push(&queue, Completion::Connected { epoch, result });
                 })
                 .detach();

@@ -139,7 +139,7 @@ enum Completion {
     /// A reconnect attempt finished.
     Connected {
         epoch: u64,
-        result: Result<(Connection, Subscription), ConnectError>,
+        result: Result<Box<(Connection, Subscription)>, ConnectError>,
     },
     Read {
         key: UnitKey,
