@@ -33,7 +33,7 @@ impl Agent {
                 stream,
                 self.completions.clone(),
                 epoch,
-                |message| Completion::Signal(message),
+                Completion::Signal,
             );
         }
         forward(
