@@ -9,6 +9,7 @@ mod support;
 
 mod agent;
 mod bench;
+mod faults;
 mod records;
 mod sandbox_smoke;
 
@@ -24,6 +25,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("agent", agent::TESTS),
     ("records", records::TESTS),
     ("bench", bench::TESTS),
+    ("faults", faults::TESTS),
 ];
 
 fn main() {

@@ -1,0 +1,228 @@
+//! Faults in the sources, against real systemd: each scenario checks the invariant (no proof
+//! while any process of the unit lives) and that every unit that died is eventually proven.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::Test;
+use crate::support::Sandbox;
+use crate::support::agent::Agent;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+const PATIENCE_ARG: &str = "60s";
+
+pub const TESTS: &[Test] = &[
+    (
+        "a_killed_dbus_daemon_loses_no_proof_and_makes_none_early",
+        a_killed_dbus_daemon_loses_no_proof_and_makes_none_early,
+    ),
+    (
+        "daemon_reexec_loses_nothing_and_proves_nothing_early",
+        daemon_reexec_loses_nothing_and_proves_nothing_early,
+    ),
+    (
+        "a_process_in_a_delegated_child_cgroup_blocks_the_proof",
+        a_process_in_a_delegated_child_cgroup_blocks_the_proof,
+    ),
+    (
+        "an_unreadable_cgroup_events_blocks_the_proof_until_readable",
+        an_unreadable_cgroup_events_blocks_the_proof_until_readable,
+    ),
+];
+
+fn one(agent: &Agent, args: &[&str]) -> Value {
+    let mut lines = agent.cli_json(args, 0);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    lines.remove(0)
+}
+
+fn sleeper(sandbox: &Sandbox, unit: &str) {
+    let out = sandbox.run(
+        "systemd-run",
+        &["--user", &format!("--unit={unit}"), "sleep", "1000"],
+    );
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// The unit's cgroup directory, as the test (outside the sandbox) reaches it.
+fn cgroup_dir(sandbox: &Sandbox, unit: &str) -> PathBuf {
+    sandbox.host_cgroup_dir(&sandbox.show(unit, "ControlGroup"))
+}
+
+/// Kills every process of a cgroup, without going through systemd or the bus.
+fn cgroup_kill(dir: &std::path::Path) {
+    std::fs::write(dir.join("cgroup.kill"), "1").expect("write cgroup.kill");
+}
+
+/// Asserts that `unit` is not proven: `wait` gives up with 75.
+fn assert_unproven(agent: &Agent, unit: &str) {
+    let out = agent.cli(&["wait", unit, "--timeout", "1s"]);
+    assert_eq!(out.status.code(), Some(75), "{unit} proven early: {out:?}");
+}
+
+fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
+    let sandbox = Sandbox::start("dbuskill");
+    let agent = Agent::start(&sandbox);
+    sleeper(&sandbox, "alive.service");
+    sleeper(&sandbox, "doomed.service");
+    one(&agent, &["watch", "alive.service"]);
+    one(&agent, &["watch", "doomed.service"]);
+    let doomed = cgroup_dir(&sandbox, "doomed.service");
+
+    let bus_pid: i32 = sandbox
+        .show("dbus.service", "MainPID")
+        .parse()
+        .expect("dbus-daemon's pid");
+    assert!(bus_pid > 0, "dbus-daemon runs");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(bus_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill dbus-daemon");
+    // While the bus is down, a unit dies: no signal can tell the agent.
+    cgroup_kill(&doomed);
+    sandbox.wait_until("the agent notices the bus is gone", PATIENCE, || {
+        agent.log_text().contains("every unit's state is unknown")
+    });
+    // The bus comes back when something connects to its socket (systemd socket-activates it),
+    // and the agent's reconnect is such a thing.
+    let event = one(
+        &agent,
+        &["wait", "doomed.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited", "{event}");
+    assert!(
+        agent.log_text().contains("back on the bus"),
+        "{}",
+        agent.log_text()
+    );
+    assert_unproven(&agent, "alive.service");
+    cgroup_kill(&cgroup_dir(&sandbox, "alive.service"));
+    let event = one(
+        &agent,
+        &["wait", "alive.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited", "{event}");
+}
+
+fn daemon_reexec_loses_nothing_and_proves_nothing_early() {
+    let sandbox = Sandbox::start("reexec");
+    let agent = Agent::start(&sandbox);
+    sleeper(&sandbox, "before.service");
+    sleeper(&sandbox, "stays.service");
+    one(&agent, &["watch", "before.service"]);
+    one(&agent, &["watch", "stays.service"]);
+    sandbox.systemctl_ok(&["daemon-reexec"]);
+    sandbox.wait_until("the manager is back", PATIENCE, || {
+        let state = sandbox.systemctl(&["is-system-running"]);
+        let state = String::from_utf8_lossy(&state.stdout);
+        state.trim() == "running" || state.trim() == "degraded"
+    });
+    assert_unproven(&agent, "before.service");
+    assert_unproven(&agent, "stays.service");
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "before.service"]);
+    let event = one(
+        &agent,
+        &["wait", "before.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited", "{event}");
+    assert_unproven(&agent, "stays.service");
+    let entry = agent.entry("stays.service").expect("still watched");
+    assert_eq!(entry["phase"], "watching", "{entry}");
+    assert_eq!(entry["active_state"], "active", "{entry}");
+}
+
+fn a_process_in_a_delegated_child_cgroup_blocks_the_proof() {
+    let sandbox = Sandbox::start("delegate");
+    let agent = Agent::start(&sandbox);
+    // The child moves itself into a cgroup below the unit's own: the unit's cgroup.procs is
+    // then empty, but `populated` counts descendants.
+    // A script file, since systemd would expand the `$` of a command line itself.
+    let script = "cg=$(grep ^0:: /proc/self/cgroup | cut -d: -f3)\n\
+                  mkdir /sys/fs/cgroup$cg/leaf\n\
+                  sh -c \"echo \\$\\$ > /sys/fs/cgroup$cg/leaf/cgroup.procs; exec sleep 1000\" &\n\
+                  while [ ! -e /run/delegate.go ]; do sleep 0.05; done\n";
+    std::fs::write(sandbox.host_path("/run/delegate.sh"), script).expect("write the script");
+    let out = sandbox.run(
+        "systemd-run",
+        &[
+            "--user",
+            "--unit=delegated.service",
+            "-p",
+            "Delegate=yes",
+            "-p",
+            "KillMode=process",
+            "sh",
+            "/run/delegate.sh",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    one(&agent, &["watch", "delegated.service"]);
+    let dir = cgroup_dir(&sandbox, "delegated.service");
+    let leaf = dir.join("leaf");
+    sandbox.wait_until("the child is in the leaf cgroup", PATIENCE, || {
+        std::fs::read_to_string(leaf.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
+    });
+    std::fs::write(sandbox.host_path("/run/delegate.go"), "").expect("go");
+    sandbox.wait_until("the main process exits", PATIENCE, || {
+        matches!(
+            sandbox.show("delegated.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        )
+    });
+    assert_unproven(&agent, "delegated.service");
+    let procs = std::fs::read_to_string(leaf.join("cgroup.procs")).expect("leaf procs");
+    for pid in procs.split_whitespace() {
+        let pid: i32 = pid.parse().expect("a pid");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let event = one(
+        &agent,
+        &["wait", "delegated.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited", "{event}");
+}
+
+fn an_unreadable_cgroup_events_blocks_the_proof_until_readable() {
+    let sandbox = Sandbox::start("unreadable");
+    let agent = Agent::start(&sandbox);
+    sleeper(&sandbox, "hidden.service");
+    one(&agent, &["watch", "hidden.service"]);
+    let cgroup = sandbox.show("hidden.service", "ControlGroup");
+    let real_dir = cgroup_dir(&sandbox, "hidden.service");
+    let inner_dir = format!("/sys/fs/cgroup{cgroup}");
+    let fake = sandbox.host_path("/run/fake-cgroup");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(fake.join("cgroup.events"), "not a cgroup.events file\n").unwrap();
+    // Inside the sandbox's mount namespace only, where the agent reads: the unit's
+    // cgroup.events is now garbage (and, a mount point, its directory cannot be removed).
+    let out = sandbox.run("mount", &["--bind", "/run/fake-cgroup", &inner_dir]);
+    assert!(out.status.success(), "{out:?}");
+    // The real cgroup, reached from outside the namespace, is killed.
+    cgroup_kill(&real_dir);
+    sandbox.wait_until("systemd sees the unit dead", PATIENCE, || {
+        matches!(
+            sandbox.show("hidden.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        )
+    });
+    assert_unproven(&agent, "hidden.service");
+    assert!(
+        agent.log_text().contains("cgroup.events"),
+        "{}",
+        agent.log_text()
+    );
+    let out = sandbox.run("umount", &[&inner_dir]);
+    assert!(out.status.success(), "{out:?}");
+    // Nothing notifies a read error going away: the retry timer finds it readable.
+    let event = one(
+        &agent,
+        &["wait", "hidden.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited", "{event}");
+}
