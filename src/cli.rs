@@ -54,6 +54,18 @@ impl SocketArgs {
     }
 }
 
+/// The default state directory for `bus`.
+pub fn default_state_dir(bus: Bus) -> PathBuf {
+    match bus {
+        Bus::System => PathBuf::from("/var/lib/exitproof"),
+        Bus::User => std::env::var_os("XDG_STATE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(|| PathBuf::from("/var/lib"))
+            .join("exitproof"),
+    }
+}
+
 /// The default control socket for `bus`.
 pub fn default_socket(bus: Bus) -> PathBuf {
     match bus {
@@ -76,6 +88,10 @@ enum Cmd {
         /// Proofs come from events; this only catches what an event could have missed.
         #[arg(long, default_value = "5m", value_parser = parse_interval)]
         resync_interval: Duration,
+        /// Where the watch set is kept across restarts [default: /var/lib/exitproof, or
+        /// $XDG_STATE_HOME/exitproof with --user].
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
     },
     /// Start watching a unit and print the watch.
     Watch {
@@ -186,12 +202,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         Cmd::Agent {
             method_timeout,
             resync_interval,
+            state_dir,
         } => {
             env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
                 .init();
             let mut config = AgentConfig::new(socket.bus(), socket.path());
             config.method_timeout = method_timeout;
             config.resync_interval = (!resync_interval.is_zero()).then_some(resync_interval);
+            config.state_dir = Some(state_dir.unwrap_or_else(|| default_state_dir(socket.bus())));
             agent::run(config).map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }

@@ -1,18 +1,25 @@
 //! What the agent tells its clients about a unit: the proof event and the watch view, and how
 //! a terminal proof is worded from the exit record and systemd's own exit status.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::exit::record::{ExitRecord, SanitizedRecord, exit_level, exit_line, signal_name};
 use crate::proof::{Cause, Level, Phase};
 use crate::systemd::manager::ServiceExit;
 
+/// The kind of an event; a field so that other kinds can join the stream later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    Proven,
+}
+
 /// The one event a proof produces, as clients receive it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProofEvent {
-    /// Always `"proven"`; a field so that other kinds of event can join the stream later.
+    /// Always `"proven"`.
     #[serde(rename = "type")]
-    pub kind: &'static str,
+    pub kind: EventKind,
     pub unit: String,
     /// Our invocation, the one proven over (empty if the unit had none when watched).
     pub invocation: String,

@@ -9,6 +9,8 @@
 mod bus;
 pub mod event;
 pub mod facts;
+mod persist;
+pub mod state;
 pub mod waiters;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
@@ -42,8 +44,9 @@ use crate::systemd::manager::{self, ManagerError, Subscription, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal::{self, SystemdSignal, unit_path};
 use crate::unit_name::UnitName;
-use event::{ProofEvent, WatchView, systemd_record, terminal_wording};
+use event::{EventKind, ProofEvent, WatchView, systemd_record, terminal_wording};
 use facts::UnitFacts;
+use state::{AgentState, StateError, StateFile};
 use waiters::Waiters;
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
@@ -66,6 +69,8 @@ pub struct AgentConfig {
     pub server: ServerOptions,
     /// The deadline of every D-Bus call, StopUnit included.
     pub method_timeout: Duration,
+    /// Where the watch set is kept across restarts (`None`: in memory only).
+    pub state_dir: Option<PathBuf>,
     /// How often every unit is read again as a safety net (`None`: never). Proofs are made from
     /// events; this only catches what an event could have missed.
     pub resync_interval: Option<Duration>,
@@ -83,6 +88,7 @@ impl AgentConfig {
             socket,
             server: ServerOptions::default(),
             method_timeout: Duration::from_secs(10),
+            state_dir: None,
             resync_interval: Some(Duration::from_secs(300)),
             retain_proven: 1024,
             retain_for: Duration::from_secs(3600),
@@ -100,6 +106,7 @@ pub enum AgentError {
     Connect(crate::systemd::ConnectError),
     Cgroup(CgroupError),
     Control(ControlError),
+    State(StateError),
 }
 
 impl fmt::Display for AgentError {
@@ -109,6 +116,7 @@ impl fmt::Display for AgentError {
             AgentError::Connect(e) => write!(f, "{e}"),
             AgentError::Cgroup(e) => write!(f, "{e}"),
             AgentError::Control(e) => write!(f, "{e}"),
+            AgentError::State(e) => write!(f, "{e}"),
         }
     }
 }
@@ -211,6 +219,8 @@ struct Watch {
     control_group: String,
     /// A stop asked for before the first read came back.
     pending_stop: bool,
+    /// A stop requested before the agent restarted: it stays requested, with no new StopUnit.
+    resumed_stop_requested: bool,
     /// `watch` requests answered once the first read is back.
     watch_replies: Vec<ReplyTo>,
     read_in_flight: bool,
@@ -223,6 +233,28 @@ struct Watch {
 }
 
 impl Watch {
+    fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
+        Watch {
+            path: unit_path(unit.as_str()),
+            unit,
+            asked_invocation,
+            proof: None,
+            facts: UnitFacts::default(),
+            control_group: String::new(),
+            pending_stop: false,
+            resumed_stop_requested: false,
+            watch_replies: Vec::new(),
+            read_in_flight: false,
+            read_again: false,
+            timer: None,
+            event: None,
+            release: spec
+                .generation
+                .map(|_| Release::new(spec.launch_file.is_some())),
+            spec,
+        }
+    }
+
     /// The exit record's file name, once our invocation is known.
     fn record_name(&self) -> Option<String> {
         self.spec.run_dir.as_ref()?;
@@ -236,7 +268,9 @@ impl Watch {
         let proof = self.proof.as_ref();
         WatchView {
             unit: self.unit.to_string(),
-            invocation: proof.map(|p| p.invocation().to_owned()),
+            invocation: proof
+                .map(|p| p.invocation().to_owned())
+                .or_else(|| self.event.as_ref().map(|e| e.invocation.clone())),
             active_state: self.facts.active_state().map(Into::into),
             sub_state: self.facts.sub_state().map(Into::into),
             populated: match proof.and_then(|p| p.last_reading()) {
@@ -244,8 +278,15 @@ impl Watch {
                 Some(CgroupReading::Empty) => Some(false),
                 _ => None,
             },
-            phase: proof.map_or(Phase::Watching, UnitProof::phase),
-            stop_requested: proof.is_some_and(UnitProof::stop_requested) || self.pending_stop,
+            phase: match (&self.event, proof) {
+                (Some(_), _) => Phase::Proven,
+                (None, Some(proof)) => proof.phase(),
+                (None, None) => Phase::Watching,
+            },
+            stop_requested: proof.is_some_and(UnitProof::stop_requested)
+                || self.pending_stop
+                || self.resumed_stop_requested
+                || self.event.as_ref().is_some_and(|e| e.stop_requested),
             run_dir: self.spec.run_dir.as_ref().map(|p| p.display().to_string()),
             record: self.record_name().or_else(|| self.spec.record.clone()),
             generation: self.spec.generation,
@@ -296,10 +337,27 @@ struct Agent {
     generations: HashSet<(String, u64)>,
     reads_in_flight: usize,
     read_queue: VecDeque<UnitKey>,
+    /// Where the watch set is kept across restarts; `None` keeps it in memory only.
+    state_file: Option<StateFile>,
+    /// The watch set changed since it was last saved.
+    dirty: bool,
 }
 
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        let state_file = config.state_dir.clone().map(StateFile::new);
+        let restored = match &state_file {
+            Some(file) => match file.load() {
+                Ok(state) => state,
+                // Said loudly and moved aside; starting empty is then not silent.
+                Err(e @ StateError::Corrupt { .. }) => {
+                    log::error!("{e}; starting with no watches");
+                    AgentState::default()
+                }
+                Err(e) => return Err(AgentError::State(e)),
+            },
+            None => AgentState::default(),
+        };
         let mut poll = Poll::new().map_err(io_error("create the event loop"))?;
         let runtime = MioRuntime::new(poll.registry(), WAKER, RUNTIME_TOKENS)
             .map_err(io_error("create the bus runtime"))?;
@@ -372,7 +430,10 @@ impl Agent {
             generations: HashSet::new(),
             reads_in_flight: 0,
             read_queue: VecDeque::new(),
+            state_file,
+            dirty: false,
         };
+        agent.restore(restored);
         agent.on_connected(conn, subscription);
         Ok(agent)
     }
@@ -415,6 +476,7 @@ impl Agent {
             }
             self.server.take_closed(&mut requests);
             self.on_time(Instant::now());
+            self.save_state();
         }
     }
 
@@ -476,6 +538,7 @@ impl Agent {
                     }
                     let succeeded = result.is_ok();
                     self.release(key, ReleaseInput::StopFinished { succeeded });
+                    self.dirty = true;
                 }
             }
         }
@@ -626,7 +689,8 @@ impl Agent {
                 .asked_invocation
                 .clone()
                 .unwrap_or_else(|| snapshot.invocation.clone());
-            watch.proof = Some(UnitProof::new(invocation));
+            watch.proof = Some(UnitProof::resume(invocation, watch.resumed_stop_requested));
+            self.dirty = true;
         }
         if watch.read_again {
             watch.read_again = false;
@@ -744,7 +808,7 @@ impl Agent {
             .map(|p| p.invocation().to_owned())
             .unwrap_or_default();
         let mut event = ProofEvent {
-            kind: "proven",
+            kind: EventKind::Proven,
             unit: watch.unit.to_string(),
             invocation,
             level: proof.level,
@@ -886,6 +950,7 @@ impl Agent {
         if let Some(watch) = self.units.get_mut(&key) {
             watch.event = Some(event);
         }
+        self.dirty = true;
         self.proven_order.push_back((now, key));
         while self.proven_order.len() > self.config.retain_proven {
             if let Some((_, old)) = self.proven_order.pop_front() {
@@ -995,6 +1060,7 @@ impl Agent {
                         watch.pending_stop = true;
                     }
                 }
+                self.dirty = true;
                 self.wait_for(key, reply, timeout.map(|t| now + t));
             }
             Command::Unwatch(UnwatchArgs { unit }) => {
@@ -1093,33 +1159,13 @@ impl Agent {
         invocation: Option<String>,
         spec: WatchSpec,
     ) -> UnitKey {
-        let key = UnitKey(self.next_key);
-        self.next_key += 1;
-        let path = unit_path(unit.as_str());
+        let key = self.new_key();
+        let watch = Watch::new(unit.clone(), invocation, spec);
         self.by_name.insert(unit.to_string(), key);
-        self.by_path.insert(path.clone(), key);
-        self.units.insert(
-            key,
-            Watch {
-                unit: unit.clone(),
-                path,
-                asked_invocation: invocation,
-                proof: None,
-                facts: UnitFacts::default(),
-                control_group: String::new(),
-                pending_stop: false,
-                watch_replies: Vec::new(),
-                read_in_flight: false,
-                read_again: false,
-                timer: None,
-                event: None,
-                release: spec
-                    .generation
-                    .map(|_| Release::new(spec.launch_file.is_some())),
-                spec,
-            },
-        );
+        self.by_path.insert(watch.path.clone(), key);
+        self.units.insert(key, watch);
         self.read_unit(key);
+        self.dirty = true;
         key
     }
 
@@ -1143,6 +1189,7 @@ impl Agent {
         let Some(watch) = self.units.remove(&key) else {
             return;
         };
+        self.dirty = true;
         self.cgroups.unwatch(key);
         if self.by_name.get(watch.unit.as_str()) == Some(&key) {
             self.by_name.remove(watch.unit.as_str());

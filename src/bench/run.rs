@@ -55,7 +55,12 @@ impl AgentChild {
         let log = std::fs::File::create(&log_path)
             .map_err(|e| BenchError::Io(format!("create {}", log_path.display()), e))?;
         let mut command = Command::new(&config.agent_binary);
-        command.arg("agent").arg("--socket").arg(&socket);
+        command
+            .arg("agent")
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--state-dir")
+            .arg(config.work_dir.join("state"));
         if config.bus == Bus::User {
             command.arg("--user");
         }

@@ -100,7 +100,7 @@ pub fn exit_level(record: Option<&ExitRecord>) -> Level {
 }
 
 /// An exit record fit to publish: every field passed through [`record_token`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SanitizedRecord {
     pub result: String,
     pub code: String,

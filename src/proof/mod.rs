@@ -35,7 +35,7 @@ use std::collections::VecDeque;
 use std::fmt;
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::cgroup::CgroupReading;
 
@@ -90,7 +90,7 @@ pub enum StopReason {
 }
 
 /// The severity of a proof event or a log line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
     Info,
@@ -98,7 +98,7 @@ pub enum Level {
 }
 
 /// What proved the invocation over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Cause {
     /// Our invocation reached a terminal state and its cgroup is empty or gone.
@@ -220,6 +220,15 @@ impl UnitProof {
             retry: Retry::default(),
             outputs: VecDeque::new(),
         }
+    }
+
+    /// A proof taken up again after the agent restarted: a stop requested before the restart
+    /// stays requested (so a new invocation still proves ours over), without a new StopUnit,
+    /// which could stop an invocation that is not ours.
+    pub fn resume(invocation: String, stop_requested: bool) -> Self {
+        let mut proof = UnitProof::new(invocation);
+        proof.stop_requested = stop_requested;
+        proof
     }
 
     /// Our invocation.

@@ -52,6 +52,20 @@ impl Release {
         }
     }
 
+    /// The release of a generation taken up again after a restart, remembering whether a stop
+    /// of ours already succeeded.
+    pub fn resume(has_launch_file: bool, stop_succeeded: bool) -> Self {
+        Release {
+            stop_succeeded,
+            ..Release::new(has_launch_file)
+        }
+    }
+
+    /// Whether a stop of ours succeeded (kept across restarts).
+    pub fn stop_succeeded(&self) -> bool {
+        self.stop_succeeded
+    }
+
     pub fn handle(&mut self, input: ReleaseInput) {
         match input {
             ReleaseInput::StopIssued => self.stops_in_flight += 1,

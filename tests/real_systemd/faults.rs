@@ -15,6 +15,14 @@ const PATIENCE_ARG: &str = "60s";
 
 pub const TESTS: &[Test] = &[
     (
+        "a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof",
+        a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof,
+    ),
+    (
+        "a_corrupt_state_file_is_moved_aside_loudly",
+        a_corrupt_state_file_is_moved_aside_loudly,
+    ),
+    (
         "a_killed_dbus_daemon_loses_no_proof_and_makes_none_early",
         a_killed_dbus_daemon_loses_no_proof_and_makes_none_early,
     ),
@@ -225,4 +233,95 @@ fn an_unreadable_cgroup_events_blocks_the_proof_until_readable() {
         &["wait", "hidden.service", "--timeout", PATIENCE_ARG],
     );
     assert_eq!(event["cause"], "exited", "{event}");
+}
+
+fn a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof() {
+    const UNITS: usize = 50;
+    let sandbox = Sandbox::start("agentkill");
+    sandbox.install_unit("w@.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    let names: Vec<String> = (0..UNITS).map(|i| format!("w@{i}.service")).collect();
+    let mut start = vec!["start"];
+    start.extend(names.iter().map(String::as_str));
+    sandbox.systemctl_ok(&start);
+    sandbox.install_unit(
+        "stopped.service",
+        "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 1000 & exec sleep 1000'\n",
+    );
+    sandbox.systemctl_ok(&["start", "stopped.service"]);
+
+    let mut agent = Agent::start(&sandbox);
+    for name in &names {
+        one(&agent, &["watch", name]);
+    }
+    let ours = sandbox.show("stopped.service", "InvocationID");
+    one(&agent, &["watch", "stopped.service"]);
+    // A stop whose proof is blocked by a leftover child: it must stay requested across the
+    // restart, so a new invocation afterwards still proves ours over.
+    let out = agent.cli(&["stop", "stopped.service", "--timeout", "1s"]);
+    assert_eq!(out.status.code(), Some(75), "{out:?}");
+    agent.kill_hard();
+
+    let (dying, living) = names.split_at(UNITS / 2);
+    let mut kill = vec!["kill", "-s", "KILL"];
+    kill.extend(dying.iter().map(String::as_str));
+    sandbox.systemctl_ok(&kill);
+    sandbox.systemctl_ok(&["start", "stopped.service"]);
+    assert_ne!(sandbox.show("stopped.service", "InvocationID"), ours);
+
+    let agent = Agent::start(&sandbox);
+    for name in dying {
+        let event = one(&agent, &["wait", name, "--timeout", PATIENCE_ARG]);
+        assert_eq!(event["cause"], "exited", "{event}");
+    }
+    let event = one(
+        &agent,
+        &["wait", "stopped.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
+    assert_eq!(event["invocation"], ours.as_str());
+    let list = agent.list();
+    for name in living {
+        let entry = list
+            .iter()
+            .find(|u| u["unit"] == name.as_str())
+            .expect("still watched");
+        assert_eq!(entry["phase"], "watching", "{entry}");
+    }
+    assert_unproven(&agent, &living[0]);
+    let mut kill = vec!["kill", "-s", "KILL"];
+    kill.extend(living.iter().map(String::as_str));
+    sandbox.systemctl_ok(&kill);
+    for name in living {
+        let event = one(&agent, &["wait", name, "--timeout", PATIENCE_ARG]);
+        assert_eq!(event["cause"], "exited", "{event}");
+    }
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "stopped.service"]);
+}
+
+fn a_corrupt_state_file_is_moved_aside_loudly() {
+    let sandbox = Sandbox::start("corrupt");
+    let dir = sandbox.host_path(crate::support::agent::STATE_DIR);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("state.json"),
+        "{\"version\":1,\"watches\":[{\"unit\":",
+    )
+    .unwrap();
+    let agent = Agent::start(&sandbox);
+    assert!(agent.list().is_empty());
+    let log = agent.log_text();
+    assert!(
+        log.contains("is corrupt") && log.contains("moved it aside"),
+        "{log}"
+    );
+    let aside: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with("state.json.corrupt-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "moved aside, not deleted");
 }

@@ -17,6 +17,8 @@ use super::Sandbox;
 
 /// Where the agent's socket is inside the sandbox.
 const SOCKET: &str = "/run/exitproof-test.sock";
+/// Where the agent keeps its watch set inside the sandbox (a tmpfs that goes with it).
+pub const STATE_DIR: &str = "/run/exitproof-state";
 /// Generous: the agent starts in milliseconds, but CI machines are loaded.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -35,14 +37,26 @@ pub fn binary() -> &'static str {
 impl Agent {
     /// Starts the agent inside `sandbox` on its session bus and waits until it answers.
     pub fn start(sandbox: &Sandbox) -> Agent {
-        let log = sandbox.host_path(&format!("/run/exitproof-agent-{}.log", std::process::id()));
+        static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = sandbox.host_path(&format!(
+            "/run/exitproof-agent-{}-{n}.log",
+            std::process::id()
+        ));
         let log_file = File::create(&log).expect("create the agent's log file");
         // The sandbox mounts its own /tmp, where a checkout (and so the binary) may live; the
         // test process's root, seen through /proc from inside, still shows the host's files.
         let binary = format!("/proc/{}/root{}", std::process::id(), binary());
         let child = sandbox
             .command(&binary)
-            .args(["agent", "--user", "--socket", SOCKET])
+            .args([
+                "agent",
+                "--user",
+                "--socket",
+                SOCKET,
+                "--state-dir",
+                STATE_DIR,
+            ])
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -78,6 +92,12 @@ impl Agent {
 
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+
+    /// Kills the agent with SIGKILL, as a crash would, and waits for it.
+    pub fn kill_hard(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     /// Whether the agent process is still running.
