@@ -16,5 +16,6 @@ pub mod control;
 pub mod duration;
 pub mod exit;
 pub mod proof;
+pub mod service;
 pub mod systemd;
 pub mod unit_name;

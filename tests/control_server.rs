@@ -3,6 +3,7 @@
 //! so the test thread never waits on a socket the server has not served yet.
 
 use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
 use std::path::PathBuf;
@@ -12,6 +13,13 @@ use exitproof::control::ControlError;
 use exitproof::control::protocol::{Command, RequestId, Response, event_line};
 use exitproof::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
 use mio::{Events, Poll};
+use nix::fcntl::OFlag;
+use nix::sys::signal::{Signal, kill};
+use nix::sys::socket::{
+    AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, connect, recv, send, socket,
+};
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::{ForkResult, Gid, Pid, Uid, fork, geteuid, pipe2, setgid, setgroups, setuid};
 use serde_json::{Value, json};
 
 /// Generous bound for anything that waits on the kernel; never a speed assertion.
@@ -630,4 +638,223 @@ fn flooding_client_loses_no_requests() {
     assert_eq!(count_requests(&h), REQUESTS + 1);
     assert!(h.closed().is_empty());
     drop(flooder);
+}
+
+/// The uid and gid the foreign peer runs as (`nobody` and `nogroup` on Debian).
+const NOBODY: u32 = 65534;
+
+/// A child process that becomes uid and gid [`NOBODY`] (with no supplementary groups), connects to the
+/// control socket, sends one `list` request with id 1, and reports the first line it reads back (or
+/// everything up to end of stream) through a pipe. Killed and reaped on drop if it has not been reaped.
+struct ForeignPeer {
+    pid: Pid,
+    report: std::fs::File,
+    reaped: bool,
+}
+
+/// What the foreign peer's child sends.
+const FOREIGN_REQUEST: &[u8] = b"{\"id\":1,\"cmd\":\"list\"}\n";
+
+impl ForeignPeer {
+    fn start(socket: &std::path::Path) -> ForeignPeer {
+        // Everything the child uses is prepared here: after fork it must not allocate.
+        let address = UnixAddr::new(socket).expect("socket path fits an address");
+        let (report, report_writer) =
+            pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).expect("create report pipe");
+        // SAFETY: the test process has other threads, so until it exits the child may only make
+        // async-signal-safe calls. `foreign_child` makes only raw system calls (through libc and
+        // nix's thin wrappers, which do not allocate) and the child ends with `_exit`.
+        match unsafe { fork() }.expect("fork foreign peer") {
+            ForkResult::Child => {
+                let code = foreign_child(&address, report_writer.as_raw_fd());
+                // SAFETY: `_exit` ends the child without running the parent's destructors or atexit
+                // handlers, which must not run twice.
+                unsafe { nix::libc::_exit(code) }
+            }
+            ForkResult::Parent { child } => ForeignPeer {
+                pid: child,
+                report: std::fs::File::from(report),
+                reaped: false,
+            },
+        }
+    }
+
+    /// Turns the server's loop until the child has exited, checks it succeeded, and returns the line
+    /// it read from the server, newline included.
+    fn reply(&mut self, harness: &mut Harness) -> String {
+        let mut output = Vec::new();
+        let mut buffer = [0u8; 512];
+        let mut at_eof = false;
+        harness.pump_until("the foreign peer to finish", |_| {
+            loop {
+                match self.report.read(&mut buffer) {
+                    Ok(0) => at_eof = true,
+                    Ok(n) => {
+                        output.extend_from_slice(&buffer[..n]);
+                        continue;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => panic!("cannot read the foreign peer's report: {e}"),
+                }
+                return at_eof;
+            }
+        });
+        let status = waitpid(self.pid, None).expect("reap foreign peer");
+        self.reaped = true;
+        assert_eq!(
+            status,
+            WaitStatus::Exited(self.pid, 0),
+            "foreign peer failed (10: dropping privileges, 11: socket, 12: connect)"
+        );
+        String::from_utf8(output).expect("the server sends UTF-8")
+    }
+}
+
+impl Drop for ForeignPeer {
+    fn drop(&mut self) {
+        if !self.reaped {
+            // By pid, and the child cannot have been reaped and its pid reused: only this guard reaps it.
+            let _ = kill(self.pid, Signal::SIGKILL);
+            let _ = waitpid(self.pid, None);
+        }
+    }
+}
+
+/// The foreign peer's child: returns its exit code. Only async-signal-safe calls (see
+/// [`ForeignPeer::start`]).
+fn foreign_child(address: &UnixAddr, report: RawFd) -> i32 {
+    // A child stuck on a broken server must not outlive the test: SIGALRM's default action ends it.
+    nix::unistd::alarm::set(60);
+    // The fork copied every descriptor of the test process; holding other tests' sockets open would
+    // hide their closes, so all but the report pipe go.
+    let report_bits = report as nix::libc::c_uint;
+    // SAFETY: close_range only closes descriptors; none of those closed is used by the child again.
+    unsafe {
+        nix::libc::close_range(3, report_bits - 1, 0);
+        nix::libc::close_range(report_bits + 1, nix::libc::c_uint::MAX, 0);
+    }
+    let nobody_gid = Gid::from_raw(NOBODY);
+    if setgroups(&[]).is_err()
+        || setgid(nobody_gid).is_err()
+        || setuid(Uid::from_raw(NOBODY)).is_err()
+    {
+        return 10;
+    }
+    let Ok(stream) = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    ) else {
+        return 11;
+    };
+    if connect(stream.as_raw_fd(), address).is_err() {
+        return 12;
+    }
+    // A refused peer may already be disconnected: EPIPE (never SIGPIPE) is fine, the reply is what counts.
+    let _ = send(stream.as_raw_fd(), FOREIGN_REQUEST, MsgFlags::MSG_NOSIGNAL);
+    let mut reply = [0u8; 512];
+    let mut length = 0;
+    while length < reply.len() && !reply[..length].contains(&b'\n') {
+        match recv(stream.as_raw_fd(), &mut reply[length..], MsgFlags::empty()) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => length += n,
+        }
+    }
+    // SAFETY: `report` is the pipe's write end, open in this process (kept by the close_range above).
+    let report = unsafe { BorrowedFd::borrow_raw(report) };
+    let _ = nix::unistd::write(report, &reply[..length]);
+    0
+}
+
+/// A harness whose socket anyone may connect to, so refusals come from the credential check alone.
+fn open_harness(options: ServerOptions) -> Harness {
+    let h = Harness::new(ServerOptions {
+        mode: 0o666,
+        ..options
+    });
+    std::fs::set_permissions(h.dir.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("make the socket's directory traversable");
+    h
+}
+
+/// Connects as ourselves and checks a request round trip, returning the client's id.
+fn own_round_trip(h: &mut Harness, client: &mut TestClient) -> ClientId {
+    client.write(b"{\"id\":\"own\",\"cmd\":\"list\"}\n");
+    let (id, request) = h.next_request();
+    assert!(h.send(id, &Response::ok(request.id, ()).to_line()));
+    assert_eq!(client.line(h), json!({"id": "own", "ok": true}));
+    id
+}
+
+fn is_root() -> bool {
+    if geteuid().is_root() {
+        return true;
+    }
+    eprintln!("skipped: only root can connect as another user");
+    false
+}
+
+#[test]
+fn peers_of_other_users_are_refused_unless_allowed() {
+    if !is_root() {
+        return;
+    }
+    let forbidden = format!(
+        "{{\"ok\":false,\"error\":{{\"kind\":\"forbidden\",\"message\":\"uid {NOBODY} is not \
+         allowed to use this socket\"}}}}\n"
+    );
+    // (allowed uids, allowed gids, whether the foreign peer is admitted)
+    let cases = [
+        (vec![], vec![], false),
+        (vec![NOBODY], vec![], true),
+        (vec![], vec![NOBODY], true),
+        (vec![1234, 5678], vec![4321], false),
+    ];
+    for (allowed_uids, allowed_gids, admitted) in cases {
+        let context = format!("uids {allowed_uids:?} gids {allowed_gids:?}");
+        let mut h = open_harness(ServerOptions {
+            allowed_uids,
+            allowed_gids,
+            ..ServerOptions::default()
+        });
+        // Our own uid is always allowed, whatever the lists say.
+        let mut own = h.connect();
+        let own_id = own_round_trip(&mut h, &mut own);
+        let mut peer = ForeignPeer::start(&h.path);
+        if admitted {
+            let (peer_id, request) = h.next_request();
+            assert_ne!(peer_id, own_id, "{context}");
+            assert_eq!(request.command, Command::List, "{context}");
+            assert!(h.send(peer_id, &Response::ok(request.id, ()).to_line()));
+            assert_eq!(peer.reply(&mut h), "{\"id\":1,\"ok\":true}\n", "{context}");
+            h.pump_until("the peer's Closed", |h| h.closed() == vec![peer_id]);
+        } else {
+            assert_eq!(peer.reply(&mut h), forbidden, "{context}");
+            h.settle();
+            assert!(h.out.is_empty(), "{context}: agent saw {:?}", h.out);
+        }
+        assert_eq!(h.server.client_count(), 1, "{context}");
+        own_round_trip(&mut h, &mut own);
+    }
+}
+
+#[test]
+fn forbidden_peer_never_takes_a_client_slot() {
+    if !is_root() {
+        return;
+    }
+    let mut h = open_harness(ServerOptions {
+        max_clients: 1,
+        ..ServerOptions::default()
+    });
+    let mut own = h.connect();
+    own_round_trip(&mut h, &mut own);
+    // The server is full, yet the peer is told it is forbidden, not busy: credentials come first.
+    let reply = ForeignPeer::start(&h.path).reply(&mut h);
+    assert!(reply.contains(r#""kind":"forbidden""#), "{reply}");
+    assert_eq!(h.server.client_count(), 1);
+    assert!(h.out.is_empty(), "agent saw {:?}", h.out);
+    own_round_trip(&mut h, &mut own);
 }

@@ -661,15 +661,8 @@ impl Agent {
             // The bus went away under the read; it is read again once the bus is back.
             Err(_) if self.conn.is_none() => return,
             Err(e) if watch.proof.is_none() => {
-                let message = e.to_string();
-                log::warn!("{}: {message}", watch.unit);
-                for reply in std::mem::take(&mut watch.watch_replies) {
-                    self.reply_error(&reply, ErrorKind::Internal, &message);
-                }
-                for reply in self.waiters.take_key(key) {
-                    self.reply_error(&reply, ErrorKind::Internal, &message);
-                }
-                self.forget(key);
+                let message = format!("{}: {e}", watch.unit);
+                self.fail_watch(key, &message);
                 return;
             }
             Err(e) => {
@@ -696,8 +689,16 @@ impl Agent {
             watch.read_again = false;
             self.read_unit(key);
         }
-        if moved || first {
-            self.watch_cgroup(key);
+        if (moved || first)
+            && let Err(message) = self.watch_cgroup(key)
+        {
+            if first {
+                // A watch that cannot see its cgroup change is no watch: refuse it clearly
+                // (the inotify watch limit, typically) rather than prove late or never.
+                self.fail_watch(key, &message);
+                return;
+            }
+            log::error!("{message}");
         }
         if first {
             // A first reading for `list`; judged only if the state asks for it.
@@ -724,18 +725,31 @@ impl Agent {
 
     /// Adds the inotify watches for the unit's cgroup; they come before any read of it, so no
     /// change between the read and the watch can be missed.
-    fn watch_cgroup(&mut self, key: UnitKey) {
+    fn watch_cgroup(&mut self, key: UnitKey) -> Result<(), String> {
         let Some(watch) = self.units.get(&key) else {
-            return;
+            return Ok(());
         };
         if watch.control_group.is_empty() {
-            return;
+            return Ok(());
         }
-        if let Err(e) = self.cgroups.watch(key, &watch.control_group) {
-            // Without the watch a change could go unnoticed; the retry timer of an unreadable
-            // cgroup does not cover this, so say so loudly. Reads still work.
-            log::error!("{}: {e}", watch.unit);
+        self.cgroups
+            .watch(key, &watch.control_group)
+            .map_err(|e| format!("{}: {e}", watch.unit))
+    }
+
+    /// Refuses a watch whose first read failed or whose cgroup cannot be watched: everyone
+    /// waiting on it gets the error, and nothing of it stays.
+    fn fail_watch(&mut self, key: UnitKey, message: &str) {
+        log::warn!("{message}");
+        let replies = self
+            .units
+            .get_mut(&key)
+            .map(|w| std::mem::take(&mut w.watch_replies))
+            .unwrap_or_default();
+        for reply in replies.into_iter().chain(self.waiters.take_key(key)) {
+            self.reply_error(&reply, ErrorKind::Internal, message);
         }
+        self.forget(key);
     }
 
     fn feed_state(&mut self, key: UnitKey) {

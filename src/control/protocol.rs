@@ -290,6 +290,8 @@ pub enum ErrorKind {
     StillRunning,
     /// The server has too many clients.
     Busy,
+    /// The peer's credentials do not allow it to use the socket.
+    Forbidden,
     /// The agent failed in a way that is not the client's fault.
     Internal,
 }
@@ -306,6 +308,7 @@ impl ErrorKind {
             ErrorKind::NotWatched => "not-watched",
             ErrorKind::StillRunning => "still-running",
             ErrorKind::Busy => "busy",
+            ErrorKind::Forbidden => "forbidden",
             ErrorKind::Internal => "internal",
         }
     }
@@ -820,6 +823,7 @@ mod tests {
             ErrorKind::NotWatched,
             ErrorKind::StillRunning,
             ErrorKind::Busy,
+            ErrorKind::Forbidden,
             ErrorKind::Internal,
         ];
         for kind in all {

@@ -1,8 +1,8 @@
 //! The control socket's server side, living in the agent's single-threaded, edge-triggered mio loop.
 //!
 //! It accepts clients, splits their input into lines, answers malformed lines itself and hands valid
-//! requests to the agent as [`ServerEvent`]s; the agent answers with [`ControlServer::send`]. It never
-//! blocks, never buffers more than its limits per client (an overlong line is discarded, a client whose
+//! requests to the agent as [`ServerEvent`]s; the agent answers with [`ControlServer::send`]. It admits
+//! only peers whose kernel-reported credentials (`SO_PEERCRED`) the options allow. It never blocks, never buffers more than its limits per client (an overlong line is discarded, a client whose
 //! unsent output grows past the limit is dropped), never panics on input, and never deletes a file it
 //! did not create.
 
@@ -20,7 +20,8 @@ use mio::net::{UnixListener, UnixStream};
 use mio::{Interest, Registry, Token};
 use nix::errno::Errno;
 use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
-use nix::sys::socket::{MsgFlags, send};
+use nix::sys::socket::{MsgFlags, getsockopt, send, sockopt};
+use nix::unistd::geteuid;
 
 use super::ControlError;
 use super::protocol::{ErrorKind, Request, RequestError, Response, parse_request};
@@ -49,6 +50,19 @@ pub struct ServerOptions {
     pub max_line: usize,
     /// Most unsent output bytes kept for one client before it is dropped.
     pub max_queued: usize,
+    /// User ids allowed to connect besides the agent's own effective uid, which always is.
+    pub allowed_uids: Vec<u32>,
+    /// Group ids allowed to connect: a peer whose primary gid (as the kernel reports it at connect
+    /// time) is listed is allowed whatever its uid.
+    pub allowed_gids: Vec<u32>,
+}
+
+impl ServerOptions {
+    /// Whether a peer with `uid` and primary `gid` may use the socket of an agent running with
+    /// effective uid `own_euid`.
+    fn allows(&self, own_euid: u32, uid: u32, gid: u32) -> bool {
+        uid == own_euid || self.allowed_uids.contains(&uid) || self.allowed_gids.contains(&gid)
+    }
 }
 
 impl Default for ServerOptions {
@@ -58,6 +72,8 @@ impl Default for ServerOptions {
             max_clients: 64,
             max_line: 64 * 1024,
             max_queued: 1024 * 1024,
+            allowed_uids: Vec::new(),
+            allowed_gids: Vec::new(),
         }
     }
 }
@@ -97,6 +113,8 @@ pub struct ControlServer {
     socket_file: (u64, u64),
     listener: UnixListener,
     options: ServerOptions,
+    /// The agent's effective uid when the socket was bound; peers with it are always allowed.
+    own_euid: u32,
     tokens: Option<TokenPool>,
     clients: HashMap<Token, Connection>,
     client_tokens: HashMap<ClientId, Token>,
@@ -137,6 +155,7 @@ impl ControlServer {
             socket_file: (metadata.dev(), metadata.ino()),
             listener,
             options,
+            own_euid: geteuid().as_raw(),
             tokens: None,
             clients: HashMap::new(),
             client_tokens: HashMap::new(),
@@ -280,12 +299,39 @@ impl ControlServer {
     }
 
     fn admit(&mut self, registry: &Registry, mut stream: UnixStream) {
+        // Checked before the client limit, so a refused peer never takes or waits for a slot.
+        let credentials = match getsockopt(&stream, sockopt::PeerCredentials) {
+            Ok(credentials) => credentials,
+            Err(errno) => {
+                log::warn!("control client refused: cannot read its credentials: {errno}");
+                return;
+            }
+        };
+        let (uid, gid) = (credentials.uid(), credentials.gid());
+        if !self.options.allows(self.own_euid, uid, gid) {
+            log::warn!(
+                "control client refused: uid {uid} gid {gid} (pid {}) is not allowed",
+                credentials.pid()
+            );
+            refuse(
+                &stream,
+                ErrorKind::Forbidden,
+                format!("uid {uid} is not allowed to use this socket"),
+            );
+            return;
+        }
         let token = match self.tokens.as_mut() {
             Some(pool) if self.clients.len() < self.options.max_clients => pool.take(),
             _ => None,
         };
         let Some(token) = token else {
-            reject_busy(&stream, self.options.max_clients);
+            let max_clients = self.options.max_clients;
+            log::warn!("control client refused: {max_clients} clients already connected");
+            refuse(
+                &stream,
+                ErrorKind::Busy,
+                format!("too many clients (the limit is {max_clients})"),
+            );
             return;
         };
         if let Err(e) = registry.register(&mut stream, token, Interest::READABLE) {
@@ -463,14 +509,10 @@ fn bind_with_mode(path: &Path, mode: u32) -> Result<UnixListener, ControlError> 
     Ok(listener)
 }
 
-/// Tells a client over the limit why it is disconnected; best effort, the socket is closed on return.
-fn reject_busy(stream: &UnixStream, max_clients: usize) {
-    let mut line = Response::error(
-        None,
-        ErrorKind::Busy,
-        format!("too many clients (the limit is {max_clients})"),
-    )
-    .to_line();
+/// Tells a refused client why it is disconnected, in one error line; best effort, the socket is closed
+/// when the caller drops it.
+fn refuse(stream: &UnixStream, kind: ErrorKind, message: String) {
+    let mut line = Response::error(None, kind, message).to_line();
     line.push('\n');
     // A fresh socket's send buffer is empty, so the short line fits; if it does not, closing is enough.
     let _ = send(
@@ -478,7 +520,6 @@ fn reject_busy(stream: &UnixStream, max_clients: usize) {
         line.as_bytes(),
         MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
     );
-    log::warn!("control client refused: {max_clients} clients already connected");
 }
 
 /// Whether a connection can still be used after an operation.
@@ -797,6 +838,34 @@ mod tests {
             assert!(
                 most_buffered <= max_line,
                 "{chunks:?} buffered {most_buffered}"
+            );
+        }
+    }
+
+    #[test]
+    fn peers_are_allowed_by_own_uid_listed_uid_or_listed_gid() {
+        const OWN: u32 = 1000;
+        let options = |uids: &[u32], gids: &[u32]| ServerOptions {
+            allowed_uids: uids.to_vec(),
+            allowed_gids: gids.to_vec(),
+            ..ServerOptions::default()
+        };
+        // (options, peer uid, peer gid, allowed)
+        let cases = [
+            (options(&[], &[]), OWN, 100, true),
+            (options(&[], &[]), 0, 0, false),
+            (options(&[], &[]), 65534, OWN, false),
+            (options(&[65534], &[]), 65534, 65534, true),
+            (options(&[65534], &[]), 65533, 65534, false),
+            (options(&[], &[50]), 65534, 50, true),
+            (options(&[], &[50]), 65534, 51, false),
+            (options(&[7], &[50]), OWN, 1, true),
+        ];
+        for (options, uid, gid, allowed) in cases {
+            assert_eq!(
+                options.allows(OWN, uid, gid),
+                allowed,
+                "{options:?} {uid} {gid}"
             );
         }
     }
