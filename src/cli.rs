@@ -92,6 +92,16 @@ enum Cmd {
         /// $XDG_STATE_HOME/exitproof with --user].
         #[arg(long)]
         state_dir: Option<PathBuf>,
+        /// Also let this uid use the control socket (repeatable); the socket's mode must let
+        /// it connect too (--socket-mode).
+        #[arg(long = "allow-uid")]
+        allow_uids: Vec<u32>,
+        /// Also let peers of this primary gid use the control socket (repeatable).
+        #[arg(long = "allow-gid")]
+        allow_gids: Vec<u32>,
+        /// The control socket's permission bits, in octal.
+        #[arg(long, default_value = "600", value_parser = parse_mode)]
+        socket_mode: u32,
     },
     /// Start watching a unit and print the watch.
     Watch {
@@ -169,6 +179,14 @@ enum Cmd {
     Events,
 }
 
+/// Permission bits in octal, such as `600` or `0660`.
+fn parse_mode(s: &str) -> Result<u32, String> {
+    u32::from_str_radix(s, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| format!("{s:?} is not an octal mode such as 600"))
+}
+
 /// A duration, or `0` for "never" (zero).
 fn parse_interval(s: &str) -> Result<Duration, crate::duration::DurationError> {
     if s == "0" {
@@ -203,13 +221,18 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             method_timeout,
             resync_interval,
             state_dir,
+            allow_uids,
+            allow_gids,
+            socket_mode,
         } => {
-            env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"))
-                .init();
+            crate::service::init_logging();
             let mut config = AgentConfig::new(socket.bus(), socket.path());
             config.method_timeout = method_timeout;
             config.resync_interval = (!resync_interval.is_zero()).then_some(resync_interval);
             config.state_dir = Some(state_dir.unwrap_or_else(|| default_state_dir(socket.bus())));
+            config.server.allowed_uids = allow_uids;
+            config.server.allowed_gids = allow_gids;
+            config.server.mode = socket_mode;
             agent::run(config).map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }

@@ -730,6 +730,7 @@ fn foreign_child(address: &UnixAddr, report: RawFd) -> i32 {
     // hide their closes, so all but the report pipe go.
     let report_bits = report as nix::libc::c_uint;
     // SAFETY: close_range only closes descriptors; none of those closed is used by the child again.
+    // When the report pipe is descriptor 3, the first range is empty and fails harmlessly.
     unsafe {
         nix::libc::close_range(3, report_bits - 1, 0);
         nix::libc::close_range(report_bits + 1, nix::libc::c_uint::MAX, 0);

@@ -39,6 +39,7 @@ use crate::exit::write::default_record_name;
 use crate::exit::{read_record, remove_beneath};
 use crate::proof::release::{Release, ReleaseInput, ReleaseOutput};
 use crate::proof::{Cause, Input, Output, Phase, Proof, StopReason, UnitProof};
+use crate::service::Notifier;
 use crate::systemd::ConnectError;
 use crate::systemd::manager::{self, ManagerError, Subscription, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
@@ -341,6 +342,10 @@ struct Agent {
     state_file: Option<StateFile>,
     /// The watch set changed since it was last saved.
     dirty: bool,
+    /// systemd's notify socket, when started by systemd (`Type=notify`).
+    notifier: Option<Notifier>,
+    /// The next watchdog keep-alive, sent from the loop itself so a wedged loop is restarted.
+    next_ping: Option<Instant>,
 }
 
 impl Agent {
@@ -432,9 +437,21 @@ impl Agent {
             read_queue: VecDeque::new(),
             state_file,
             dirty: false,
+            notifier: Notifier::from_env(),
+            next_ping: None,
         };
         agent.restore(restored);
         agent.on_connected(conn, subscription);
+        agent.save_state();
+        if let Some(notifier) = &agent.notifier {
+            // The bus, the subscription and inotify are up and the state is re-adopted.
+            if let Err(e) = notifier.ready() {
+                log::warn!("{e}");
+            }
+            agent.next_ping = notifier
+                .watchdog_interval()
+                .map(|every| Instant::now() + every);
+        }
         Ok(agent)
     }
 
@@ -456,6 +473,10 @@ impl Agent {
                     SIGNALS => {
                         if let Ok(Some(info)) = self.signals.read_signal() {
                             log::info!("signal {}: shutting down", info.ssi_signo);
+                            if let Some(notifier) = &self.notifier {
+                                let _ = notifier.stopping();
+                            }
+                            self.save_state();
                             return Ok(());
                         }
                     }
@@ -487,6 +508,7 @@ impl Agent {
             self.waiters.next_deadline(),
             self.reconnect.map(|(at, _)| at),
             self.next_resync,
+            self.next_ping,
             self.proven_order
                 .front()
                 .map(|(at, _)| *at + self.config.retain_for),
@@ -998,6 +1020,14 @@ impl Agent {
 
     fn on_time(&mut self, now: Instant) {
         self.bus_timers(now);
+        if let (Some(at), Some(notifier)) = (self.next_ping, &self.notifier)
+            && at <= now
+        {
+            if let Err(e) = notifier.ping() {
+                log::warn!("{e}");
+            }
+            self.next_ping = notifier.watchdog_interval().map(|every| now + every);
+        }
         while let Some(&(at, key)) = self.timers.first() {
             if at > now {
                 break;

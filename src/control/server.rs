@@ -50,10 +50,11 @@ pub struct ServerOptions {
     pub max_line: usize,
     /// Most unsent output bytes kept for one client before it is dropped.
     pub max_queued: usize,
-    /// User ids allowed to connect besides the agent's own effective uid, which always is.
+    /// User ids allowed to connect besides the agent's own effective uid, which always is. `mode`
+    /// must also let them open the socket (e.g. 0o666): both checks apply.
     pub allowed_uids: Vec<u32>,
     /// Group ids allowed to connect: a peer whose primary gid (as the kernel reports it at connect
-    /// time) is listed is allowed whatever its uid.
+    /// time; supplementary groups do not count) is listed is allowed whatever its uid.
     pub allowed_gids: Vec<u32>,
 }
 

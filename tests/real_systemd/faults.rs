@@ -15,6 +15,10 @@ const PATIENCE_ARG: &str = "60s";
 
 pub const TESTS: &[Test] = &[
     (
+        "the_agent_runs_as_a_notify_service_with_a_watchdog",
+        the_agent_runs_as_a_notify_service_with_a_watchdog,
+    ),
+    (
         "a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof",
         a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof,
     ),
@@ -324,4 +328,48 @@ fn a_corrupt_state_file_is_moved_aside_loudly() {
         })
         .collect();
     assert_eq!(aside.len(), 1, "moved aside, not deleted");
+}
+
+fn the_agent_runs_as_a_notify_service_with_a_watchdog() {
+    let sandbox = Sandbox::start("service");
+    let binary = format!(
+        "/proc/{}/root{}",
+        std::process::id(),
+        crate::support::agent::binary()
+    );
+    let out = sandbox.run(
+        "systemd-run",
+        &[
+            "--user",
+            "--unit=exitproof-agent.service",
+            "-p",
+            "Type=notify",
+            "-p",
+            "NotifyAccess=main",
+            "-p",
+            "WatchdogSec=2s",
+            &binary,
+            "agent",
+            "--user",
+            "--socket",
+            "/run/svc.sock",
+            "--state-dir",
+            "/run/svc-state",
+        ],
+    );
+    // systemd-run waits for nothing here; READY=1 is what makes the unit active.
+    assert!(out.status.success(), "{out:?}");
+    sandbox.wait_until("the agent reports READY=1", PATIENCE, || {
+        sandbox.show("exitproof-agent.service", "ActiveState") == "active"
+    });
+    // Three watchdog periods: only the loop's own keep-alives keep it running.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(
+        sandbox.show("exitproof-agent.service", "ActiveState"),
+        "active"
+    );
+    assert_eq!(sandbox.show("exitproof-agent.service", "NRestarts"), "0");
+    sandbox.systemctl_ok(&["stop", "exitproof-agent.service"]);
+    let result = sandbox.show("exitproof-agent.service", "Result");
+    assert!(result == "success" || result.is_empty(), "{result}");
 }
