@@ -12,6 +12,7 @@ mod bench;
 mod faults;
 mod records;
 mod sandbox_smoke;
+mod scale;
 
 use libtest_mimic::{Arguments, Completion, Trial};
 use support::Sandbox;
@@ -28,6 +29,9 @@ const SUITES: &[(&str, &[Test])] = &[
     ("faults", faults::TESTS),
 ];
 
+/// Suites too slow for every run: reported as ignored unless asked for with `--ignored`.
+const ON_REQUEST: &[(&str, &[Test])] = &[("scale", scale::TESTS)];
+
 fn main() {
     let arguments = Arguments::from_args();
     let availability = Sandbox::availability();
@@ -40,18 +44,22 @@ fn main() {
         eprintln!("==================================================================");
         eprintln!();
     }
+    let on_request = ON_REQUEST.iter().map(|suite| (suite, true));
     let trials = SUITES
         .iter()
-        .flat_map(|(suite, tests)| {
+        .map(|suite| (suite, false))
+        .chain(on_request)
+        .flat_map(|((suite, tests), slow)| {
             tests
                 .iter()
-                .map(move |(name, test)| (format!("{suite}::{name}"), *test))
+                .map(move |(name, test)| (format!("{suite}::{name}"), *test, slow))
         })
-        .map(|(name, test)| match &availability {
+        .map(|(name, test, slow)| match &availability {
             Ok(()) => Trial::test(name, move || {
                 test();
                 Ok(())
-            }),
+            })
+            .with_ignored_flag(slow),
             Err(reason) => {
                 // Ignored up front; and should --include-ignored run it anyway, it still only
                 // reports itself ignored, with the reason.
