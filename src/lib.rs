@@ -9,6 +9,7 @@
 //! See ARCHITECTURE.md for the map.
 
 pub mod agent;
+pub mod atomic_file;
 pub mod bench;
 pub mod cgroup;
 pub mod cli;

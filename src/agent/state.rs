@@ -11,7 +11,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::fs::{self, DirBuilder, File};
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -19,10 +19,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::errno::Errno;
 use nix::fcntl::{self, OFlag, RenameFlags};
-use nix::sys::stat::{self, Mode};
+use nix::sys::stat::Mode;
 use nix::unistd::{self, UnlinkatFlags};
 use serde::{Deserialize, Serialize};
 
+use crate::atomic_file;
 use crate::unit_name;
 
 /// The version of the file's format this agent writes and reads.
@@ -249,38 +250,15 @@ impl StateFile {
             // RandomState is keyed from the OS's randomness, so no crate is needed for this.
             RandomState::new().hash_one(contents.len())
         );
-        let temp_path = self.dir.join(&temp_name);
-        let fd = fcntl::openat(
+        atomic_file::replace(
             dirfd.as_fd(),
-            temp_name.as_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(FILE_MODE),
-        )
-        .map_err(|errno| io_error(&temp_path, "create", errno))?;
-        let mut temp = TempFile {
-            dirfd: dirfd.as_fd(),
-            name: temp_name,
-            renamed: false,
-        };
-        // The creation mode is masked by the umask; fchmod is not.
-        stat::fchmod(&fd, Mode::from_bits_truncate(FILE_MODE))
-            .map_err(|errno| io_error(&temp_path, "set the mode of", errno))?;
-        let mut file = File::from(fd);
-        file.write_all(&contents)
-            .map_err(|error| io_error(&temp_path, "write", error))?;
-        file.sync_all()
-            .map_err(|error| io_error(&temp_path, "sync", error))?;
-        drop(file);
-        fcntl::renameat(
-            dirfd.as_fd(),
-            temp.name.as_str(),
-            dirfd.as_fd(),
+            &self.dir,
             STATE_FILE_NAME,
+            &temp_name,
+            &contents,
+            FILE_MODE,
         )
-        .map_err(|errno| io_error(&self.path, "rename a temporary file to", errno))?;
-        temp.renamed = true;
-        // The rename is durable only once the directory is.
-        unistd::fsync(&dirfd).map_err(|errno| io_error(&self.dir, "sync directory", errno))
+        .map_err(|e| io_error(&e.path, e.action, e.source))
     }
 
     /// Reads what is at the state file's name, without following a symlink there and without
@@ -452,22 +430,6 @@ fn check(state: &AgentState) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// Removes the temporary file when dropped, unless it was renamed into place.
-struct TempFile<'a> {
-    dirfd: BorrowedFd<'a>,
-    name: String,
-    renamed: bool,
-}
-
-impl Drop for TempFile<'_> {
-    fn drop(&mut self) {
-        if !self.renamed {
-            // Best effort: there is no better answer to a failing cleanup of a failed save.
-            let _ = unistd::unlinkat(self.dirfd, self.name.as_str(), UnlinkatFlags::NoRemoveDir);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -3,24 +3,17 @@
 //! a temporary file behind, and never leaves a half-written record under the final name.
 
 use std::fmt;
-use std::fs::File;
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, Write};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::io;
+use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
-
-use nix::fcntl::{self, OFlag};
-use nix::sys::stat::{self, Mode};
-use nix::unistd::{self, UnlinkatFlags};
 
 use super::beneath::{self, BeneathError};
 use super::record::ExitRecord;
+use crate::atomic_file;
 
 /// The mode of a written record: readable by the agent whatever user the unit runs as.
 const RECORD_MODE: u32 = 0o644;
-
-/// The mode the temporary file is created with, before it is set to [`RECORD_MODE`].
-const CREATE_MODE: u32 = 0o600;
 
 /// Why an exit record could not be written.
 #[derive(Debug)]
@@ -86,22 +79,6 @@ pub fn default_record_name(invocation: &str) -> String {
     format!("exit-{invocation}.json")
 }
 
-/// Removes the temporary file when dropped, unless it was renamed into place.
-struct TempFile<'a> {
-    dirfd: BorrowedFd<'a>,
-    name: String,
-    renamed: bool,
-}
-
-impl Drop for TempFile<'_> {
-    fn drop(&mut self) {
-        if !self.renamed {
-            // Best effort: there is no better answer to a failing cleanup of a failed write.
-            let _ = unistd::unlinkat(self.dirfd, self.name.as_str(), UnlinkatFlags::NoRemoveDir);
-        }
-    }
-}
-
 /// Writes `record` as `name` in `dir` and returns the record's path.
 ///
 /// The record is written to a temporary file `.<name>.<pid>.<random>.tmp` in the same
@@ -127,37 +104,12 @@ pub fn write_record(
         // RandomState is keyed from the OS's randomness, so no crate is needed for this.
         RandomState::new().hash_one(name)
     );
-    let temp_path = dir.join(&temp_name);
-    let fd = fcntl::openat(
-        dirfd.as_fd(),
-        temp_name.as_str(),
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(CREATE_MODE),
-    )
-    .map_err(|errno| io_error(&temp_path, "create", errno.into()))?;
-    let mut temp = TempFile {
-        dirfd: dirfd.as_fd(),
-        name: temp_name,
-        renamed: false,
-    };
-    // The creation mode is masked by the umask; fchmod is not.
-    stat::fchmod(&fd, Mode::from_bits_truncate(RECORD_MODE))
-        .map_err(|errno| io_error(&temp_path, "set the mode of", errno.into()))?;
     let mut contents =
-        serde_json::to_vec(record).map_err(|e| io_error(&temp_path, "encode", e.into()))?;
+        serde_json::to_vec(record).map_err(|e| io_error(&dir.join(name), "encode", e.into()))?;
     contents.push(b'\n');
-    let mut file = File::from(fd);
-    file.write_all(&contents)
-        .map_err(|e| io_error(&temp_path, "write", e))?;
-    file.sync_all()
-        .map_err(|e| io_error(&temp_path, "sync", e))?;
-    drop(file);
+    atomic_file::replace(dirfd.as_fd(), dir, name, &temp_name, &contents, RECORD_MODE)
+        .map_err(|e| io_error(&e.path, e.action, e.source))?;
     let path = dir.join(name);
-    fcntl::renameat(dirfd.as_fd(), temp.name.as_str(), dirfd.as_fd(), name)
-        .map_err(|errno| io_error(&path, "rename a temporary file to", errno.into()))?;
-    temp.renamed = true;
-    // The rename is durable only once the directory is.
-    unistd::fsync(&dirfd).map_err(|errno| io_error(dir, "sync directory", errno.into()))?;
     Ok(path)
 }
 
