@@ -342,6 +342,9 @@ struct Agent {
     state_file: Option<StateFile>,
     /// The watch set changed since it was last saved.
     dirty: bool,
+    last_save: Option<Instant>,
+    /// A save held back by the save interval.
+    save_due: Option<Instant>,
     /// systemd's notify socket, when started by systemd (`Type=notify`).
     notifier: Option<Notifier>,
     /// The next watchdog keep-alive, sent from the loop itself so a wedged loop is restarted.
@@ -437,12 +440,14 @@ impl Agent {
             read_queue: VecDeque::new(),
             state_file,
             dirty: false,
+            last_save: None,
+            save_due: None,
             notifier: Notifier::from_env(),
             next_ping: None,
         };
         agent.restore(restored);
         agent.on_connected(conn, subscription);
-        agent.save_state();
+        agent.save_now(Instant::now());
         if let Some(notifier) = &agent.notifier {
             // The bus, the subscription and inotify are up and the state is re-adopted.
             if let Err(e) = notifier.ready() {
@@ -476,7 +481,7 @@ impl Agent {
                             if let Some(notifier) = &self.notifier {
                                 let _ = notifier.stopping();
                             }
-                            self.save_state();
+                            self.save_now(Instant::now());
                             return Ok(());
                         }
                     }
@@ -497,7 +502,7 @@ impl Agent {
             }
             self.server.take_closed(&mut requests);
             self.on_time(Instant::now());
-            self.save_state();
+            self.save_state(Instant::now());
         }
     }
 
@@ -509,6 +514,7 @@ impl Agent {
             self.reconnect.map(|(at, _)| at),
             self.next_resync,
             self.next_ping,
+            self.save_due,
             self.proven_order
                 .front()
                 .map(|(at, _)| *at + self.config.retain_for),
