@@ -15,6 +15,10 @@ const PATIENCE_ARG: &str = "60s";
 
 pub const TESTS: &[Test] = &[
     (
+        "the_safety_net_relist_catches_a_missed_event",
+        the_safety_net_relist_catches_a_missed_event,
+    ),
+    (
         "the_agent_runs_as_a_notify_service_with_a_watchdog",
         the_agent_runs_as_a_notify_service_with_a_watchdog,
     ),
@@ -372,4 +376,42 @@ fn the_agent_runs_as_a_notify_service_with_a_watchdog() {
     sandbox.systemctl_ok(&["stop", "exitproof-agent.service"]);
     let result = sandbox.show("exitproof-agent.service", "Result");
     assert!(result == "success" || result.is_empty(), "{result}");
+}
+
+fn the_safety_net_relist_catches_a_missed_event() {
+    let sandbox = Sandbox::start("relist");
+    let agent = Agent::start_with(&sandbox, &["--resync-interval", "2s"]);
+    sleeper(&sandbox, "missed.service");
+    one(&agent, &["watch", "missed.service"]);
+    let cgroup = sandbox.show("missed.service", "ControlGroup");
+    let real_dir = cgroup_dir(&sandbox, "missed.service");
+    let inner_dir = format!("/sys/fs/cgroup{cgroup}");
+    let fake = sandbox.host_path("/run/fake-populated");
+    std::fs::create_dir_all(&fake).unwrap();
+    std::fs::write(fake.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
+    // The agent now reads "populated 1" whatever happens, and the mount point keeps systemd
+    // from removing the cgroup, so once it is gone no event will come again.
+    let out = sandbox.run("mount", &["--bind", "/run/fake-populated", &inner_dir]);
+    assert!(out.status.success(), "{out:?}");
+    cgroup_kill(&real_dir);
+    sandbox.wait_until("systemd sees the unit dead", PATIENCE, || {
+        matches!(
+            sandbox.show("missed.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        )
+    });
+    assert_unproven(&agent, "missed.service");
+    let out = sandbox.run("umount", &[&inner_dir]);
+    assert!(out.status.success(), "{out:?}");
+    // Nothing notifies this any more: only the relist reads the cgroup again.
+    let event = one(
+        &agent,
+        &["wait", "missed.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "exited", "{event}");
+    assert!(
+        agent.log_text().contains("safety-net relist"),
+        "{}",
+        agent.log_text()
+    );
 }

@@ -37,6 +37,11 @@ pub fn binary() -> &'static str {
 impl Agent {
     /// Starts the agent inside `sandbox` on its session bus and waits until it answers.
     pub fn start(sandbox: &Sandbox) -> Agent {
+        Agent::start_with(sandbox, &[])
+    }
+
+    /// Starts the agent with `extra` arguments after the usual ones.
+    pub fn start_with(sandbox: &Sandbox, extra: &[&str]) -> Agent {
         static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = sandbox.host_path(&format!(
@@ -57,6 +62,7 @@ impl Agent {
                 "--state-dir",
                 STATE_DIR,
             ])
+            .args(extra)
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
