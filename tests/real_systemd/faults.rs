@@ -204,29 +204,36 @@ fn a_process_in_a_delegated_child_cgroup_blocks_the_proof() {
     assert_eq!(event["cause"], "exited", "{event}");
 }
 
+/// Hides `unit`'s cgroup from the agent behind a directory whose `cgroup.events` holds
+/// `events` (a bind mount inside the sandbox's namespace only, where the agent reads; being a
+/// mount point, the real directory cannot be removed by systemd either), kills the real
+/// cgroup from outside, and waits until systemd sees the unit dead. Returns the mount point.
+fn kill_behind_a_fake_cgroup(sandbox: &Sandbox, unit: &str, events: &str) -> String {
+    let cgroup = sandbox.show(unit, "ControlGroup");
+    let real_dir = cgroup_dir(sandbox, unit);
+    let inner_dir = format!("/sys/fs/cgroup{cgroup}");
+    let fake = format!("/run/fake-{unit}");
+    std::fs::create_dir_all(sandbox.host_path(&fake)).unwrap();
+    std::fs::write(sandbox.host_path(&format!("{fake}/cgroup.events")), events).unwrap();
+    let out = sandbox.run("mount", &["--bind", &fake, &inner_dir]);
+    assert!(out.status.success(), "{out:?}");
+    cgroup_kill(&real_dir);
+    sandbox.wait_until("systemd sees the unit dead", PATIENCE, || {
+        matches!(
+            sandbox.show(unit, "ActiveState").as_str(),
+            "inactive" | "failed"
+        )
+    });
+    inner_dir
+}
+
 fn an_unreadable_cgroup_events_blocks_the_proof_until_readable() {
     let sandbox = Sandbox::start("unreadable");
     let agent = Agent::start(&sandbox);
     sleeper(&sandbox, "hidden.service");
     one(&agent, &["watch", "hidden.service"]);
-    let cgroup = sandbox.show("hidden.service", "ControlGroup");
-    let real_dir = cgroup_dir(&sandbox, "hidden.service");
-    let inner_dir = format!("/sys/fs/cgroup{cgroup}");
-    let fake = sandbox.host_path("/run/fake-cgroup");
-    std::fs::create_dir_all(&fake).unwrap();
-    std::fs::write(fake.join("cgroup.events"), "not a cgroup.events file\n").unwrap();
-    // Inside the sandbox's mount namespace only, where the agent reads: the unit's
-    // cgroup.events is now garbage (and, a mount point, its directory cannot be removed).
-    let out = sandbox.run("mount", &["--bind", "/run/fake-cgroup", &inner_dir]);
-    assert!(out.status.success(), "{out:?}");
-    // The real cgroup, reached from outside the namespace, is killed.
-    cgroup_kill(&real_dir);
-    sandbox.wait_until("systemd sees the unit dead", PATIENCE, || {
-        matches!(
-            sandbox.show("hidden.service", "ActiveState").as_str(),
-            "inactive" | "failed"
-        )
-    });
+    let inner_dir =
+        kill_behind_a_fake_cgroup(&sandbox, "hidden.service", "not a cgroup.events file\n");
     assert_unproven(&agent, "hidden.service");
     assert!(
         agent.log_text().contains("cgroup.events"),
@@ -383,23 +390,10 @@ fn the_safety_net_relist_catches_a_missed_event() {
     let agent = Agent::start_with(&sandbox, &["--resync-interval", "2s"]);
     sleeper(&sandbox, "missed.service");
     one(&agent, &["watch", "missed.service"]);
-    let cgroup = sandbox.show("missed.service", "ControlGroup");
-    let real_dir = cgroup_dir(&sandbox, "missed.service");
-    let inner_dir = format!("/sys/fs/cgroup{cgroup}");
-    let fake = sandbox.host_path("/run/fake-populated");
-    std::fs::create_dir_all(&fake).unwrap();
-    std::fs::write(fake.join("cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
-    // The agent now reads "populated 1" whatever happens, and the mount point keeps systemd
-    // from removing the cgroup, so once it is gone no event will come again.
-    let out = sandbox.run("mount", &["--bind", "/run/fake-populated", &inner_dir]);
-    assert!(out.status.success(), "{out:?}");
-    cgroup_kill(&real_dir);
-    sandbox.wait_until("systemd sees the unit dead", PATIENCE, || {
-        matches!(
-            sandbox.show("missed.service", "ActiveState").as_str(),
-            "inactive" | "failed"
-        )
-    });
+    // The agent reads "populated 1" whatever happens; once the fake is gone no event comes
+    // again, since the cgroup was emptied (and could not be removed) behind it.
+    let inner_dir =
+        kill_behind_a_fake_cgroup(&sandbox, "missed.service", "populated 1\nfrozen 0\n");
     assert_unproven(&agent, "missed.service");
     let out = sandbox.run("umount", &[&inner_dir]);
     assert!(out.status.success(), "{out:?}");
