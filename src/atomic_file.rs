@@ -84,3 +84,20 @@ pub fn replace(
     unistd::fsync(dirfd.as_fd())
         .map_err(|errno| fail(dir.to_owned(), "sync directory")(errno.into()))
 }
+
+/// The names in `dir`, sorted: what the writers' tests check for leftover temporary files.
+#[cfg(test)]
+pub(crate) fn dir_entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}

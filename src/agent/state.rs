@@ -475,20 +475,7 @@ mod tests {
         }
     }
 
-    fn entries(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(dir)
-            .expect("read dir")
-            .map(|entry| {
-                entry
-                    .expect("entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        names.sort();
-        names
-    }
+    use crate::atomic_file::dir_entries as entries;
 
     /// Loads a file expected to be corrupt; checks that it moved aside with its bytes intact
     /// and that the next load starts empty; returns the reason and where it went.

@@ -4,6 +4,7 @@
 //! the time; nothing here reads the clock.
 
 use std::collections::{BTreeSet, HashMap};
+use std::hash::Hash;
 use std::time::Instant;
 
 /// Identifies one waiting caller.
@@ -15,20 +16,23 @@ pub struct WaiterId(u64);
 pub struct Waiters<K, R> {
     next: u64,
     by_id: HashMap<WaiterId, (K, R, Option<Instant>)>,
+    /// The waiters of each key, so a proof finds its waiters without a scan of all of them.
+    by_key: HashMap<K, Vec<WaiterId>>,
     deadlines: BTreeSet<(Instant, WaiterId)>,
 }
 
-impl<K: Copy + Eq, R> Default for Waiters<K, R> {
+impl<K: Copy + Eq + Hash, R> Default for Waiters<K, R> {
     fn default() -> Self {
         Waiters {
             next: 0,
             by_id: HashMap::new(),
+            by_key: HashMap::new(),
             deadlines: BTreeSet::new(),
         }
     }
 }
 
-impl<K: Copy + Eq, R> Waiters<K, R> {
+impl<K: Copy + Eq + Hash, R> Waiters<K, R> {
     /// Adds a waiter on `key` that answers `reply`, until `deadline` (none: until the proof).
     pub fn add(&mut self, key: K, reply: R, deadline: Option<Instant>) -> WaiterId {
         let id = WaiterId(self.next);
@@ -37,26 +41,29 @@ impl<K: Copy + Eq, R> Waiters<K, R> {
             self.deadlines.insert((at, id));
         }
         self.by_id.insert(id, (key, reply, deadline));
+        self.by_key.entry(key).or_default().push(id);
         id
     }
 
-    /// Takes every waiter on `key` (its proof arrived, or it was unwatched).
+    /// Takes every waiter on `key` (its proof arrived, or it was unwatched), oldest first.
     pub fn take_key(&mut self, key: K) -> Vec<R> {
-        self.take_matching(|k, _| *k == key)
+        let ids = self.by_key.remove(&key).unwrap_or_default();
+        self.take_ids(ids)
     }
 
-    /// Takes every waiter whose reply matches `pred` (its client went away).
+    /// Takes every waiter whose reply matches `pred` (its client went away). A scan of all
+    /// waiters: clients leave far less often than proofs arrive.
     pub fn take_where(&mut self, mut pred: impl FnMut(&R) -> bool) -> Vec<R> {
-        self.take_matching(|_, r| pred(r))
-    }
-
-    fn take_matching(&mut self, mut pred: impl FnMut(&K, &R) -> bool) -> Vec<R> {
         let ids: Vec<WaiterId> = self
             .by_id
             .iter()
-            .filter(|(_, (k, r, _))| pred(k, r))
+            .filter(|(_, (_, r, _))| pred(r))
             .map(|(id, _)| *id)
             .collect();
+        self.take_ids(ids)
+    }
+
+    fn take_ids(&mut self, ids: Vec<WaiterId>) -> Vec<R> {
         ids.into_iter()
             .filter_map(|id| self.remove(id))
             .map(|(_, r)| r)
@@ -93,6 +100,12 @@ impl<K: Copy + Eq, R> Waiters<K, R> {
         if let Some(at) = deadline {
             self.deadlines.remove(&(at, id));
         }
+        if let Some(ids) = self.by_key.get_mut(&key) {
+            ids.retain(|other| *other != id);
+            if ids.is_empty() {
+                self.by_key.remove(&key);
+            }
+        }
         Some((key, reply))
     }
 }
@@ -121,6 +134,7 @@ mod tests {
         assert_eq!(w.next_deadline(), Some(t0 + 2 * s));
         assert_eq!(w.take_where(|r| *r == "d"), vec!["d"]);
         assert!(w.is_empty());
+        assert!(w.by_key.is_empty(), "no index entry outlives its waiters");
         assert_eq!(w.next_deadline(), None);
     }
 

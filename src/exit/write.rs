@@ -132,20 +132,7 @@ mod tests {
         }
     }
 
-    fn entries(dir: &Path) -> Vec<String> {
-        let mut names: Vec<String> = fs::read_dir(dir)
-            .expect("read dir")
-            .map(|entry| {
-                entry
-                    .expect("entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        names.sort();
-        names
-    }
+    use crate::atomic_file::dir_entries as entries;
 
     #[test]
     fn writes_a_record_that_reads_back() {
