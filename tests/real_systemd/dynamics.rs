@@ -21,6 +21,13 @@ const PATIENCE_ARG: &str = "30s";
 /// How long a test watches for a proof that must not come.
 const OBSERVE: Duration = Duration::from_secs(3);
 
+/// Tests of rules not implemented yet: run on request (`-- --ignored pending`) and reported
+/// as ignored otherwise, so they never count as passed.
+pub const PENDING: &[Test] = &[(
+    "a_leftover_beside_a_restart_blocks_the_proof_until_it_dies",
+    a_leftover_beside_a_restart_blocks_the_proof_until_it_dies,
+)];
+
 pub const TESTS: &[Test] = &[
     (
         "daemon_reload_does_not_prove_a_remain_after_exit_unit",
@@ -45,10 +52,6 @@ pub const TESTS: &[Test] = &[
     (
         "replaced_after_stop_releases_no_generation_and_spares_the_new_invocation",
         replaced_after_stop_releases_no_generation_and_spares_the_new_invocation,
-    ),
-    (
-        "a_leftover_beside_a_restart_blocks_the_proof_until_it_dies",
-        a_leftover_beside_a_restart_blocks_the_proof_until_it_dies,
     ),
     (
         "a_transient_unit_collected_after_it_ended_is_proven",
