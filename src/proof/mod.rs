@@ -12,10 +12,10 @@
 //!
 //! | systemd says (with `stop` = a stop of ours was requested) | then |
 //! |---|---|
-//! | `stop`, not terminal, invocation foreign or empty | proven: replaced after stop |
+//! | `stop`, not terminal, invocation foreign or empty | proven: replaced after stop, unless our terminal invocation was seen with a populated cgroup: then read the cgroup |
 //! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
 //! | terminal, or foreign and stopped by us | read the cgroup |
-//! | ... cgroup gone or `populated 0` | proven: exited (terminal) or restarted outside |
+//! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside |
 //! | ... `populated 1` | log "processes remain", at most once per 2 s |
 //! | ... read error | log it at most once per 2 s, retry on a backoff timer |
 //!
@@ -203,6 +203,9 @@ pub struct UnitProof {
     invocation: String,
     stop_requested: bool,
     foreign_stopped: bool,
+    /// Our invocation was seen terminal with its cgroup still populated (`KillMode=process`
+    /// or `mixed` leftovers): a new invocation is then no proof that ours is over.
+    leftovers_seen: bool,
     state: Option<UnitState>,
     last_reading: Option<CgroupReading>,
     proof: Option<Proof>,
@@ -219,6 +222,7 @@ impl UnitProof {
             invocation,
             stop_requested: false,
             foreign_stopped: false,
+            leftovers_seen: false,
             state: None,
             last_reading: None,
             proof: None,
@@ -328,9 +332,17 @@ impl UnitProof {
         })
     }
 
+    /// Whether our stop was requested and systemd has begun something that is not our
+    /// invocation: the replaced-after-stop case.
+    fn replaced(&self, v: Verdict) -> bool {
+        self.stop_requested && !v.terminal && (v.foreign || v.no_invocation)
+    }
+
     /// Whether the state alone leaves the cgroup to decide.
     fn needs_cgroup(&self, v: Verdict) -> bool {
-        v.terminal || (v.foreign && self.foreign_stopped)
+        v.terminal
+            || (v.foreign && self.foreign_stopped)
+            || (self.replaced(v) && self.leftovers_seen)
     }
 
     fn on_state(&mut self) {
@@ -339,8 +351,10 @@ impl UnitProof {
         };
         // systemd begins a new invocation of a unit only once the stop job of the previous
         // one has completed, so after a stop of ours anything that is not provably our
-        // invocation is proof that ours is over; no cgroup read is needed.
-        if self.stop_requested && !v.terminal && (v.foreign || v.no_invocation) {
+        // invocation is proof that ours is over; no cgroup read is needed. Unless processes
+        // of ours were seen left over after it ended: systemd starts the new invocation beside
+        // them, so then only an empty cgroup proves it.
+        if self.replaced(v) && !self.leftovers_seen {
             self.prove(
                 Cause::ReplacedAfterStop,
                 Level::Warn,
@@ -378,6 +392,12 @@ impl UnitProof {
             CgroupReading::Empty | CgroupReading::Gone => {
                 if v.terminal {
                     self.prove(Cause::Exited, Level::Warn, EXITED_NO_RECORD.into());
+                } else if self.replaced(v) {
+                    self.prove(
+                        Cause::ReplacedAfterStop,
+                        Level::Warn,
+                        REPLACED_AFTER_STOP.into(),
+                    );
                 } else {
                     self.prove(
                         Cause::RestartedOutside,
@@ -388,6 +408,9 @@ impl UnitProof {
             }
             CgroupReading::Populated => {
                 self.retry.reset();
+                if v.terminal {
+                    self.leftovers_seen = true;
+                }
                 if self.remain_log.allow(now) {
                     let active = self.state.as_ref().map_or("", |s| s.active_state.as_str());
                     let line = format!("processes remain after {active}; not releasing");

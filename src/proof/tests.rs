@@ -293,6 +293,31 @@ fn stop_then_a_new_invocation_proves_replaced_after_stop_without_the_cgroup() {
 }
 
 #[test]
+fn leftovers_of_our_stopped_invocation_beside_a_new_one_wait_for_an_empty_cgroup() {
+    // KillMode=process: our invocation ended with processes left in its cgroup, and systemd
+    // started the next one beside them.
+    check(
+        &[
+            st("active", OURS),
+            stop(),
+            st("inactive", OURS),
+            cg(CgroupReading::Populated),
+            st("activating", THEIRS),
+            cg(CgroupReading::Populated),
+            wait_ms(3000),
+            cg(CgroupReading::Populated),
+            cg(CgroupReading::Empty),
+        ],
+        "0ms stop-unit requested
+         0ms read-cgroup
+         0ms log warn: processes remain after inactive; not releasing
+         0ms read-cgroup
+         3000ms log warn: processes remain after activating; not releasing
+         3000ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+    );
+}
+
+#[test]
 fn stop_then_no_invocation_in_a_non_terminal_state_proves_replaced_after_stop() {
     check(
         &[st("active", OURS), stop(), st("activating", "")],

@@ -36,8 +36,8 @@ pub const TESTS: &[Test] = &[
         a_restart_outside_is_stopped_once_and_reported,
     ),
     (
-        "a_stop_then_a_fresh_invocation_is_replaced_after_stop",
-        a_stop_then_a_fresh_invocation_is_replaced_after_stop,
+        "a_stop_then_a_fresh_invocation_beside_leftovers_waits_for_the_cgroup",
+        a_stop_then_a_fresh_invocation_beside_leftovers_waits_for_the_cgroup,
     ),
     (
         "a_unit_already_dead_and_gone_is_proven_at_once",
@@ -281,10 +281,10 @@ fn a_restart_outside_is_stopped_once_and_reported() {
     );
 }
 
-fn a_stop_then_a_fresh_invocation_is_replaced_after_stop() {
+fn a_stop_then_a_fresh_invocation_beside_leftovers_waits_for_the_cgroup() {
     let sandbox = Sandbox::start("replaced");
     // The stop leaves a child in the cgroup, so the first invocation cannot be proven exited
-    // before the second one begins.
+    // before the second one begins, and the second begins beside it.
     sandbox.install_unit(
         "replaced.service",
         "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 1000 & exec sleep 1000'\n",
@@ -300,6 +300,16 @@ fn a_stop_then_a_fresh_invocation_is_replaced_after_stop() {
         "the leftover child blocks the proof: {out:?}"
     );
     sandbox.systemctl_ok(&["start", "replaced.service"]);
+    assert_ne!(sandbox.show("replaced.service", "InvocationID"), ours);
+    // A new invocation is no proof while a leftover of ours may still run beside it.
+    let out = agent.cli(&["wait", "replaced.service", "--timeout", "3s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "proven beside a leftover: {out:?}"
+    );
+    // Every process of the cgroup, the leftover included.
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "replaced.service"]);
     let event = cli_event(
         &agent,
         &["wait", "replaced.service", "--timeout", PATIENCE_ARG],
@@ -310,8 +320,6 @@ fn a_stop_then_a_fresh_invocation_is_replaced_after_stop() {
         "instance exited (status unknown: replaced after stop)"
     );
     assert_eq!(event["invocation"], ours.as_str());
-    assert_ne!(sandbox.show("replaced.service", "InvocationID"), ours);
-    sandbox.systemctl_ok(&["kill", "-s", "KILL", "replaced.service"]);
 }
 
 fn a_unit_already_dead_and_gone_is_proven_at_once() {
