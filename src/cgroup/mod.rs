@@ -5,6 +5,7 @@
 
 pub mod events;
 pub mod mount;
+pub mod procs;
 pub mod watcher;
 
 use std::fmt;
