@@ -65,6 +65,13 @@ impl UnitState {
     }
 }
 
+/// What a proof keeps across a restart of the agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resumed {
+    pub stop_requested: bool,
+    pub leftovers_seen: bool,
+}
+
 /// A fact handed to the machine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -235,11 +242,17 @@ impl UnitProof {
 
     /// A proof taken up again after the agent restarted: a stop requested before the restart
     /// stays requested (so a new invocation still proves ours over), without a new StopUnit,
-    /// which could stop an invocation that is not ours.
-    pub fn resume(invocation: String, stop_requested: bool) -> Self {
+    /// which could stop an invocation that is not ours; leftovers seen before stay seen.
+    pub fn resume(invocation: String, resumed: Resumed) -> Self {
         let mut proof = UnitProof::new(invocation);
-        proof.stop_requested = stop_requested;
+        proof.stop_requested = resumed.stop_requested;
+        proof.leftovers_seen = resumed.leftovers_seen;
         proof
+    }
+
+    /// Whether our invocation was seen terminal with processes left in its cgroup.
+    pub fn leftovers_seen(&self) -> bool {
+        self.leftovers_seen
     }
 
     /// Our invocation.

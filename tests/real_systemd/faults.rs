@@ -271,7 +271,7 @@ fn a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof() {
     let ours = sandbox.show("stopped.service", "InvocationID");
     one(&agent, &["watch", "stopped.service"]);
     // A stop whose proof is blocked by a leftover child: it must stay requested across the
-    // restart, so a new invocation afterwards still proves ours over.
+    // restart, and so must the leftover, so a new invocation beside it proves nothing.
     let out = agent.cli(&["stop", "stopped.service", "--timeout", "1s"]);
     assert_eq!(out.status.code(), Some(75), "{out:?}");
     agent.kill_hard();
@@ -288,12 +288,8 @@ fn a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof() {
         let event = one(&agent, &["wait", name, "--timeout", PATIENCE_ARG]);
         assert_eq!(event["cause"], "exited", "{event}");
     }
-    let event = one(
-        &agent,
-        &["wait", "stopped.service", "--timeout", PATIENCE_ARG],
-    );
-    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
-    assert_eq!(event["invocation"], ours.as_str());
+    // The new invocation runs beside our leftover: no proof until it is gone too.
+    assert_unproven(&agent, "stopped.service");
     let list = agent.list();
     for name in living {
         let entry = list
@@ -311,6 +307,12 @@ fn a_sigkilled_agent_loses_no_watch_and_makes_no_early_proof() {
         assert_eq!(event["cause"], "exited", "{event}");
     }
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "stopped.service"]);
+    let event = one(
+        &agent,
+        &["wait", "stopped.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
+    assert_eq!(event["invocation"], ours.as_str());
 }
 
 fn a_corrupt_state_file_is_moved_aside_loudly() {

@@ -14,7 +14,7 @@ use super::watch::{UnsentStop, Watch, WatchSpec};
 use super::{AgentState, Core, StopKind};
 use crate::agent::state::WatchRecord;
 use crate::proof::release::Release;
-use crate::proof::{Input as ProofInput, StopReason, UnitProof};
+use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
 use crate::unit_name;
 
 impl Core {
@@ -68,7 +68,10 @@ impl Core {
                 }
                 continue;
             }
-            watch.resumed_stop_requested = record.stop_requested;
+            watch.resumed = Resumed {
+                stop_requested: record.stop_requested,
+                leftovers_seen: record.leftovers_seen,
+            };
             if record.stop_unsent && !rebooted {
                 watch.unsent_stop = Some(UnsentStop {
                     kind: StopKind::Proof(StopReason::Requested),
@@ -107,7 +110,7 @@ impl Core {
             return;
         };
         let invocation = watch.asked_invocation.clone().unwrap_or_default();
-        watch.proof = Some(UnitProof::resume(invocation, watch.resumed_stop_requested));
+        watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
         self.feed(key, ProofInput::Rebooted, now);
     }
 
@@ -143,6 +146,7 @@ fn record_of(watch: &Watch) -> Option<WatchRecord> {
             .as_ref()
             .and_then(|event| serde_json::to_value(event).ok()),
         control_group: (!watch.control_group.is_empty()).then(|| watch.control_group.clone()),
+        leftovers_seen: watch.leftovers_seen(),
         stop_unsent: watch
             .unsent_stop
             .as_ref()

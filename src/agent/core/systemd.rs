@@ -234,7 +234,7 @@ impl Core {
                 .asked_invocation
                 .clone()
                 .unwrap_or_else(|| snapshot.invocation.clone());
-            watch.proof = Some(UnitProof::resume(invocation, watch.resumed_stop_requested));
+            watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
             self.dirty = true;
             if watch.control_group.is_empty() {
                 self.first_read_done(key, now);

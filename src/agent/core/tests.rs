@@ -413,6 +413,7 @@ fn saved(unit: &str, invocation: &str) -> WatchRecord {
         proof: None,
         control_group: Some(format!("/app.slice/{unit}")),
         stop_unsent: false,
+        leftovers_seen: false,
     }
 }
 
@@ -578,4 +579,33 @@ fn a_lost_bus_voids_every_fact_until_a_read_on_the_new_connection() {
     assert_eq!(s.phase("l.service"), Phase::Watching);
     s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/l.service")));
     assert_eq!(s.phase("l.service"), Phase::Proven);
+}
+
+#[test]
+fn leftovers_seen_before_a_restart_still_block_a_replaced_after_stop_proof() {
+    let mut s = watching("k.service", "active");
+    s.request(r#"{"cmd":"stop","unit":"k.service"}"#);
+    s.changed("k.service", "inactive", A);
+    assert_eq!(s.phase("k.service"), Phase::Stopping, "a leftover remains");
+    s.core.save_now(s.now);
+    s.drain();
+    let saved = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::Save(state) => Some(*state),
+            _ => None,
+        })
+        .expect("saved");
+    assert!(saved.watches[0].leftovers_seen);
+    let mut s = Script::restored(saved, "boot-1");
+    s.cgroups
+        .insert("/app.slice/k.service".into(), CgroupReading::Populated);
+    s.input(Input::BusUp);
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/k.service")));
+    assert_eq!(s.phase("k.service"), Phase::Stopping, "not proven beside the leftover");
+    s.cgroups
+        .insert("/app.slice/k.service".into(), CgroupReading::Empty);
+    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    assert_eq!(s.phase("k.service"), Phase::Proven);
 }

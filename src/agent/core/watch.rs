@@ -9,7 +9,7 @@ use super::{ReplyTo, StopKind};
 use crate::cgroup::CgroupReading;
 use crate::exit::write::default_record_name;
 use crate::proof::release::Release;
-use crate::proof::{Phase, Proof, UnitProof};
+use crate::proof::{Phase, Proof, Resumed, UnitProof};
 use crate::systemd::signal::unit_path;
 use crate::unit_name::UnitName;
 
@@ -76,8 +76,9 @@ pub struct Watch {
     pub cgroup_watch: CgroupWatch,
     /// A stop asked for before the first read came back.
     pub pending_stop: bool,
-    /// A stop requested before the agent restarted: it stays requested, with no new StopUnit.
-    pub resumed_stop_requested: bool,
+    /// What the proof had before the agent restarted: a stop requested stays requested, with
+    /// no new StopUnit; leftovers seen stay seen.
+    pub resumed: Resumed,
     pub unsent_stop: Option<UnsentStop>,
     /// `watch` requests answered once the first reading of the cgroup is in.
     pub watch_replies: Vec<ReplyTo>,
@@ -108,7 +109,7 @@ impl Watch {
             control_group: String::new(),
             cgroup_watch: CgroupWatch::Absent,
             pending_stop: false,
-            resumed_stop_requested: false,
+            resumed: Resumed::default(),
             unsent_stop: None,
             watch_replies: Vec::new(),
             reads: Reads::default(),
@@ -137,7 +138,7 @@ impl Watch {
     pub fn stop_requested(&self) -> bool {
         self.proof.as_ref().is_some_and(UnitProof::stop_requested)
             || self.pending_stop
-            || self.resumed_stop_requested
+            || self.resumed.stop_requested
             || self.event.as_ref().is_some_and(|e| e.stop_requested)
     }
 
@@ -148,6 +149,13 @@ impl Watch {
             Some(name) => Some(name.clone()),
             None => Some(default_record_name(self.proof.as_ref()?.invocation())),
         }
+    }
+
+    /// Whether our invocation was seen terminal with processes left in its cgroup.
+    pub fn leftovers_seen(&self) -> bool {
+        self.proof
+            .as_ref()
+            .map_or(self.resumed.leftovers_seen, UnitProof::leftovers_seen)
     }
 
     pub fn view(&self) -> WatchView {
