@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use exitproof::control::ControlError;
 use exitproof::control::client::Client;
-use exitproof::control::protocol::{Command, Response, event_line};
+use exitproof::control::protocol::{Command, RequestId, Response, event_line, list_reply};
 use exitproof::control::server::{ControlServer, ServerEvent, ServerOptions};
 use mio::{Events, Poll, Token, Waker};
 use serde_json::json;
@@ -14,8 +14,16 @@ use serde_json::json;
 const PATIENCE: Duration = Duration::from_secs(20);
 const WAKE: Token = Token(0);
 
-/// A toy agent: answers `list` with its client's id, `events` with ok plus two events, and stops when
-/// woken. Stops (and joins) on drop, so a failing test leaves no thread behind.
+/// Units in the toy agent's streamed `list` reply.
+const UNITS: usize = 100_000;
+
+/// One unit of the streamed `list`, about 400 bytes serialized.
+fn unit(n: usize) -> serde_json::Value {
+    json!({"unit": format!("unit-{n:06}.service"), "n": n, "pad": "p".repeat(350)})
+}
+
+/// A toy agent: answers `list` with its client's id (or, when the request's id is `"big"`, with a
+/// streamed list of [`UNITS`] units), `events` with ok plus two events, and stops when woken. Stops (and joins) on drop, so a failing test leaves no thread behind.
 struct Agent {
     waker: Waker,
     thread: Option<JoinHandle<()>>,
@@ -53,6 +61,10 @@ impl Agent {
                     };
                     let registry = poll.registry();
                     match request.command {
+                        Command::List if request.id == Some(RequestId::Text("big".to_owned())) => {
+                            let reply = list_reply(request.id, (0..UNITS).map(unit));
+                            server.send_streamed(registry, client, reply);
+                        }
                         Command::Events => {
                             server.send(registry, client, &Response::ok(request.id, ()).to_line());
                             for n in 0..2 {
@@ -178,4 +190,44 @@ fn missing_socket_says_no_agent() {
     drop(std::os::unix::net::UnixListener::bind(&path).expect("bind stale"));
     let err = Client::connect(&path).expect_err("stale socket");
     assert!(matches!(err, ControlError::NoAgent { .. }), "{err:?}");
+}
+
+#[test]
+fn a_list_of_100000_units_is_read_as_one_line() {
+    let agent = Agent::start();
+    let mut client = connect(&agent.path);
+    let started = std::time::Instant::now();
+    let response = client
+        .request(&json!({"id": "big", "cmd": "list"}))
+        .expect("list");
+    let elapsed = started.elapsed();
+    let units = response["units"].as_array().expect("units array");
+    eprintln!("read a list of {} units in {elapsed:?}", units.len());
+    assert_eq!(response["id"], json!("big"));
+    assert_eq!(units.len(), UNITS);
+    for (n, listed) in units.iter().enumerate() {
+        assert_eq!(listed, &unit(n), "unit {n}");
+    }
+    // The connection goes on: the next response is whole.
+    let response = client
+        .request(&json!({"id": 2, "cmd": "list"}))
+        .expect("small list");
+    assert_eq!(response["id"], json!(2));
+}
+
+#[test]
+fn a_line_over_the_limit_fails_without_being_buffered() {
+    let agent = Agent::start();
+    let mut client = connect(&agent.path);
+    client.set_max_line(1024 * 1024);
+    let err = client
+        .request(&json!({"id": "big", "cmd": "list"}))
+        .expect_err("too long");
+    assert!(
+        matches!(err, ControlError::LineTooLong { limit, .. } if limit == 1024 * 1024),
+        "{err:?}"
+    );
+    // The rest of that line is never read, so the connection stays unusable.
+    let err = client.next_line().expect_err("still out of step");
+    assert!(matches!(err, ControlError::LineTooLong { .. }), "{err:?}");
 }

@@ -10,8 +10,10 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use exitproof::control::ControlError;
-use exitproof::control::protocol::{Command, RequestId, Response, event_line};
-use exitproof::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
+use exitproof::control::protocol::{Command, RequestId, Response, event_line, list_reply};
+use exitproof::control::server::{
+    ClientId, ControlServer, MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions,
+};
 use mio::{Events, Poll};
 use nix::fcntl::OFlag;
 use nix::sys::signal::{Signal, kill};
@@ -156,6 +158,26 @@ impl TestClient {
                 }
                 Ok(n) => self.input.extend_from_slice(&buffer[..n]),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => panic!("test client read failed: {e}"),
+            }
+        }
+    }
+
+    /// Reads what has arrived, but at most `max` bytes: a reader slower than the server.
+    fn fill_at_most(&mut self, max: usize) -> usize {
+        let mut buffer = vec![0u8; max];
+        loop {
+            match self.stream.read(&mut buffer) {
+                Ok(0) => {
+                    self.eof = true;
+                    return 0;
+                }
+                Ok(n) => {
+                    self.input.extend_from_slice(&buffer[..n]);
+                    return n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return 0,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => panic!("test client read failed: {e}"),
             }
@@ -858,4 +880,258 @@ fn forbidden_peer_never_takes_a_client_slot() {
     assert_eq!(h.server.client_count(), 1);
     assert!(h.out.is_empty(), "agent saw {:?}", h.out);
     own_round_trip(&mut h, &mut own);
+}
+
+/// One listed unit, about 300 bytes serialized, like the agent's `WatchView`.
+#[derive(serde::Serialize)]
+struct FakeView {
+    unit: String,
+    n: usize,
+    pad: String,
+}
+
+fn fake_view(n: usize) -> FakeView {
+    FakeView {
+        unit: format!("unit-{n:06}.service"),
+        n,
+        pad: "p".repeat(250),
+    }
+}
+
+/// The most bytes one streamed item adds: the item and its comma.
+fn item_bytes(n: usize) -> usize {
+    serde_json::to_string(&fake_view(n))
+        .expect("serialize")
+        .len()
+        + 1
+}
+
+#[test]
+fn streamed_list_of_100000_units_reaches_a_slow_reader_whole_and_in_order() {
+    const UNITS: usize = 100_000;
+    const READ_PER_TURN: usize = 16 * 1024;
+    let options = ServerOptions::default();
+    let max_queued = options.max_queued;
+    let mut h = Harness::new(options);
+    let mut slow = h.connect();
+    slow.write(b"{\"id\":\"L\",\"cmd\":\"list\"}\n");
+    let (slow_id, request) = h.next_request();
+    assert_eq!(request.command, Command::List);
+    let views: Vec<FakeView> = (0..UNITS).map(fake_view).collect();
+    let item = item_bytes(UNITS - 1);
+    let event = event_line(&json!({"unit": "after.service"})).expect("event");
+
+    let started = Instant::now();
+    assert!(
+        h.server
+            .send_streamed(h.poll.registry(), slow_id, list_reply(request.id, views))
+    );
+    // Sent while the reply is under way: it must come after the whole reply line.
+    assert!(h.send(slow_id, &event));
+    // So must the server's own answer to a malformed line read meanwhile.
+    slow.write(b"{\n");
+
+    // Another client is served while the slow one holds a reply in progress.
+    let mut other = h.connect();
+    other.write(b"{\"id\":\"o\",\"cmd\":\"list\"}\n");
+    let (other_id, other_request) = h.next_request();
+    assert_ne!(other_id, slow_id);
+    assert!(h.send(other_id, &Response::ok(other_request.id, ()).to_line()));
+    assert_eq!(other.line(&mut h), json!({"id": "o", "ok": true}));
+
+    let mut most_queued = 0;
+    let deadline = Instant::now() + PATIENCE * 3;
+    let mut newlines = 0;
+    while newlines < 3 {
+        assert!(
+            Instant::now() < deadline,
+            "timed out streaming the list: {} bytes read, {:?} queued",
+            slow.input.len(),
+            h.server.client_queued_bytes(slow_id)
+        );
+        h.turn(Duration::from_millis(1));
+        let before = slow.input.len();
+        slow.fill_at_most(READ_PER_TURN);
+        newlines += slow.input[before..].iter().filter(|&&b| b == b'\n').count();
+        most_queued = most_queued.max(h.server.client_queued_bytes(slow_id).expect("connected"));
+    }
+    let elapsed = started.elapsed();
+    let peak = h
+        .server
+        .client_peak_queued_bytes(slow_id)
+        .expect("connected");
+    eprintln!(
+        "streamed {UNITS} units ({} bytes) to a reader taking {READ_PER_TURN} bytes a turn in \
+         {elapsed:?}; peak queued {peak} bytes (sampled between turns: {most_queued})",
+        slow.input.len()
+    );
+    assert!(
+        peak <= max_queued + item,
+        "peak {peak} exceeds {max_queued} + one item ({item})"
+    );
+    assert!(most_queued <= peak);
+
+    let reply = slow.try_line().expect("the list line");
+    assert_eq!(reply["id"], json!("L"));
+    assert_eq!(reply["ok"], json!(true));
+    let units = reply["units"].as_array().expect("units array");
+    assert_eq!(units.len(), UNITS);
+    for (n, unit) in units.iter().enumerate() {
+        assert_eq!(unit["n"], json!(n), "unit {n} out of order");
+        assert_eq!(unit["unit"], json!(format!("unit-{n:06}.service")));
+    }
+    assert_eq!(
+        slow.try_line(),
+        Some(serde_json::from_str(&event).expect("JSON"))
+    );
+    assert_eq!(
+        error_kind(&slow.try_line().expect("bad-json answer")),
+        "bad-json"
+    );
+    assert!(slow.input.is_empty());
+
+    assert_eq!(h.server.client_count(), 2, "nobody was dropped");
+    assert!(h.closed().is_empty());
+    h.settle();
+    assert_eq!(h.server.queued_bytes(), 0);
+}
+
+/// An iterator of fake views that records when it is dropped.
+struct Watched {
+    next: usize,
+    end: usize,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Iterator for Watched {
+    type Item = FakeView;
+
+    fn next(&mut self) -> Option<FakeView> {
+        (self.next < self.end).then(|| {
+            self.next += 1;
+            fake_view(self.next - 1)
+        })
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        self.dropped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn watched(end: usize) -> (Watched, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    let dropped = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let iterator = Watched {
+        next: 0,
+        end,
+        dropped: std::sync::Arc::clone(&dropped),
+    };
+    (iterator, dropped)
+}
+
+#[test]
+fn client_leaving_mid_stream_is_dropped_and_its_reply_released() {
+    let mut h = Harness::new(ServerOptions::default());
+    let mut client = h.connect();
+    client.write(b"{\"cmd\":\"list\"}\n");
+    let (id, request) = h.next_request();
+    let (items, dropped) = watched(100_000);
+    assert!(
+        h.server
+            .send_streamed(h.poll.registry(), id, list_reply(request.id, items))
+    );
+    h.pump_until("part of the reply", |_| client.fill_at_most(4096) > 0);
+    assert!(!dropped.load(std::sync::atomic::Ordering::SeqCst));
+    drop(client);
+    h.pump_until("the client to be closed", |h| h.closed() == vec![id]);
+    assert!(
+        dropped.load(std::sync::atomic::Ordering::SeqCst),
+        "reply kept"
+    );
+    assert_eq!(h.server.client_count(), 0);
+    assert_eq!(h.server.queued_bytes(), 0);
+    assert!(!h.send(id, "{}"));
+    let (items, dropped) = watched(1);
+    assert!(
+        !h.server
+            .send_streamed(h.poll.registry(), id, list_reply(None, items))
+    );
+    assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+}
+
+#[test]
+fn events_behind_a_stalled_stream_still_count_toward_the_limit() {
+    let max_queued = 64 * 1024;
+    let mut h = Harness::new(ServerOptions {
+        max_queued,
+        ..ServerOptions::default()
+    });
+    let mut client = h.connect();
+    client.write(b"{\"cmd\":\"list\"}\n");
+    let (id, request) = h.next_request();
+    let (items, dropped) = watched(100_000);
+    assert!(
+        h.server
+            .send_streamed(h.poll.registry(), id, list_reply(request.id, items))
+    );
+    let event = event_line(&json!({"pad": "e".repeat(500)})).expect("event");
+    let mut sent = 0;
+    while h.send(id, &event) {
+        sent += 1;
+        assert!(sent < 10_000, "a client that never reads was never dropped");
+        let queued = h.server.client_queued_bytes(id).expect("connected");
+        assert!(queued <= max_queued + item_bytes(99_999), "{queued} queued");
+    }
+    assert!(dropped.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(h.server.client_count(), 0);
+    assert_eq!(h.server.queued_bytes(), 0);
+    h.server.take_closed(&mut h.out);
+    assert_eq!(h.closed(), vec![id]);
+}
+
+#[test]
+fn streamed_replies_beyond_the_limit_are_answered_busy_in_order() {
+    assert_eq!(
+        MAX_STREAMS_PER_CLIENT, 2,
+        "README and the protocol docs say 2"
+    );
+    let mut h = Harness::new(ServerOptions::default());
+    let mut client = h.connect();
+    client.write(b"{\"cmd\":\"events\"}\n");
+    let (id, _) = h.next_request();
+    // Each reply (about 6 MB) is larger than the socket buffer plus the output bound, so none is
+    // finished before the client reads.
+    const UNITS: usize = 20_000;
+    let mut releases = Vec::new();
+    for n in 0..=MAX_STREAMS_PER_CLIENT {
+        let (items, dropped) = watched(UNITS);
+        let reply_id = Some(RequestId::Number(n.into()));
+        assert!(
+            h.server
+                .send_streamed(h.poll.registry(), id, list_reply(reply_id, items))
+        );
+        releases.push(dropped);
+    }
+    assert!(
+        releases[MAX_STREAMS_PER_CLIENT].load(std::sync::atomic::Ordering::SeqCst),
+        "the refused reply is released at once"
+    );
+    for (n, released) in releases.iter().take(MAX_STREAMS_PER_CLIENT).enumerate() {
+        let reply = client.line(&mut h);
+        assert_eq!(reply["id"], json!(n));
+        assert_eq!(reply["units"].as_array().map(Vec::len), Some(UNITS));
+        assert!(released.load(std::sync::atomic::Ordering::SeqCst));
+    }
+    let busy = client.line(&mut h);
+    assert_eq!(busy["id"], json!(MAX_STREAMS_PER_CLIENT));
+    assert_eq!(error_kind(&busy), "busy");
+    assert_eq!(h.server.client_count(), 1);
+    // With the replies done, a new one is accepted again.
+    assert!(
+        h.server
+            .send_streamed(h.poll.registry(), id, list_reply(None, [1, 2]))
+    );
+    assert_eq!(client.line(&mut h), json!({"ok": true, "units": [1, 2]}));
 }

@@ -29,7 +29,7 @@ use zbus::{Connection, Message};
 use self::core::{Answer, Core, CoreConfig, Input, Output, StopKind, UnitKey};
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::control::ControlError;
-use crate::control::protocol::{Response, event_line};
+use crate::control::protocol::{Response, event_line, list_reply};
 use crate::control::server::{ControlServer, ServerEvent, ServerOptions};
 use crate::exit::{read_record, remove_beneath};
 use crate::service::Notifier;
@@ -402,6 +402,15 @@ impl Agent {
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                         Err(e) => log::warn!("{unit}: remove {}: {e}", path.display()),
                     }
+                }
+                // At 100,000 watches the list is tens of MB: it is written as the client reads.
+                Output::Reply {
+                    to,
+                    answer: Answer::Units(views),
+                } => {
+                    let reply = list_reply(to.id, views);
+                    self.server
+                        .send_streamed(self.poll.registry(), to.client, reply);
                 }
                 Output::Reply { to, answer } => {
                     let line = answer_line(to.id, answer);

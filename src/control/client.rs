@@ -10,6 +10,11 @@ use serde_json::Value;
 
 use super::ControlError;
 
+/// The longest line [`Client`] accepts by default, newline excluded: 256 MiB. A `list` of 100,000
+/// units at ~400 bytes each is ~40 MB; this leaves room for units several times larger while still
+/// stopping a runaway peer before it exhausts the CLI's memory.
+pub const DEFAULT_MAX_LINE: usize = 256 * 1024 * 1024;
+
 /// A blocking connection to the agent's control socket.
 #[derive(Debug)]
 pub struct Client {
@@ -17,6 +22,9 @@ pub struct Client {
     reader: BufReader<UnixStream>,
     /// Bytes of a line whose end has not arrived yet; kept across a read timeout so nothing is lost.
     partial: Vec<u8>,
+    max_line: usize,
+    /// A line exceeded `max_line`; the connection is out of step and every read fails.
+    overlong: bool,
 }
 
 impl Client {
@@ -36,7 +44,16 @@ impl Client {
             path: path.to_owned(),
             reader: BufReader::new(stream),
             partial: Vec::new(),
+            max_line: DEFAULT_MAX_LINE,
+            overlong: false,
         })
+    }
+
+    /// Sets the longest line accepted, newline excluded ([`DEFAULT_MAX_LINE`] unless set). A longer
+    /// line fails with [`ControlError::LineTooLong`] as soon as the limit is passed, without
+    /// buffering the rest.
+    pub fn set_max_line(&mut self, max_line: usize) {
+        self.max_line = max_line;
     }
 
     /// Sets how long [`Client::request`] and [`Client::next_line`] wait for a line; `None` waits forever.
@@ -68,34 +85,72 @@ impl Client {
     }
 
     /// Reads the next line (a response or an event) as JSON; `Ok(None)` when the agent closed the
-    /// connection cleanly between lines.
+    /// connection cleanly between lines. The read timeout applies to each read from the socket, so a
+    /// long line that keeps arriving is not cut off by it.
     pub fn next_line(&mut self) -> Result<Option<Value>, ControlError> {
-        match self.reader.read_until(b'\n', &mut self.partial) {
-            Ok(_) if self.partial.is_empty() => Ok(None),
-            Ok(_) if self.partial.last() != Some(&b'\n') => Err(ControlError::BadResponse {
+        self.read_line()?;
+        if self.partial.is_empty() {
+            return Ok(None);
+        }
+        if self.partial.last() != Some(&b'\n') {
+            return Err(ControlError::BadResponse {
                 path: self.path.clone(),
                 message: "connection closed in the middle of a line".to_owned(),
-            }),
-            Ok(_) => {
-                let line = std::mem::take(&mut self.partial);
-                serde_json::from_slice(&line)
-                    .map(Some)
-                    .map_err(|e| ControlError::BadResponse {
+            });
+        }
+        let line = std::mem::take(&mut self.partial);
+        serde_json::from_slice(&line)
+            .map(Some)
+            .map_err(|e| ControlError::BadResponse {
+                path: self.path.clone(),
+                message: e.to_string(),
+            })
+    }
+
+    /// Like `read_until(b'\n')` into `partial`, but fails once the line exceeds `max_line`.
+    fn read_line(&mut self) -> Result<(), ControlError> {
+        let too_long = |client: &Client| ControlError::LineTooLong {
+            path: client.path.clone(),
+            limit: client.max_line,
+        };
+        if self.overlong {
+            return Err(too_long(self));
+        }
+        loop {
+            let available = match self.reader.fill_buf() {
+                Ok(available) => available,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(ControlError::TimedOut {
                         path: self.path.clone(),
-                        message: e.to_string(),
-                    })
+                    });
+                }
+                Err(source) => return Err(self.io_error("read from control socket", source)),
+            };
+            if available.is_empty() {
+                return Ok(());
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) =>
-            {
-                Err(ControlError::TimedOut {
-                    path: self.path.clone(),
-                })
+            let (take, complete) = match available.iter().position(|&b| b == b'\n') {
+                Some(newline) => (newline + 1, true),
+                None => (available.len(), false),
+            };
+            let length = self.partial.len() + take - usize::from(complete);
+            if length > self.max_line {
+                // The rest of the line is never read, so the stream is out of step for good.
+                self.overlong = true;
+                self.partial = Vec::new();
+                return Err(too_long(self));
             }
-            Err(source) => Err(self.io_error("read from control socket", source)),
+            self.partial.extend_from_slice(&available[..take]);
+            self.reader.consume(take);
+            if complete {
+                return Ok(());
+            }
         }
     }
 

@@ -47,6 +47,13 @@ pub enum ControlError {
         /// The socket path.
         path: PathBuf,
     },
+    /// The agent sent a line longer than the client accepts; the connection is no longer usable.
+    LineTooLong {
+        /// The socket path.
+        path: PathBuf,
+        /// The limit in bytes.
+        limit: usize,
+    },
     /// The agent sent a line that is not a JSON value.
     BadResponse {
         /// The socket path.
@@ -83,6 +90,11 @@ impl fmt::Display for ControlError {
             ControlError::TimedOut { path } => {
                 write!(f, "timed out waiting for the agent on {}", path.display())
             }
+            ControlError::LineTooLong { path, limit } => write!(
+                f,
+                "the agent on {} sent a line longer than {limit} bytes",
+                path.display()
+            ),
             ControlError::BadResponse { path, message } => write!(
                 f,
                 "the agent on {} sent an invalid line: {message}",

@@ -61,13 +61,22 @@
 //! Error kinds: `bad-json` (not UTF-8 or not JSON), `bad-request` (JSON but not a valid request: missing
 //! or unknown field, wrong type, bad `id`), `unknown-command`, `invalid-unit`, `line-too-long`,
 //! `not-watched`, `still-running` (a timeout expired while the unit still had processes), `busy` (too
-//! many clients; the server closes the connection after this line), `internal`.
+//! many clients, and the server closes the connection after this line; or too many `list` replies
+//! under way on the connection, see below), `internal`.
 //!
 //! ## Events
 //!
 //! After `{"cmd":"events"}` is answered with `ok`, the connection receives one line per event, each
 //! `{"event":{...}}` with the event object defined by the agent. A subscriber that does not read its
 //! events is disconnected once its unsent output exceeds the server's limit (1 MiB by default).
+//!
+//! ## Large replies
+//!
+//! The `list` response is one line however many units there are (tens of MB at 100,000 units). The
+//! agent produces it as the client reads it, so it is not held against the 1 MiB limit; a client may
+//! read it as slowly as it likes. Lines for the same connection that come after it (events, other
+//! responses) wait until it is complete and do count toward the limit. At most 2 such replies are
+//! under way per connection; a further `list` is answered with a `busy` error.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -288,7 +297,7 @@ pub enum ErrorKind {
     NotWatched,
     /// A timeout expired while the unit still had processes.
     StillRunning,
-    /// The server has too many clients.
+    /// The server has too many clients, or the connection too many large replies under way.
     Busy,
     /// The peer's credentials do not allow it to use the socket.
     Forbidden,
@@ -570,6 +579,156 @@ pub fn event_line(event: &impl Serialize) -> Result<String, serde_json::Error> {
     let mut line = Map::new();
     line.insert("event".to_owned(), event);
     serde_json::to_string(&line)
+}
+
+/// A success response too large to build at once (`list` at 100,000 units is tens of MB): the line
+/// `{"id":..,"ok":true,"<field>":[<item>,...]}` is produced a piece at a time by
+/// [`StreamedReply::write_next`], each item serialized only when asked for. The server asks as its
+/// client reads, so the whole line never sits in memory. Build it with [`list_reply`].
+pub struct StreamedReply {
+    id: Option<RequestId>,
+    field: &'static str,
+    items: Box<dyn Iterator<Item = Result<Value, serde_json::Error>> + Send>,
+    /// Items written so far; `None` until the head is written.
+    written: Option<usize>,
+    done: bool,
+}
+
+impl fmt::Debug for StreamedReply {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StreamedReply")
+            .field("id", &self.id)
+            .field("field", &self.field)
+            .field("written", &self.written)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A piece of a [`StreamedReply`] (in practice an item) failed to serialize. The line is then already
+/// partly sent, so it cannot become an error response; the server drops the client, which sees a
+/// truncated line rather than a list silently missing an item.
+#[derive(Debug)]
+pub struct StreamError {
+    /// The field the items belong to (`units`).
+    pub field: &'static str,
+    /// Items written before the failure.
+    pub written: usize,
+    /// Why it failed.
+    pub source: serde_json::Error,
+}
+
+impl fmt::Display for StreamError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the `{}` reply failed after {} items: {}",
+            self.field, self.written, self.source
+        )
+    }
+}
+
+impl std::error::Error for StreamError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+impl StreamedReply {
+    fn array<I>(id: Option<RequestId>, field: &'static str, items: I) -> StreamedReply
+    where
+        I: IntoIterator,
+        I::Item: Serialize,
+        I::IntoIter: Send + 'static,
+    {
+        StreamedReply {
+            id,
+            field,
+            // Through `Value`, like `Response::ok`, so an item's keys come out in the same (sorted)
+            // order as in the `watch` reply and the line is byte for byte what `Response::ok` makes.
+            #[expect(
+                clippy::redundant_closure,
+                reason = "the function item would name `I::Item` and require it to be 'static"
+            )]
+            items: Box::new(items.into_iter().map(|item| serde_json::to_value(item))),
+            written: None,
+            done: false,
+        }
+    }
+
+    /// The id of the request this answers.
+    pub fn id(&self) -> Option<&RequestId> {
+        self.id.as_ref()
+    }
+
+    /// Appends the next piece of the line to `out`: first the head, then one item (with its comma),
+    /// then the tail. Returns `Ok(false)`, appending nothing, once the line is complete; the line
+    /// never contains a newline and the caller adds the final one. After an error the reply is
+    /// finished and the line must be abandoned.
+    pub fn write_next(&mut self, out: &mut Vec<u8>) -> Result<bool, StreamError> {
+        if self.done {
+            return Ok(false);
+        }
+        let written = self.written.unwrap_or(0);
+        let fail = |source| StreamError {
+            field: self.field,
+            written,
+            source,
+        };
+        let step = match self.written {
+            None => self.write_head(out),
+            Some(_) => match self.items.next() {
+                Some(Ok(item)) => {
+                    if written > 0 {
+                        out.push(b',');
+                    }
+                    serde_json::to_writer(&mut *out, &item)
+                }
+                Some(Err(source)) => Err(source),
+                None => {
+                    out.extend_from_slice(b"]}");
+                    self.done = true;
+                    return Ok(true);
+                }
+            },
+        };
+        match step {
+            Ok(()) => {
+                self.written = Some(self.written.map_or(0, |n| n + 1));
+                Ok(true)
+            }
+            Err(source) => {
+                self.done = true;
+                Err(fail(source))
+            }
+        }
+    }
+
+    /// `{"id":..,"ok":true,"<field>":[`, the envelope in the order `Response::to_line` writes it.
+    fn write_head(&self, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+        out.push(b'{');
+        if let Some(id) = &self.id {
+            out.extend_from_slice(b"\"id\":");
+            serde_json::to_writer(&mut *out, id)?;
+            out.push(b',');
+        }
+        out.extend_from_slice(b"\"ok\":true,");
+        serde_json::to_writer(&mut *out, self.field)?;
+        out.extend_from_slice(b":[");
+        Ok(())
+    }
+}
+
+/// The `list` response, `{"ok":true,"units":[...]}`, produced lazily from `units` as the client
+/// reads it; hand it to [`super::server::ControlServer::send_streamed`]. The items are the caller's
+/// snapshot: they are kept until the line is sent.
+pub fn list_reply<I>(id: Option<RequestId>, units: I) -> StreamedReply
+where
+    I: IntoIterator,
+    I::Item: Serialize,
+    I::IntoIter: Send + 'static,
+{
+    StreamedReply::array(id, "units", units)
 }
 
 #[cfg(test)]
@@ -898,6 +1057,98 @@ mod tests {
         let line = event_line(&json!({"unit": "x.service", "state": "gone\n"})).expect("object");
         assert_eq!(line, r#"{"event":{"state":"gone\n","unit":"x.service"}}"#);
         assert!(event_line(&"text").is_err());
+    }
+
+    /// Drains a streamed reply, returning its line and how many pieces it took.
+    fn stream_all(mut reply: StreamedReply) -> (String, usize) {
+        let mut out = Vec::new();
+        let mut pieces = 0;
+        while reply.write_next(&mut out).expect("items serialize") {
+            pieces += 1;
+        }
+        (String::from_utf8(out).expect("JSON is UTF-8"), pieces)
+    }
+
+    #[test]
+    fn streamed_list_is_the_line_response_ok_would_build() {
+        #[derive(Clone, Serialize)]
+        struct View {
+            unit: String,
+            phase: &'static str,
+            populated: Option<bool>,
+        }
+        let view = |n: usize| View {
+            unit: format!("u{n}\n.service"),
+            phase: "watching",
+            populated: None,
+        };
+        let ids = [
+            None,
+            number_id(7),
+            Some(RequestId::Number((-5i64).into())),
+            Some(RequestId::Text("a\"b\nc".to_owned())),
+        ];
+        for id in ids {
+            for count in [0, 1, 2, 50] {
+                let views: Vec<View> = (0..count).map(view).collect();
+                let eager = Response::ok(id.clone(), json!({ "units": views.clone() })).to_line();
+                let (line, pieces) = stream_all(list_reply(id.clone(), views));
+                assert_eq!(line, eager, "{id:?} {count}");
+                // The head, one piece per item, the tail.
+                assert_eq!(pieces, count + 2);
+            }
+        }
+    }
+
+    #[test]
+    fn streamed_items_are_serialized_only_when_asked_for() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let pulled = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&pulled);
+        let items = (0..1_000_000u64).inspect(move |_| {
+            counter.fetch_add(1, Ordering::Relaxed);
+        });
+        let mut reply = list_reply(number_id(1), items);
+        assert_eq!(
+            pulled.load(Ordering::Relaxed),
+            0,
+            "nothing before the first piece"
+        );
+        let mut out = Vec::new();
+        assert!(reply.write_next(&mut out).expect("head"));
+        assert_eq!(out, br#"{"id":1,"ok":true,"units":["#);
+        assert_eq!(pulled.load(Ordering::Relaxed), 0, "the head pulls no item");
+        for expected in 1..=3 {
+            assert!(reply.write_next(&mut out).expect("item"));
+            assert_eq!(pulled.load(Ordering::Relaxed), expected);
+        }
+        assert_eq!(out, br#"{"id":1,"ok":true,"units":[0,1,2"#);
+    }
+
+    #[test]
+    fn a_failing_item_ends_the_reply_with_an_error() {
+        struct Item(bool);
+        impl Serialize for Item {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                if self.0 {
+                    serializer.serialize_u8(1)
+                } else {
+                    Err(serde::ser::Error::custom("broken item"))
+                }
+            }
+        }
+        let mut reply = list_reply(None, vec![Item(true), Item(false), Item(true)]);
+        let mut out = Vec::new();
+        assert!(reply.write_next(&mut out).expect("head"));
+        assert!(reply.write_next(&mut out).expect("first item"));
+        let err = reply.write_next(&mut out).expect_err("second item fails");
+        assert_eq!((err.field, err.written), ("units", 1));
+        assert!(err.to_string().contains("broken item"), "{err}");
+        assert_eq!(out, br#"{"ok":true,"units":[1"#);
+        // Finished: nothing more, ever.
+        assert!(!reply.write_next(&mut out).expect("done"));
+        assert_eq!(out, br#"{"ok":true,"units":[1"#);
     }
 
     proptest::proptest! {

@@ -1,10 +1,12 @@
 //! The control socket's server side, living in the agent's single-threaded, edge-triggered mio loop.
 //!
 //! It accepts clients, splits their input into lines, answers malformed lines itself and hands valid
-//! requests to the agent as [`ServerEvent`]s; the agent answers with [`ControlServer::send`]. It admits
-//! only peers whose kernel-reported credentials (`SO_PEERCRED`) the options allow. It never blocks, never buffers more than its limits per client (an overlong line is discarded, a client whose
-//! unsent output grows past the limit is dropped), never panics on input, and never deletes a file it
-//! did not create.
+//! requests to the agent as [`ServerEvent`]s; the agent answers with [`ControlServer::send`], or with
+//! [`ControlServer::send_streamed`] for a reply too large to build at once (`list`), which is produced
+//! as the client reads it. It admits only peers whose kernel-reported credentials (`SO_PEERCRED`) the
+//! options allow. It never blocks, never buffers more than its limits per client (an overlong line is
+//! discarded, a client whose unsent output grows past the limit is dropped), never panics on input,
+//! and never deletes a file it did not create.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -24,7 +26,7 @@ use nix::sys::socket::{MsgFlags, getsockopt, send, sockopt};
 use nix::unistd::geteuid;
 
 use super::ControlError;
-use super::protocol::{ErrorKind, Request, RequestError, Response, parse_request};
+use super::protocol::{ErrorKind, Request, RequestError, Response, StreamedReply, parse_request};
 
 /// The longest path a Unix socket address holds (`sun_path` is 108 bytes including the NUL).
 const SOCKET_PATH_MAX: usize = 107;
@@ -38,6 +40,15 @@ const READ_CHUNK: usize = 16 * 1024;
 
 /// Output buffers larger than this are released once drained, so a past burst does not pin memory.
 const OUTPUT_KEEP_CAPACITY: usize = 64 * 1024;
+
+/// Bytes written to one client per call before yielding to other work, so a fast reader of a large
+/// streamed reply cannot hold the loop for the whole reply.
+const WRITE_BUDGET: usize = 256 * 1024;
+
+/// Streamed replies one client may have unfinished at once (the one being sent and the ones waiting
+/// behind it). Each holds the agent's snapshot (all units) until sent, so a client that pipelines
+/// `list` without reading must not pin one snapshot per request; a further one is answered `busy`.
+pub const MAX_STREAMS_PER_CLIENT: usize = 2;
 
 /// Limits and permissions of a [`ControlServer`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -224,7 +235,7 @@ impl ControlServer {
                     connection.read_available(registry, &mut self.read_buffer, &self.options, out);
             }
             if liveness == Liveness::Alive && event.is_writable() {
-                liveness = connection.flush(registry);
+                liveness = connection.pump(registry, self.options.max_queued);
             }
             // HUP: the peer closed both directions, so pending output can never be delivered. A
             // half-close (the peer only shut down writing) does not raise it and keeps the client.
@@ -260,6 +271,38 @@ impl ControlServer {
         }
     }
 
+    /// Queues a reply that is produced as `client` reads it, never held whole in memory: a piece is
+    /// produced only while less than half of `max_queued` is waiting for the socket, so the bytes
+    /// held for the client stay within `max_queued` plus one piece (one item). Lines sent to the client
+    /// afterwards wait behind the whole reply, never inside it, and still count toward `max_queued`.
+    /// If the client already has [`MAX_STREAMS_PER_CLIENT`] unfinished, `reply` is dropped and a
+    /// `busy` error with its id is queued instead. Returns false exactly as [`ControlServer::send`]
+    /// does; a client dropped later, mid-reply, is reported as `Closed` and its reply dropped.
+    ///
+    /// ```ignore
+    /// server.send_streamed(registry, client, protocol::list_reply(id, views));
+    /// ```
+    pub fn send_streamed(
+        &mut self,
+        registry: &Registry,
+        client: ClientId,
+        reply: StreamedReply,
+    ) -> bool {
+        let Some(&token) = self.client_tokens.get(&client) else {
+            return false;
+        };
+        let Some(connection) = self.clients.get_mut(&token) else {
+            return false;
+        };
+        match connection.queue_stream(registry, reply, self.options.max_queued) {
+            Liveness::Alive => true,
+            Liveness::Gone => {
+                self.drop_client(registry, token);
+                false
+            }
+        }
+    }
+
     /// Moves the `Closed` events of clients dropped by [`ControlServer::send`] into `out`.
     pub fn take_closed(&mut self, out: &mut Vec<ServerEvent>) {
         out.extend(
@@ -274,9 +317,28 @@ impl ControlServer {
         self.clients.len()
     }
 
-    /// The total unsent output bytes held for all clients.
+    /// The total unsent output bytes held for all clients (a streamed reply counts only the part
+    /// already produced).
     pub fn queued_bytes(&self) -> usize {
         self.clients.values().map(Connection::queued).sum()
+    }
+
+    /// The unsent output bytes held for `client`, or `None` if it is not connected.
+    pub fn client_queued_bytes(&self, client: ClientId) -> Option<usize> {
+        self.connection(client).map(Connection::queued)
+    }
+
+    /// The most unsent output bytes held for `client` at once so far (sampled whenever output is
+    /// queued or a piece of a streamed reply is produced), or `None` if it is not connected.
+    pub fn client_peak_queued_bytes(&self, client: ClientId) -> Option<usize> {
+        self.connection(client)
+            .map(|connection| connection.peak_queued)
+    }
+
+    fn connection(&self, client: ClientId) -> Option<&Connection> {
+        self.client_tokens
+            .get(&client)
+            .and_then(|token| self.clients.get(token))
     }
 
     /// The socket path.
@@ -363,6 +425,10 @@ impl ControlServer {
                 lines: LineSplitter::new(self.options.max_line),
                 output: Vec::new(),
                 sent: 0,
+                backlog: VecDeque::new(),
+                backlog_lines: 0,
+                streams: 0,
+                peak_queued: 0,
                 writable_interest: false,
                 read_closed: false,
             },
@@ -580,15 +646,48 @@ struct Connection {
     /// Output bytes; `output[sent..]` is still to be written.
     output: Vec<u8>,
     sent: usize,
+    /// Output waiting behind a streamed reply, in order; empty unless a streamed reply is unfinished
+    /// (the front one is the one being produced into `output`).
+    backlog: VecDeque<Deferred>,
+    /// Bytes of the `Deferred::Lines` in `backlog`.
+    backlog_lines: usize,
+    /// `Deferred::Stream`s in `backlog`.
+    streams: usize,
+    /// The most `queued()` bytes seen at once.
+    peak_queued: usize,
     /// Whether WRITABLE is part of the registered interest (only while output is pending).
     writable_interest: bool,
     /// The peer shut down its writing side; responses are still delivered.
     read_closed: bool,
 }
 
+/// Output queued behind a streamed reply.
+enum Deferred {
+    /// A reply still to be produced.
+    Stream(StreamedReply),
+    /// Whole lines with their newlines.
+    Lines(Vec<u8>),
+}
+
+/// Why a write pass stopped.
+enum Written {
+    /// All of `output` is sent.
+    All,
+    /// The socket takes no more now; its writable readiness will say when it does.
+    SocketFull,
+    /// The write budget is spent while the socket may still take more.
+    BudgetSpent,
+    /// The peer is gone or the write failed.
+    Failed,
+}
+
 impl Connection {
     fn queued(&self) -> usize {
-        self.output.len() - self.sent
+        self.output.len() - self.sent + self.backlog_lines
+    }
+
+    fn note_peak(&mut self) {
+        self.peak_queued = self.peak_queued.max(self.queued());
     }
 
     /// Reads until the socket is drained (or the read budget is spent), turning lines into `Request`
@@ -645,13 +744,28 @@ impl Connection {
         Liveness::Alive
     }
 
-    /// Appends `line` and a newline to the output, writes what the socket takes, and gives up on the
-    /// client if the rest exceeds `max_queued`.
+    /// Appends `line` and a newline to the output (behind any unfinished streamed reply), writes what
+    /// the socket takes, and gives up on the client if the rest exceeds `max_queued`.
     fn queue(&mut self, registry: &Registry, line: &str, max_queued: usize) -> Liveness {
-        self.output.extend_from_slice(line.as_bytes());
-        self.output.push(b'\n');
-        if self.flush(registry) == Liveness::Gone {
-            return Liveness::Gone;
+        if self.backlog.is_empty() {
+            self.output.extend_from_slice(line.as_bytes());
+            self.output.push(b'\n');
+            if self.pump(registry, max_queued) == Liveness::Gone {
+                return Liveness::Gone;
+            }
+        } else {
+            // A line must never land inside the streamed line, so it waits behind it; the socket
+            // state is unchanged, so there is nothing to write now.
+            if let Some(Deferred::Lines(bytes)) = self.backlog.back_mut() {
+                bytes.extend_from_slice(line.as_bytes());
+                bytes.push(b'\n');
+            } else {
+                let mut bytes = Vec::with_capacity(line.len() + 1);
+                bytes.extend_from_slice(line.as_bytes());
+                bytes.push(b'\n');
+                self.backlog.push_back(Deferred::Lines(bytes));
+            }
+            self.backlog_lines += line.len() + 1;
         }
         if self.queued() > max_queued {
             log::warn!(
@@ -661,33 +775,102 @@ impl Connection {
             );
             return Liveness::Gone;
         }
+        self.note_peak();
         Liveness::Alive
     }
 
-    /// Writes pending output until done or the socket is full, and keeps WRITABLE interest only while
-    /// output remains.
-    fn flush(&mut self, registry: &Registry) -> Liveness {
-        while self.sent < self.output.len() {
-            // MSG_NOSIGNAL: a vanished peer must be an EPIPE error, not a SIGPIPE killing the agent.
-            match send(
-                self.stream.as_raw_fd(),
-                &self.output[self.sent..],
-                MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(0) => return Liveness::Gone,
-                Ok(written) => self.sent += written,
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => break,
-                Err(errno) => {
-                    log::debug!("control {} write failed: {errno}", self.id);
-                    return Liveness::Gone;
+    /// Queues a streamed reply behind everything already queued and starts sending it, or answers
+    /// `busy` if the client has too many unfinished.
+    fn queue_stream(
+        &mut self,
+        registry: &Registry,
+        reply: StreamedReply,
+        max_queued: usize,
+    ) -> Liveness {
+        if self.streams >= MAX_STREAMS_PER_CLIENT {
+            log::warn!(
+                "control {} refused a streamed reply: {MAX_STREAMS_PER_CLIENT} already unfinished",
+                self.id
+            );
+            let line = Response::error(
+                reply.id().cloned(),
+                ErrorKind::Busy,
+                format!(
+                    "{MAX_STREAMS_PER_CLIENT} large replies are already being sent on this \
+                     connection; read them before asking again"
+                ),
+            )
+            .to_line();
+            drop(reply);
+            return self.queue(registry, &line, max_queued);
+        }
+        self.backlog.push_back(Deferred::Stream(reply));
+        self.streams += 1;
+        self.pump(registry, max_queued)
+    }
+
+    /// Whether the front streamed reply may produce another piece. Below half of `max_queued`
+    /// waiting, so the next pieces are ready before the socket drains; lines waiting behind the reply
+    /// count too, except that an empty output always takes a piece, so waiting lines can never stall
+    /// the reply they wait for. Either way at most `max_queued` plus one piece is held.
+    fn wants_piece(&self, max_queued: usize) -> bool {
+        let ready = self.output.len() - self.sent;
+        ready == 0 || (ready < max_queued / 2 && ready + self.backlog_lines < max_queued)
+    }
+
+    /// Moves backlog into `output` as far as [`Connection::wants_piece`] allows.
+    fn refill(&mut self, max_queued: usize) -> Liveness {
+        loop {
+            let wants_piece = self.wants_piece(max_queued);
+            match self.backlog.front_mut() {
+                None => return Liveness::Alive,
+                // Already counted toward the limit, so moving them costs nothing.
+                Some(Deferred::Lines(bytes)) => {
+                    self.backlog_lines -= bytes.len();
+                    self.output.extend_from_slice(bytes);
+                    self.backlog.pop_front();
                 }
+                Some(Deferred::Stream(_)) if !wants_piece => return Liveness::Alive,
+                Some(Deferred::Stream(reply)) => match reply.write_next(&mut self.output) {
+                    Ok(true) => self.note_peak(),
+                    Ok(false) => {
+                        self.output.push(b'\n');
+                        self.backlog.pop_front();
+                        self.streams -= 1;
+                    }
+                    Err(e) => {
+                        // The head is out, so no error response can follow: the truncated line
+                        // tells the client, where a shortened list would mislead it.
+                        log::error!("control {} dropped: {e}", self.id);
+                        return Liveness::Gone;
+                    }
+                },
             }
         }
+    }
+
+    /// Writes pending output, producing more of a streamed reply as it drains, until done, the socket
+    /// is full or the write budget is spent; keeps WRITABLE interest only while output remains.
+    fn pump(&mut self, registry: &Registry, max_queued: usize) -> Liveness {
+        let mut budget = WRITE_BUDGET;
+        let stop = loop {
+            if self.refill(max_queued) == Liveness::Gone {
+                return Liveness::Gone;
+            }
+            if self.sent == self.output.len() {
+                // refill leaves output empty only when the backlog is empty too.
+                break Written::All;
+            }
+            match self.write_output(&mut budget) {
+                Written::All => {}
+                Written::Failed => return Liveness::Gone,
+                stop @ (Written::SocketFull | Written::BudgetSpent) => break stop,
+            }
+        };
         if self.sent == self.output.len() {
             self.output.clear();
             self.sent = 0;
-            if self.output.capacity() > OUTPUT_KEEP_CAPACITY {
+            if self.output.capacity() > OUTPUT_KEEP_CAPACITY && self.backlog.is_empty() {
                 self.output = Vec::new();
             }
         } else if self.sent > self.output.len() / 2 {
@@ -695,12 +878,47 @@ impl Connection {
             self.output.drain(..self.sent);
             self.sent = 0;
         }
-        let want_writable = self.sent < self.output.len();
+        let want_writable = self.sent < self.output.len() || !self.backlog.is_empty();
+        if matches!(stop, Written::BudgetSpent) {
+            // Edge-triggered: the socket may still be writable, which no new edge would report;
+            // re-arming makes epoll report it on the next poll, after other clients had their turn.
+            self.writable_interest = true;
+            return self.reregister(registry);
+        }
         if want_writable == self.writable_interest {
             return Liveness::Alive;
         }
         self.writable_interest = want_writable;
         self.reregister(registry)
+    }
+
+    /// Sends `output[sent..]` until all is sent, the socket is full or `budget` is spent.
+    fn write_output(&mut self, budget: &mut usize) -> Written {
+        while self.sent < self.output.len() {
+            if *budget == 0 {
+                return Written::BudgetSpent;
+            }
+            let end = self.output.len().min(self.sent + *budget);
+            // MSG_NOSIGNAL: a vanished peer must be an EPIPE error, not a SIGPIPE killing the agent.
+            match send(
+                self.stream.as_raw_fd(),
+                &self.output[self.sent..end],
+                MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
+            ) {
+                Ok(0) => return Written::Failed,
+                Ok(written) => {
+                    self.sent += written;
+                    *budget = budget.saturating_sub(written);
+                }
+                Err(Errno::EINTR) => {}
+                Err(Errno::EAGAIN) => return Written::SocketFull,
+                Err(errno) => {
+                    log::debug!("control {} write failed: {errno}", self.id);
+                    return Written::Failed;
+                }
+            }
+        }
+        Written::All
     }
 
     fn reregister(&mut self, registry: &Registry) -> Liveness {

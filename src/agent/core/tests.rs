@@ -603,7 +603,11 @@ fn leftovers_seen_before_a_restart_still_block_a_replaced_after_stop_proof() {
         .insert("/app.slice/k.service".into(), CgroupReading::Populated);
     s.input(Input::BusUp);
     s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/k.service")));
-    assert_eq!(s.phase("k.service"), Phase::Stopping, "not proven beside the leftover");
+    assert_eq!(
+        s.phase("k.service"),
+        Phase::Stopping,
+        "not proven beside the leftover"
+    );
     s.cgroups
         .insert("/app.slice/k.service".into(), CgroupReading::Empty);
     s.input(Input::CgroupChanged { key: UnitKey(0) });
