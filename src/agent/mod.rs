@@ -10,6 +10,8 @@ mod bus;
 pub mod event;
 pub mod facts;
 mod persist;
+#[cfg(test)]
+mod sim;
 pub mod state;
 pub mod waiters;
 
