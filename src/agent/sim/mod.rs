@@ -2,6 +2,7 @@
 
 mod bus;
 mod kernel;
+mod oracle;
 mod rng;
 mod service;
 mod world;

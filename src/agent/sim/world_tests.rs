@@ -292,3 +292,47 @@ fn a_delegated_child_keeps_the_unit_cgroup_populated() {
         "/app.slice/x.service/payload"
     );
 }
+
+/// The model's own soundness, over random runs: the oracle's "over" must be final (nothing
+/// starts under an invocation once it is over), and signals on one connection carry growing
+/// serials.
+#[test]
+fn over_is_final_and_serials_grow_in_random_runs() {
+    for seed in 0..300 {
+        let mut w = World::new(seed);
+        w.bus.connect();
+        let mut over: std::collections::BTreeSet<u128> = Default::default();
+        let mut last_serial = 0;
+        for step in 0..300 {
+            let chaos = step < 200;
+            if w.random_step(chaos).is_none() && !chaos {
+                w.settle(true);
+            }
+            if w.bus.agent.is_none() || w.rng.percent(10) {
+                w.bus.disconnect_agent();
+                w.bus.connect();
+                last_serial = 0;
+            }
+            for m in w.bus.signals.drain(..) {
+                if let Msg::Signal(serial, _) = m {
+                    assert!(serial > last_serial, "seed {seed}: serials grow");
+                    last_serial = serial;
+                }
+            }
+            w.bus.replies.clear();
+            for (&inv, _) in w.history.iter() {
+                if over.contains(&inv) {
+                    assert!(w.over(inv), "seed {seed} step {step}: {inv:x} came back");
+                } else if w.over(inv) {
+                    over.insert(inv);
+                }
+            }
+            for p in w.kernel.procs.values() {
+                assert!(
+                    w.kernel.exists(&p.cgroup),
+                    "seed {seed}: a process in no cgroup"
+                );
+            }
+        }
+    }
+}
