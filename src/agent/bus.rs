@@ -1,10 +1,9 @@
-//! The agent's bus connection over its life: forwarding signals, losing the connection,
-//! reconnecting with backoff, and the slow safety-net relist.
+//! The agent's bus connection over its life: forwarding signals, losing the connection and
+//! reconnecting with backoff.
 //!
 //! A lost connection (dbus-daemon restarted) or a new owner of `org.freedesktop.systemd1`
-//! (systemd re-executed) makes every fact the agent holds stale: each unit's state becomes
-//! unknown, which blocks every proof that needs it, until the unit has been read again on the
-//! new connection. Nothing is guessed meanwhile.
+//! (systemd re-executed) is [`Input::BusLost`] to the core, which then holds every unit's
+//! state unknown until it has been read again on the new connection ([`Input::BusUp`]).
 
 use std::pin::Pin;
 use std::time::{Duration, Instant};
@@ -13,8 +12,8 @@ use zbus::export::futures_core::Stream;
 use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message, MessageStream};
 
-use super::{Agent, Completion, Completions, UnitKey, push};
-use crate::proof::Input;
+use super::core::Input;
+use super::{Agent, Completion, Completions, push};
 use crate::systemd::ConnectError;
 use crate::systemd::manager::Subscription;
 
@@ -33,7 +32,7 @@ impl Agent {
                 stream,
                 self.completions.clone(),
                 epoch,
-                Completion::Signal,
+                move |message| Completion::Signal { epoch, message },
             );
         }
         forward(
@@ -56,13 +55,7 @@ impl Agent {
         self.systemd = subscription.systemd;
         self.conn = Some(conn);
         self.reconnect = None;
-        let keys: Vec<UnitKey> = self.units.keys().copied().collect();
-        for key in keys {
-            self.read_unit(key);
-        }
-        for (key, unit, kind) in std::mem::take(&mut self.deferred_stops) {
-            self.stop_unit(key, unit, kind);
-        }
+        self.input(Input::BusUp);
     }
 
     /// The connection is gone, or systemd behind it is: forget every fact that came through
@@ -72,19 +65,8 @@ impl Agent {
             return;
         }
         self.bus_epoch += 1;
-        log::error!("{why}: every unit's state is unknown until it is read again");
-        let keys: Vec<UnitKey> = self.units.keys().copied().collect();
-        for key in keys {
-            if let Some(watch) = self.units.get_mut(&key) {
-                // Serial numbers belong to one connection; the next one starts afresh.
-                watch.facts.clear();
-                watch.read_in_flight = false;
-                watch.read_again = false;
-            }
-            self.feed(key, Input::StateUnknown);
-        }
-        self.read_queue.clear();
-        self.reads_in_flight = 0;
+        log::error!("{why}");
+        self.input(Input::BusLost);
         self.reconnect = Some((Instant::now(), RECONNECT_FIRST));
     }
 
@@ -112,7 +94,7 @@ impl Agent {
         }
     }
 
-    /// Fires the reconnect and relist timers.
+    /// Fires the reconnect timer.
     pub(super) fn bus_timers(&mut self, now: Instant) {
         if let Some((at, backoff)) = self.reconnect
             && at <= now
@@ -132,24 +114,6 @@ impl Agent {
                     push(&queue, Completion::Connected { epoch, result });
                 })
                 .detach();
-        }
-        if let (Some(at), Some(every)) = (self.next_resync, self.config.resync_interval)
-            && at <= now
-        {
-            self.next_resync = Some(now + every);
-            self.resync();
-        }
-    }
-
-    /// The safety net: read every unit's state and cgroup again. Proofs normally come from
-    /// events; this exists for whatever an event could have missed.
-    fn resync(&mut self) {
-        log::debug!("safety-net relist of {} units", self.units.len());
-        let keys: Vec<UnitKey> = self.units.keys().copied().collect();
-        for key in keys {
-            self.read_unit(key);
-            let reading = self.cgroups.read(key);
-            self.feed(key, Input::Cgroup(reading));
         }
     }
 }

@@ -26,8 +26,12 @@ use serde::{Deserialize, Serialize};
 use crate::atomic_file;
 use crate::unit_name;
 
-/// The version of the file's format this agent writes and reads.
-pub const STATE_VERSION: u32 = 1;
+/// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
+/// `control_group` and `stop_unsent`.
+pub const STATE_VERSION: u32 = 2;
+
+/// The oldest version this agent still reads; the fields added since read as absent.
+const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// The state file's name in the state directory.
 const STATE_FILE_NAME: &str = "state.json";
@@ -71,6 +75,14 @@ pub struct WatchRecord {
     pub stop_succeeded: bool,
     /// Set once proven: the proof event as JSON, kept so `list` still shows it after a restart.
     pub proof: Option<serde_json::Value>,
+    /// The unit's cgroup as systemd last reported it, so a restarted agent can still read it
+    /// when systemd no longer reports one (the unit was unloaded meanwhile).
+    #[serde(default)]
+    pub control_group: Option<String>,
+    /// A requested stop that never reached systemd (the bus was down): it is sent after the
+    /// restart if the unit still runs our invocation.
+    #[serde(default)]
+    pub stop_unsent: bool,
 }
 
 /// Everything the agent keeps across a restart.
@@ -83,6 +95,10 @@ pub struct AgentState {
     pub watches: Vec<WatchRecord>,
     /// Every (unit, gen) ever watched: generation numbers are never reused, across restarts too.
     pub generations: Vec<(String, u64)>,
+    /// The boot the watches were saved in (`/proc/sys/kernel/random/boot_id`): after a reboot
+    /// every process of them is gone.
+    #[serde(default)]
+    pub boot_id: Option<String>,
 }
 
 impl Default for AgentState {
@@ -93,6 +109,7 @@ impl Default for AgentState {
             version: STATE_VERSION,
             watches: Vec::new(),
             generations: Vec::new(),
+            boot_id: None,
         }
     }
 }
@@ -394,20 +411,26 @@ fn open_dir(dir: &Path) -> nix::Result<OwnedFd> {
 fn parse(bytes: &[u8]) -> Result<AgentState, String> {
     let state: AgentState = serde_json::from_slice(bytes).map_err(|error| {
         match serde_json::from_slice::<VersionOnly>(bytes) {
-            Ok(VersionOnly { version }) if version != STATE_VERSION => unknown_version(version),
+            Ok(VersionOnly { version }) if !readable(version) => unknown_version(version),
             _ => error.to_string(),
         }
     })?;
-    if state.version != STATE_VERSION {
+    if !readable(state.version) {
         return Err(unknown_version(state.version));
     }
     check(&state)?;
     Ok(state)
 }
 
+fn readable(version: u32) -> bool {
+    (OLDEST_READABLE_VERSION..=STATE_VERSION).contains(&version)
+}
+
 /// The reason given for a file of another version.
 fn unknown_version(version: u32) -> String {
-    format!("unknown version {version}, this agent reads version {STATE_VERSION}")
+    format!(
+        "unknown version {version}, this agent reads versions {OLDEST_READABLE_VERSION} to {STATE_VERSION}"
+    )
 }
 
 /// Checks what the format's shape cannot: valid unit names, no generation 0, and no unit
@@ -448,6 +471,8 @@ mod tests {
             launch_file: None,
             stop_succeeded: false,
             proof: None,
+            control_group: None,
+            stop_unsent: false,
         }
     }
 
@@ -462,6 +487,8 @@ mod tests {
             launch_file: Some(PathBuf::from("/var/lib/app/launch-7")),
             stop_succeeded: true,
             proof: None,
+            control_group: Some("/app.slice/app@1.service".to_owned()),
+            stop_unsent: true,
         };
         let proven = WatchRecord {
             proof: Some(serde_json::json!({"type": "proven", "unit": "backup.service"})),
@@ -472,6 +499,7 @@ mod tests {
             // A proven watch and a fresh one of the same unit may coexist.
             watches: vec![full, proven, watch("backup.service")],
             generations: vec![("app@1.service".to_owned(), 7)],
+            boot_id: Some("3f1e0c5a-93c3-4cd0-9a4b-5e2b1d0c8a77".to_owned()),
         }
     }
 
@@ -557,8 +585,8 @@ mod tests {
             ("[1,2,3]".to_owned(), "invalid type"),
             (r#"{"version":1}"#.to_owned(), "missing field"),
             (
-                r#"{"version":2,"watches":[],"generations":[]}"#.to_owned(),
-                "unknown version 2",
+                r#"{"version":0,"watches":[],"generations":[]}"#.to_owned(),
+                "unknown version 0",
             ),
             (
                 r#"{"version":3,"watches":"new shape","extra":true}"#.to_owned(),
@@ -785,7 +813,7 @@ mod tests {
         let moved = StateError::Corrupt {
             path: PathBuf::from("/s/state.json"),
             moved_to: Some(PathBuf::from("/s/state.json.corrupt-5")),
-            reason: "unknown version 2, this agent reads version 1".to_owned(),
+            reason: "unknown version 3, this agent reads versions 1 to 2".to_owned(),
         };
         let stuck = StateError::Corrupt {
             path: PathBuf::from("/s/state.json"),
@@ -799,8 +827,8 @@ mod tests {
             ),
             (
                 moved,
-                "state file /s/state.json is corrupt (unknown version 2, this agent reads \
-                 version 1); moved it aside to /s/state.json.corrupt-5",
+                "state file /s/state.json is corrupt (unknown version 3, this agent reads \
+                 versions 1 to 2); moved it aside to /s/state.json.corrupt-5",
             ),
             (
                 stuck,

@@ -199,7 +199,7 @@ fn observe(
             let _ = cgroups.drain(&mut notices);
             for notice in &notices {
                 let keys: Vec<usize> = match notice {
-                    Notice::Changed(key) => vec![*key],
+                    Notice::Changed(key) | Notice::Lost(key) => vec![*key],
                     Notice::Overflow => (0..units.len()).collect(),
                 };
                 for key in keys {

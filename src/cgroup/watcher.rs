@@ -41,7 +41,11 @@ const EVENT_BUFFER_BYTES: usize = 4096;
 pub enum Notice<K> {
     /// Something about this unit's cgroup may have changed: read it again.
     Changed(K),
-    /// The kernel dropped events (`IN_Q_OVERFLOW`): read every unit again.
+    /// The kernel dropped a watch this unit used (`IN_IGNORED`): rebuild its watches, then
+    /// read it again.
+    Lost(K),
+    /// The kernel dropped events (`IN_Q_OVERFLOW`): rebuild every watch and read every unit
+    /// again.
     Overflow,
 }
 
@@ -158,12 +162,22 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         }
     }
 
-    /// Reads the unit's `cgroup.events` now. An unknown key, or a cgroup that does not exist, is
-    /// [`CgroupReading::Gone`].
+    /// Reads the unit's `cgroup.events` now. A cgroup that does not exist is
+    /// [`CgroupReading::Gone`]; a key this watcher does not know is unreadable, never gone: not
+    /// knowing is no evidence.
     pub fn read(&self, key: K) -> CgroupReading {
         match self.units.get(&key) {
             Some(unit) => read_events_file(&unit.events_path()),
-            None => CgroupReading::Gone,
+            None => CgroupReading::Unreadable(format!("no cgroup is watched for {key:?}")),
+        }
+    }
+
+    /// Reads the `cgroup.events` of `cgroup` (as systemd reports it) now, whether or not it
+    /// is watched. A cgroup that does not exist is [`CgroupReading::Gone`].
+    pub fn read_cgroup(&self, cgroup: &str) -> CgroupReading {
+        match locate(&self.root, cgroup) {
+            Ok((parent, name)) => read_events_file(&parent.join(name).join(EVENTS_FILE)),
+            Err(error) => CgroupReading::Unreadable(error.to_string()),
         }
     }
 
@@ -399,7 +413,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
                     unit.parent_wd = None;
                 }
             }
-            out.push(Notice::Changed(key));
+            out.push(Notice::Lost(key));
         }
     }
 }
@@ -834,7 +848,11 @@ mod tests {
                 other => panic!("cgroup {cgroup:?} gave {other:?}"),
             }
             assert_eq!(watcher.watch_count(), 0);
-            assert_eq!(watcher.read(1), CgroupReading::Gone);
+            assert!(matches!(watcher.read(1), CgroupReading::Unreadable(_)));
+            assert!(matches!(
+                watcher.read_cgroup(cgroup),
+                CgroupReading::Unreadable(why) if why.contains(expected)
+            ));
         }
         // Dots inside a name are no traversal.
         watcher
@@ -877,6 +895,11 @@ mod tests {
         for (key, (cgroup, expected)) in (0u32..).zip(cases) {
             watcher.watch(key, cgroup).expect("watch");
             let reading = watcher.read(key);
+            assert_eq!(
+                reading,
+                watcher.read_cgroup(cgroup),
+                "by key and by path alike"
+            );
             match expected {
                 Some(expected) => assert_eq!(&reading, expected, "cgroup {cgroup}"),
                 None => {
@@ -889,7 +912,11 @@ mod tests {
                 }
             }
         }
-        assert_eq!(watcher.read(999), CgroupReading::Gone, "unknown key");
+        // Not knowing is no evidence: an unknown key is unreadable, never gone.
+        assert!(
+            matches!(watcher.read(999), CgroupReading::Unreadable(_)),
+            "unknown key"
+        );
         for key in 0..cases.len() as u32 {
             watcher.unwatch(key);
         }
@@ -944,7 +971,7 @@ mod tests {
         }
         assert_eq!(
             out,
-            [Notice::Changed(1)],
+            [Notice::Lost(1)],
             "a repeated or unknown wd changes nothing"
         );
         assert_eq!(wds(&watcher, 1), (Some(parent_wd), None));
@@ -958,7 +985,7 @@ mod tests {
         };
         watcher.dispatch(ignored, &mut out).expect("dispatch");
         out.sort_by_key(|notice| format!("{notice:?}"));
-        assert_eq!(out, [Notice::Changed(1), Notice::Changed(2)]);
+        assert_eq!(out, [Notice::Lost(1), Notice::Lost(2)]);
         assert_eq!(wds(&watcher, 1), (None, None));
         assert_eq!(
             watcher.watch_count(),

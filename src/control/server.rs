@@ -83,6 +83,14 @@ impl Default for ServerOptions {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ClientId(u64);
 
+impl ClientId {
+    /// A client of a simulated or scripted run of the agent's core.
+    #[cfg(test)]
+    pub(crate) fn for_test(n: u64) -> ClientId {
+        ClientId(n)
+    }
+}
+
 impl fmt::Display for ClientId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "client {}", self.0)

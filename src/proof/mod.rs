@@ -77,6 +77,9 @@ pub enum Input {
     Cgroup(CgroupReading),
     /// The owner asks for the unit to be stopped (the seed's `Stop`).
     StopRequested,
+    /// The machine rebooted since the invocation was watched: every process of it died with
+    /// the machine, whatever systemd says of the unit now.
+    Rebooted,
 }
 
 /// Why the machine asks for a StopUnit.
@@ -107,6 +110,8 @@ pub enum Cause {
     ReplacedAfterStop,
     /// Another invocation was started outside us; we stopped it and its cgroup emptied.
     RestartedOutside,
+    /// The machine rebooted since the watch began.
+    Rebooted,
 }
 
 /// The proof that every process of our invocation is gone.
@@ -142,6 +147,8 @@ pub enum Output {
 /// The message of a proof whose invocation ended on its own, until exit records word it.
 pub const EXITED_NO_RECORD: &str = "instance exited (status unknown: no exit record)";
 const REPLACED_AFTER_STOP: &str = "instance exited (status unknown: replaced after stop)";
+const REBOOTED: &str =
+    "instance exited (status unknown: the machine rebooted since it was watched)";
 const RESTARTED_OUTSIDE: &str = "instance exited (status unknown: restarted outside the activator)";
 
 /// A once-per-interval gate for a repeated log line.
@@ -280,6 +287,7 @@ impl UnitProof {
                 self.retry.reset();
             }
             Input::Cgroup(reading) => self.on_reading(reading, now),
+            Input::Rebooted => self.prove(Cause::Rebooted, Level::Warn, REBOOTED.into()),
             Input::StopRequested => {
                 // Marked before the StopUnit goes out, as in the seed: from here on a new
                 // invocation is proof that ours is over, not a foreign one to stop.

@@ -16,6 +16,9 @@ pub enum ReleaseInput {
     StopFinished { succeeded: bool },
     /// The unit is proven gone.
     Proven,
+    /// The unit is proven gone because the machine rebooted: its launch file goes, but no
+    /// final StopUnit, which would reach whatever runs under the unit's name in this boot.
+    ProvenAfterReboot,
 }
 
 /// What the driver must do.
@@ -77,13 +80,16 @@ impl Release {
                     self.stop_succeeded |= succeeded;
                 }
             }
-            ReleaseInput::Proven => {
+            ReleaseInput::Proven | ReleaseInput::ProvenAfterReboot => {
                 if self.proven {
                     return;
                 }
                 self.proven = true;
                 if self.has_launch_file {
                     self.outputs.push(ReleaseOutput::RemoveLaunchFile);
+                }
+                if input == ReleaseInput::ProvenAfterReboot {
+                    self.final_stop_decided = true;
                 }
             }
         }
@@ -165,6 +171,12 @@ mod tests {
                 false,
                 &[StopIssued, StopIssued, Proven, failed, failed],
                 &[(4, FinalStop)],
+            ),
+            (
+                "after a reboot: the launch file, and no final stop",
+                true,
+                &[ProvenAfterReboot, Proven],
+                &[(0, RemoveLaunchFile)],
             ),
             (
                 "exactly once: a second proof and the final stop's own reply change nothing",

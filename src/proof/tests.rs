@@ -457,7 +457,7 @@ proptest! {
                         Input::Cgroup(r) => last_reading = Some(r.clone()),
                         Input::State(s) => last_state = Some(s.clone()),
                         Input::StateUnknown => last_state = None,
-                        Input::StopRequested => {}
+                        Input::StopRequested | Input::Rebooted => {}
                     }
                     proof.handle_input(input, now);
                 }

@@ -56,6 +56,10 @@ impl std::error::Error for ManagerError {
 pub struct UnitSnapshot {
     pub serial: u32,
     pub loaded: bool,
+    /// The unit's own name (its `Id`): for an alias, the name systemd signals it under.
+    pub id: String,
+    /// The unit's object path, which its PropertiesChanged signals carry.
+    pub path: String,
     pub active_state: String,
     pub sub_state: String,
     pub invocation: String,
@@ -206,6 +210,8 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
             return Ok(UnitSnapshot {
                 serial: reply.primary_header().serial_num().get(),
                 loaded: false,
+                id: unit.to_owned(),
+                path: crate::systemd::signal::unit_path(unit),
                 active_state: "inactive".into(),
                 sub_state: "dead".into(),
                 invocation: String::new(),
@@ -215,9 +221,16 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
         }
         Err(e) => return Err(ManagerError::new(what())(e)),
     };
-    let (all, serial) = get_all(conn, &path, UNIT_INTERFACE)
+    let (mut all, serial) = get_all(conn, &path, UNIT_INTERFACE)
         .await
         .map_err(ManagerError::new(what()))?;
+    // An alias answers with the real unit's path; its `Id` is the name signals carry.
+    let id = all
+        .remove("Id")
+        .map(String::try_from)
+        .transpose()
+        .map_err(ManagerError::new(what()))?
+        .unwrap_or_else(|| unit.to_owned());
     let change = unit_change(all, &[]).map_err(ManagerError::new(what()))?;
     let (control_group, exit) = match cgroup_interface(unit) {
         // One GetAll of a service carries its cgroup and its exit status.
@@ -245,6 +258,8 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
     Ok(UnitSnapshot {
         serial,
         loaded: true,
+        id,
+        path: path.to_string(),
         active_state: change.active_state.unwrap_or_default(),
         sub_state: change.sub_state.unwrap_or_default(),
         invocation: change.invocation.unwrap_or_default(),

@@ -9,6 +9,7 @@ mod support;
 
 mod agent;
 mod bench;
+mod dynamics;
 mod faults;
 mod records;
 mod sandbox_smoke;
@@ -27,6 +28,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("records", records::TESTS),
     ("bench", bench::TESTS),
     ("faults", faults::TESTS),
+    ("dynamics", dynamics::TESTS),
 ];
 
 /// Suites too slow for every run: reported as ignored unless asked for with `--ignored`.

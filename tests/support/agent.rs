@@ -163,6 +163,45 @@ impl Agent {
     pub fn entry(&self, unit: &str) -> Option<Value> {
         self.list().into_iter().find(|v| v["unit"] == unit)
     }
+
+    /// Runs the CLI, requires exit 0 and exactly one JSON line, and returns that line.
+    pub fn one(&self, args: &[&str]) -> Value {
+        let mut lines = self.cli_json(args, 0);
+        assert_eq!(lines.len(), 1, "exitproof {args:?}: {lines:?}");
+        lines.remove(0)
+    }
+
+    /// Returns once the agent has handled every signal systemd sent before this call: it has
+    /// the agent prove a unit that does not exist, which takes a call to systemd whose reply
+    /// comes after those signals on the agent's connection, then unwatches that unit.
+    pub fn barrier(&self) {
+        static BARRIERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = BARRIERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let unit = format!("exitproof-barrier-{}-{n}.service", std::process::id());
+        let event = self.one(&["wait", &unit, "--timeout", "60s"]);
+        assert_eq!(event["unit"], unit.as_str(), "{event}");
+        self.cli_json(&["unwatch", &unit], 0);
+    }
+
+    /// Watches `unit`'s `list` entry for `period` and panics, with the agent's log, if it is
+    /// ever proven or no longer listed. For "no proof while ...": it asserts nothing about speed.
+    pub fn assert_unproven_for(&self, unit: &str, period: Duration, why: &str) {
+        let deadline = Instant::now() + period;
+        loop {
+            let entry = self.entry(unit);
+            let Some(entry) = entry else {
+                panic!("{unit} is no longer watched ({why})");
+            };
+            assert_ne!(
+                entry["phase"], "proven",
+                "{unit} proven while {why}: {entry}"
+            );
+            if Instant::now() >= deadline {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 impl Drop for Agent {
@@ -184,6 +223,28 @@ impl Drop for Agent {
             );
         }
         let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// The agent stopped with SIGSTOP, as a busy agent would be; it continues (SIGCONT) on drop,
+/// also when the test panics.
+pub struct Paused {
+    pid: nix::unistd::Pid,
+}
+
+impl Agent {
+    /// Stops the agent with SIGSTOP until the returned guard is dropped: whatever systemd does
+    /// meanwhile reaches it afterwards, all at once and in order.
+    pub fn pause(&self) -> Paused {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("pause the agent");
+        Paused { pid }
+    }
+}
+
+impl Drop for Paused {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGCONT);
     }
 }
 

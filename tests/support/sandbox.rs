@@ -155,10 +155,35 @@ impl Sandbox {
 
     /// Writes a unit file the manager loads (in its runtime unit directory) and reloads it.
     pub fn install_unit(&self, name: &str, body: &str) {
-        let dir = self.host_path("/run/user/0/systemd/user");
-        std::fs::create_dir_all(&dir).expect("create the user unit directory");
+        let dir = self.unit_dir();
         std::fs::write(dir.join(name), body).expect("write the unit file");
         self.systemctl_ok(&["daemon-reload"]);
+    }
+
+    /// Makes `alias` an alias of the installed unit `target` (a symlink beside it in the
+    /// runtime unit directory, as `systemctl enable` makes for `Alias=`) and reloads.
+    pub fn install_alias(&self, alias: &str, target: &str) {
+        let dir = self.unit_dir();
+        std::os::unix::fs::symlink(target, dir.join(alias)).expect("link the alias");
+        self.systemctl_ok(&["daemon-reload"]);
+    }
+
+    /// The manager's runtime unit directory, as the host reaches it; created if missing.
+    fn unit_dir(&self) -> PathBuf {
+        let dir = self.host_path("/run/user/0/systemd/user");
+        std::fs::create_dir_all(&dir).expect("create the user unit directory");
+        dir
+    }
+
+    /// The pids in `control_group` itself (its `cgroup.procs`, not its descendants'), where
+    /// `control_group` is a cgroup path as the manager reports it; none if it is gone.
+    pub fn cgroup_pids(&self, control_group: &str) -> Vec<i32> {
+        let procs = self.host_cgroup_dir(control_group).join("cgroup.procs");
+        std::fs::read_to_string(procs)
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(|pid| pid.parse().expect("a pid in cgroup.procs"))
+            .collect()
     }
 
     /// Runs `systemctl --user ARGS` and panics with its stderr unless it succeeds.

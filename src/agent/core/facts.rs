@@ -97,13 +97,6 @@ impl UnitFacts {
         }
     }
 
-    /// Applies UnitRemoved: the unit is no longer loaded, so inactive with no invocation.
-    pub fn apply_unloaded(&mut self, serial: u32) {
-        self.active_state.offer(&"inactive".to_owned(), serial);
-        self.sub_state.offer(&"dead".to_owned(), serial);
-        self.invocation.offer(&String::new(), serial);
-    }
-
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
     pub fn clear(&mut self) {
         *self = UnitFacts::default();
@@ -148,6 +141,8 @@ mod tests {
         UnitSnapshot {
             serial,
             loaded: true,
+            id: "x.service".into(),
+            path: String::new(),
             active_state: active.into(),
             sub_state: "x".into(),
             invocation: invocation.into(),
@@ -211,18 +206,6 @@ mod tests {
             "older signal ignored"
         );
         assert!(facts.apply_snapshot(&snapshot(4, "active", "d")));
-    }
-
-    #[test]
-    fn unloaded_is_inactive_with_no_invocation() {
-        let mut facts = UnitFacts::default();
-        facts.apply_snapshot(&snapshot(1, "active", "a"));
-        facts.apply_unloaded(2);
-        let state = facts.state().unwrap();
-        assert_eq!(
-            (state.active_state.as_str(), state.invocation.as_str()),
-            ("inactive", "")
-        );
     }
 
     #[test]

@@ -87,12 +87,9 @@ impl<K: Copy + Eq + Hash, R> Waiters<K, R> {
         self.deadlines.first().map(|(at, _)| *at)
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.by_id.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_id.is_empty()
     }
 
     fn remove(&mut self, id: WaiterId) -> Option<(K, R)> {
@@ -133,7 +130,7 @@ mod tests {
         assert_eq!(proven, vec!["a", "b"]);
         assert_eq!(w.next_deadline(), Some(t0 + 2 * s));
         assert_eq!(w.take_where(|r| *r == "d"), vec!["d"]);
-        assert!(w.is_empty());
+        assert_eq!(w.len(), 0);
         assert!(w.by_key.is_empty(), "no index entry outlives its waiters");
         assert_eq!(w.next_deadline(), None);
     }

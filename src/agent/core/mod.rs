@@ -1,0 +1,678 @@
+//! The agent's rules as one pure state machine: the watch registry, the merge of systemd's
+//! signals and reads, reloads and bus losses, the request rules, retention, the release of a
+//! generation's files, and what must be saved. Each watched unit's decision is its own
+//! [`UnitProof`]; this layer decides what each proof is told and what its outputs become.
+//!
+//! It does no I/O and never reads the clock. Every input goes in with `now` through
+//! [`Core::handle_input`] and [`Core::handle_timeout`]; every action comes out of
+//! [`Core::poll_output`], and [`Core::poll_timeout`] says when the core next wants the time.
+//! After every input the driver drains `poll_output` until it returns `None`.
+//!
+//! Three outputs are *synchronous*: [`Output::WatchCgroup`], [`Output::ReadCgroup`] and
+//! [`Output::TakeExitRecord`]. The driver carries each out when it drains it and hands the
+//! result straight back ([`Input::CgroupWatched`], [`Input::CgroupRead`],
+//! [`Input::ExitRecord`]) before any other input, so a cgroup reading is never older than the
+//! state that asked for it.
+//!
+//! Driver contract for the bus: [`Input::BusUp`] after every (re)connection and subscription;
+//! [`Input::BusLost`] when the connection or systemd behind it goes away (a new owner of
+//! systemd's name); and never a read reply of a connection older than the last `BusUp`.
+
+mod event;
+mod facts;
+mod persist;
+mod proven;
+mod requests;
+mod systemd;
+#[cfg(test)]
+mod tests;
+mod waiters;
+mod watch;
+
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub use event::{ProofEvent, WatchView};
+use waiters::Waiters;
+use watch::Watch;
+
+use crate::cgroup::CgroupReading;
+use crate::control::protocol::{ErrorKind, Request, RequestId};
+use crate::control::server::ClientId;
+use crate::exit::record::ExitRecord;
+use crate::proof::{Input as ProofInput, StopReason};
+use crate::systemd::manager::UnitSnapshot;
+use crate::systemd::signal::SystemdSignal;
+
+pub use super::state::AgentState;
+
+/// Identifies a watch for its whole life; never reused, so a late answer for a unit that was
+/// unwatched and watched again cannot land on the new watch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UnitKey(u64);
+
+/// Why the core asks for a StopUnit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopKind {
+    /// The proof asked for it (a stop requested by a client, or a foreign invocation).
+    Proof(StopReason),
+    /// The final stop of a proven generation, so the control side removes its files.
+    FinalGeneration,
+}
+
+impl std::fmt::Display for StopKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StopKind::Proof(StopReason::Requested) => "requested",
+            StopKind::Proof(StopReason::Foreign) => "foreign invocation",
+            StopKind::FinalGeneration => "final stop of the generation",
+        })
+    }
+}
+
+/// A caller to answer once: its client and the id of its request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplyTo {
+    pub client: ClientId,
+    pub id: Option<RequestId>,
+}
+
+/// What a caller is answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Success with nothing to say (`unwatch`, `events`).
+    Done,
+    /// The watch as it stands (`watch`).
+    Watch(Box<WatchView>),
+    /// The proof (`wait`, `stop`).
+    Event(Box<ProofEvent>),
+    /// Every watch, sorted by unit (`list`).
+    Units(Vec<WatchView>),
+    Error(ErrorKind, String),
+}
+
+/// Everything that happens to the agent.
+#[derive(Clone, Debug)]
+pub enum Input {
+    Request {
+        client: ClientId,
+        request: Request,
+    },
+    ClientClosed {
+        client: ClientId,
+    },
+    /// A connection to the bus is up and subscribed to systemd's signals.
+    BusUp,
+    /// The connection, or systemd behind it, is gone: every fact of it is void.
+    BusLost,
+    /// A signal from systemd, with its message serial.
+    Signal {
+        serial: u32,
+        signal: SystemdSignal,
+    },
+    /// The answer to [`Output::ReadUnit`].
+    UnitRead {
+        key: UnitKey,
+        result: Result<UnitSnapshot, String>,
+    },
+    /// The answer to [`Output::StopUnit`].
+    StopDone {
+        key: UnitKey,
+        kind: StopKind,
+        succeeded: bool,
+    },
+    /// The synchronous answer to [`Output::WatchCgroup`].
+    CgroupWatched {
+        key: UnitKey,
+        result: Result<(), String>,
+    },
+    /// The synchronous answer to [`Output::ReadCgroup`].
+    CgroupRead {
+        key: UnitKey,
+        reading: CgroupReading,
+    },
+    /// inotify says the unit's cgroup may have changed: a hint to read it.
+    CgroupChanged {
+        key: UnitKey,
+    },
+    /// The kernel dropped a watch of the unit's cgroup (`IN_IGNORED`).
+    CgroupWatchLost {
+        key: UnitKey,
+    },
+    /// inotify dropped events (`IN_Q_OVERFLOW`): any cgroup may have changed unseen.
+    CgroupOverflow,
+    /// The synchronous answer to [`Output::TakeExitRecord`]: the record, if it could be read.
+    ExitRecord {
+        key: UnitKey,
+        record: Option<ExitRecord>,
+    },
+}
+
+/// Everything the driver must do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Output {
+    /// Read the unit's state and cgroup path (`GetUnit`, `GetAll`); answer with
+    /// [`Input::UnitRead`].
+    ReadUnit {
+        key: UnitKey,
+        unit: String,
+    },
+    /// Issue StopUnit; answer with [`Input::StopDone`].
+    StopUnit {
+        key: UnitKey,
+        unit: String,
+        kind: StopKind,
+    },
+    /// (Re)build the inotify watches of this cgroup for `key` (synchronous).
+    WatchCgroup {
+        key: UnitKey,
+        cgroup: String,
+    },
+    /// Drop the inotify watches of `key`.
+    UnwatchCgroup {
+        key: UnitKey,
+    },
+    /// Read `cgroup.events` of this cgroup now (synchronous).
+    ReadCgroup {
+        key: UnitKey,
+        cgroup: String,
+    },
+    /// Read the advisory exit record `name` beneath `run_dir` once, and remove it
+    /// (synchronous).
+    TakeExitRecord {
+        key: UnitKey,
+        run_dir: PathBuf,
+        name: String,
+    },
+    /// Remove a generation's launch file (never following a final symlink).
+    RemoveLaunchFile {
+        unit: String,
+        path: PathBuf,
+    },
+    /// Answer one caller.
+    Reply {
+        to: ReplyTo,
+        answer: Answer,
+    },
+    /// Send a proof event to every subscriber listed.
+    Broadcast {
+        clients: Vec<ClientId>,
+        event: Box<ProofEvent>,
+    },
+    Log {
+        level: log::Level,
+        line: String,
+    },
+    /// Write this state to the state file.
+    Save(Box<AgentState>),
+}
+
+/// How the core behaves.
+#[derive(Clone, Debug)]
+pub struct CoreConfig {
+    /// How many proven units stay listed at most; the oldest leave first.
+    pub retain_proven: usize,
+    /// How long a proven unit stays listed at most.
+    pub retain_for: Duration,
+    /// How often every unit is read again as a safety net (`None`: never).
+    pub resync_interval: Option<Duration>,
+    /// Unit reads in flight at once: a burst of watches is read a window at a time, which
+    /// bounds the replies held in memory.
+    pub max_reads_in_flight: usize,
+    /// This boot's id; a restored watch saved under another boot is proven at once.
+    pub boot_id: Option<String>,
+    /// An instant and the CLOCK_MONOTONIC nanoseconds at it, so proofs carry a timestamp
+    /// other processes can compare without the core reading the clock.
+    pub clock_anchor: (Instant, u64),
+}
+
+/// The least time between two saves of the state file: a save writes the whole set.
+pub const SAVE_INTERVAL: Duration = Duration::from_millis(100);
+/// The first wait before a unit whose read or cgroup watch failed is read again.
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+/// The longest wait between two such reads.
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The agent's rules.
+pub struct Core {
+    config: CoreConfig,
+    outputs: VecDeque<Output>,
+    units: HashMap<UnitKey, Watch>,
+    /// Watches by the name the client used.
+    by_name: HashMap<String, UnitKey>,
+    /// Watches by systemd's own name for the unit (differs from the client's for an alias).
+    by_id: Index,
+    /// Watches by the unit's object path, which PropertiesChanged carries.
+    by_path: Index,
+    /// Each unit's next timer (its proof's retry, or a read retry).
+    timers: BTreeSet<(Instant, UnitKey)>,
+    waiters: Waiters<UnitKey, ReplyTo>,
+    subscribers: BTreeSet<ClientId>,
+    proven_order: VecDeque<(Instant, UnitKey)>,
+    /// Every (unit, generation) ever watched: generation numbers are never reused.
+    generations: HashSet<(String, u64)>,
+    next_key: u64,
+    bus_up: bool,
+    /// Between `Reloading(true)` and `Reloading(false)`.
+    reloading: bool,
+    /// Bumped whenever facts seen before may be stale (reload, bus lost or back): a read
+    /// started in an older epoch does not make a unit's facts fresh.
+    fact_epoch: u64,
+    reads_in_flight: usize,
+    read_queue: VecDeque<UnitKey>,
+    next_resync: Option<Instant>,
+    dirty: bool,
+    last_save: Option<Instant>,
+    save_due: Option<Instant>,
+}
+
+/// Keys by a string, several per string (an alias and its unit may both be watched).
+#[derive(Debug, Default)]
+struct Index(HashMap<String, Vec<UnitKey>>);
+
+impl Index {
+    fn insert(&mut self, name: &str, key: UnitKey) {
+        let keys = self.0.entry(name.to_owned()).or_default();
+        if !keys.contains(&key) {
+            keys.push(key);
+        }
+    }
+
+    fn remove(&mut self, name: &str, key: UnitKey) {
+        if let Some(keys) = self.0.get_mut(name) {
+            keys.retain(|k| *k != key);
+            if keys.is_empty() {
+                self.0.remove(name);
+            }
+        }
+    }
+
+    fn get(&self, name: &str) -> Vec<UnitKey> {
+        self.0.get(name).cloned().unwrap_or_default()
+    }
+}
+
+impl Core {
+    /// A core taking up `restored`, the state of a previous run. Nothing is read until
+    /// [`Input::BusUp`].
+    pub fn new(config: CoreConfig, restored: AgentState, now: Instant) -> Core {
+        let next_resync = config.resync_interval.map(|every| now + every);
+        let mut core = Core {
+            config,
+            outputs: VecDeque::new(),
+            units: HashMap::new(),
+            by_name: HashMap::new(),
+            by_id: Index::default(),
+            by_path: Index::default(),
+            timers: BTreeSet::new(),
+            waiters: Waiters::default(),
+            subscribers: BTreeSet::new(),
+            proven_order: VecDeque::new(),
+            generations: HashSet::new(),
+            next_key: 0,
+            bus_up: false,
+            reloading: false,
+            fact_epoch: 0,
+            reads_in_flight: 0,
+            read_queue: VecDeque::new(),
+            next_resync,
+            dirty: false,
+            last_save: None,
+            save_due: None,
+        };
+        core.restore(restored, now);
+        core
+    }
+
+    /// Hands one input to the core.
+    pub fn handle_input(&mut self, input: Input, now: Instant) {
+        match input {
+            Input::Request { client, request } => self.on_request(client, request, now),
+            Input::ClientClosed { client } => {
+                self.subscribers.remove(&client);
+                self.waiters.take_where(|r| r.client == client);
+            }
+            Input::BusUp => self.on_bus_up(now),
+            Input::BusLost => self.on_bus_lost(now),
+            Input::Signal { serial, signal } => self.on_signal(serial, signal, now),
+            Input::UnitRead { key, result } => self.on_unit_read(key, result, now),
+            Input::StopDone {
+                key,
+                kind,
+                succeeded,
+            } => self.on_stop_done(key, kind, succeeded),
+            Input::CgroupWatched { key, result } => self.on_cgroup_watched(key, result, now),
+            Input::CgroupRead { key, reading } => self.on_cgroup_read(key, reading, now),
+            Input::CgroupChanged { key } => self.read_cgroup(key, now),
+            Input::CgroupWatchLost { key } => self.rebuild_cgroup_watch(key),
+            Input::CgroupOverflow => {
+                self.log(
+                    log::Level::Warn,
+                    "inotify queue overflowed: rebuilding every cgroup watch and reading again"
+                        .to_owned(),
+                );
+                for key in self.unproven_keys() {
+                    self.rebuild_cgroup_watch(key);
+                }
+            }
+            Input::ExitRecord { key, record } => self.on_exit_record(key, record, now),
+        }
+    }
+
+    /// Lets time pass: fires every timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(&(at, key)) = self.timers.first() {
+            if at > now {
+                break;
+            }
+            self.timers.remove(&(at, key));
+            self.on_unit_timer(key, now);
+        }
+        for (key, reply) in self.waiters.take_expired(now) {
+            let unit = self.units.get(&key).map(|w| w.unit.to_string());
+            let message = format!(
+                "{} still running: not proven before the timeout; it stays watched",
+                unit.unwrap_or_default()
+            );
+            self.reply(reply, Answer::Error(ErrorKind::StillRunning, message));
+        }
+        while let Some(&(at, key)) = self.proven_order.front() {
+            if now.saturating_duration_since(at) < self.config.retain_for {
+                break;
+            }
+            self.proven_order.pop_front();
+            self.forget(key);
+        }
+        if let (Some(at), Some(every)) = (self.next_resync, self.config.resync_interval)
+            && at <= now
+        {
+            self.next_resync = Some(now + every);
+            self.resync(now);
+        }
+        if self.save_due.is_some_and(|at| at <= now) {
+            self.save_now(now);
+        }
+    }
+
+    /// Ends a turn of the driver's loop: saves what changed, at most once per
+    /// [`SAVE_INTERVAL`] (a later save is then due, and [`Core::poll_timeout`] says when).
+    pub fn end_turn(&mut self, now: Instant) {
+        if !self.dirty {
+            return;
+        }
+        match self.last_save {
+            Some(last) if now.saturating_duration_since(last) < SAVE_INTERVAL => {
+                self.save_due = Some(last + SAVE_INTERVAL);
+            }
+            _ => self.save_now(now),
+        }
+    }
+
+    /// Saves now if anything changed (at start and at shutdown).
+    pub fn save_now(&mut self, now: Instant) {
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
+        self.last_save = Some(now);
+        self.save_due = None;
+        let state = self.snapshot();
+        self.outputs.push_back(Output::Save(Box::new(state)));
+    }
+
+    /// The next thing the driver must do, if any.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.outputs.pop_front()
+    }
+
+    /// When the core next wants [`Core::handle_timeout`].
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.timers.first().map(|(at, _)| *at),
+            self.waiters.next_deadline(),
+            self.next_resync,
+            self.save_due,
+            self.proven_order
+                .front()
+                .map(|(at, _)| *at + self.config.retain_for),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    /// How many units are watched, proven ones included.
+    pub fn watch_count(&self) -> usize {
+        self.units.len()
+    }
+
+    fn new_key(&mut self) -> UnitKey {
+        let key = UnitKey(self.next_key);
+        self.next_key += 1;
+        key
+    }
+
+    fn unproven_keys(&self) -> Vec<UnitKey> {
+        let mut keys: Vec<UnitKey> = self
+            .units
+            .iter()
+            .filter(|(_, w)| w.event.is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        // Deterministic order, so a simulated run replays exactly from its seed.
+        keys.sort();
+        keys
+    }
+
+    /// Units whose facts matter: unproven ones, and proven ones with a stop still to send.
+    fn live_keys(&self) -> Vec<UnitKey> {
+        let mut keys: Vec<UnitKey> = self
+            .units
+            .iter()
+            .filter(|(_, w)| w.event.is_none() || w.unsent_stop.is_some())
+            .map(|(k, _)| *k)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    fn log(&mut self, level: log::Level, line: String) {
+        self.outputs.push_back(Output::Log { level, line });
+    }
+
+    fn reply(&mut self, to: ReplyTo, answer: Answer) {
+        self.outputs.push_back(Output::Reply { to, answer });
+    }
+
+    /// Arms the unit's one timer at the earlier of its proof's deadline and its read retry.
+    fn rearm(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let next = [
+            watch.proof.as_ref().and_then(|p| p.poll_timeout()),
+            watch.retry.map(|(at, _)| at),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
+        if watch.timer != next {
+            if let Some(old) = watch.timer.take() {
+                self.timers.remove(&(old, key));
+            }
+            if let Some(at) = next {
+                self.timers.insert((at, key));
+            }
+            watch.timer = next;
+        }
+    }
+
+    fn on_unit_timer(&mut self, key: UnitKey, now: Instant) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        watch.timer = None;
+        if watch.retry.is_some_and(|(at, _)| at <= now) {
+            // The backoff is kept until a read succeeds, so a lasting failure backs off.
+            if let Some((_, backoff)) = watch.retry {
+                watch.retry = Some((now + Duration::from_secs(3600), backoff));
+            }
+            self.read_unit(key);
+        }
+        if let Some(proof) = self.units.get_mut(&key).and_then(|w| w.proof.as_mut()) {
+            proof.handle_timeout(now);
+        }
+        self.drive(key, now);
+    }
+
+    /// Arms a read of the unit again after a failed read or cgroup watch, with backoff.
+    fn retry_later(&mut self, key: UnitKey, now: Instant) {
+        if let Some(watch) = self.units.get_mut(&key) {
+            let backoff = watch
+                .retry
+                .map_or(RETRY_FIRST, |(_, b)| (b * 2).min(RETRY_MAX));
+            watch.retry = Some((now + backoff, backoff));
+        }
+        self.rearm(key);
+    }
+
+    /// The safety net: read every unit's state and cgroup again. Proofs normally come from
+    /// events; this exists for whatever an event could have missed.
+    fn resync(&mut self, now: Instant) {
+        let keys = self.unproven_keys();
+        self.log(
+            log::Level::Debug,
+            format!("safety-net relist of {} units", keys.len()),
+        );
+        for key in keys {
+            self.read_unit(key);
+            self.read_cgroup(key, now);
+        }
+    }
+
+    /// Asks for a fresh reading of the unit's cgroup for its proof. A unit for which systemd
+    /// never reported a cgroup has none: that is systemd's fact, not a guess.
+    fn read_cgroup(&mut self, key: UnitKey, now: Instant) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        if watch.event.is_some() || watch.proof.is_none() {
+            return;
+        }
+        if watch.control_group.is_empty() {
+            self.feed(key, ProofInput::Cgroup(CgroupReading::Gone), now);
+        } else {
+            let cgroup = watch.control_group.clone();
+            self.outputs.push_back(Output::ReadCgroup { key, cgroup });
+        }
+    }
+
+    /// Rebuilds the inotify watches of the unit's cgroup (they may have been dropped, or
+    /// events lost), then reads it.
+    fn rebuild_cgroup_watch(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if watch.event.is_some() || watch.proof.is_none() || watch.control_group.is_empty() {
+            return;
+        }
+        watch.cgroup_watch = watch::CgroupWatch::Rebuilding;
+        let cgroup = watch.control_group.clone();
+        self.outputs.push_back(Output::WatchCgroup { key, cgroup });
+    }
+
+    fn on_cgroup_read(&mut self, key: UnitKey, reading: CgroupReading, now: Instant) {
+        self.feed(key, ProofInput::Cgroup(reading), now);
+        self.answer_watch_replies(key);
+    }
+
+    /// Answers the `watch` requests of a unit once its first read and reading are in.
+    fn answer_watch_replies(&mut self, key: UnitKey) {
+        if let Some(watch) = self.units.get_mut(&key)
+            && watch.proof.is_some()
+            && !watch.watch_replies.is_empty()
+        {
+            let view = Box::new(watch.view());
+            for to in std::mem::take(&mut watch.watch_replies) {
+                self.reply(to, Answer::Watch(view.clone()));
+            }
+        }
+    }
+
+    /// Hands one input to a unit's proof and carries out everything it asks for.
+    fn feed(&mut self, key: UnitKey, input: ProofInput, now: Instant) {
+        let Some(proof) = self.units.get_mut(&key).and_then(|w| w.proof.as_mut()) else {
+            return;
+        };
+        proof.handle_input(input, now);
+        self.drive(key, now);
+    }
+
+    /// Feeds the unit's merged state to its proof, unless the facts are stale (a reload or
+    /// a lost bus since they were read): then nothing is decided until a fresh read.
+    fn feed_state(&mut self, key: UnitKey, now: Instant) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        if watch.stale {
+            return;
+        }
+        let Some(state) = watch.facts.state() else {
+            return;
+        };
+        self.feed(key, ProofInput::State(state), now);
+    }
+
+    fn drive(&mut self, key: UnitKey, now: Instant) {
+        use crate::proof::Output as ProofOutput;
+        loop {
+            let Some(watch) = self.units.get_mut(&key) else {
+                return;
+            };
+            let Some(proof) = watch.proof.as_mut() else {
+                return;
+            };
+            let Some(output) = proof.poll_output() else {
+                break;
+            };
+            match output {
+                ProofOutput::ReadCgroup => self.read_cgroup(key, now),
+                ProofOutput::StopUnit(reason) => self.stop(key, StopKind::Proof(reason)),
+                ProofOutput::Log(level, line) => {
+                    let line = format!("{}: {line}", watch.unit);
+                    self.log(to_log_level(level), line);
+                }
+                ProofOutput::Proven(proof) => self.on_proof(key, proof, now),
+            }
+        }
+        self.rearm(key);
+    }
+
+    /// Drops a watch and everything it holds.
+    fn forget(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.remove(&key) else {
+            return;
+        };
+        self.dirty = true;
+        if watch.event.is_none() {
+            self.outputs.push_back(Output::UnwatchCgroup { key });
+        }
+        if self.by_name.get(watch.unit.as_str()) == Some(&key) {
+            self.by_name.remove(watch.unit.as_str());
+        }
+        self.by_id.remove(&watch.id, key);
+        self.by_path.remove(&watch.path, key);
+        if let Some(at) = watch.timer {
+            self.timers.remove(&(at, key));
+        }
+        self.read_queue.retain(|k| *k != key);
+        self.proven_order.retain(|(_, k)| *k != key);
+    }
+}
+
+fn to_log_level(level: crate::proof::Level) -> log::Level {
+    match level {
+        crate::proof::Level::Info => log::Level::Info,
+        crate::proof::Level::Warn => log::Level::Warn,
+    }
+}

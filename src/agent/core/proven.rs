@@ -1,0 +1,159 @@
+//! A proof made: its event, worded from the exit record or systemd's own exit status; the
+//! release of the generation's files; telling everyone; retention.
+
+use std::time::Instant;
+
+use super::event::{EventKind, ProofEvent, systemd_record, terminal_wording};
+use super::{Answer, Core, Output, StopKind, UnitKey};
+use crate::exit::record::{ExitRecord, SanitizedRecord};
+use crate::proof::release::{ReleaseInput, ReleaseOutput};
+use crate::proof::{Cause, Proof};
+
+impl Core {
+    /// A unit's proof is made. A terminal proof whose watch names an exit record waits for it
+    /// (read once and consumed: it must never count for a later invocation).
+    pub(super) fn on_proof(&mut self, key: UnitKey, proof: Proof, now: Instant) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if proof.cause == Cause::Exited
+            && let (Some(run_dir), Some(name)) = (watch.spec.run_dir.clone(), watch.record_name())
+        {
+            watch.proof_pending = Some(proof);
+            self.outputs
+                .push_back(Output::TakeExitRecord { key, run_dir, name });
+            return;
+        }
+        self.proven(key, proof, None, now);
+    }
+
+    pub(super) fn on_exit_record(
+        &mut self,
+        key: UnitKey,
+        record: Option<ExitRecord>,
+        now: Instant,
+    ) {
+        let Some(proof) = self
+            .units
+            .get_mut(&key)
+            .and_then(|w| w.proof_pending.take())
+        else {
+            return;
+        };
+        self.proven(key, proof, record, now);
+    }
+
+    fn proven(&mut self, key: UnitKey, proof: Proof, record: Option<ExitRecord>, now: Instant) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        let (anchor, anchor_ns) = self.config.clock_anchor;
+        let since_anchor = now.saturating_duration_since(anchor).as_nanos();
+        let mut event = ProofEvent {
+            kind: EventKind::Proven,
+            unit: watch.unit.to_string(),
+            invocation: watch.our_invocation().unwrap_or_default().to_owned(),
+            level: proof.level,
+            message: proof.message,
+            cause: proof.cause,
+            proven_mono_ns: anchor_ns.saturating_add(u64::try_from(since_anchor).unwrap_or(0)),
+            stop_requested: watch.stop_requested(),
+            systemd: None,
+            record: None,
+            generation: watch.spec.generation,
+            launch_file: watch
+                .spec
+                .launch_file
+                .as_ref()
+                .map(|p| p.display().to_string()),
+        };
+        if proof.cause == Cause::Exited {
+            let systemd = watch.facts.service_exit().map(|exit| systemd_record(&exit));
+            let names_record = watch.spec.run_dir.is_some();
+            let (level, message) =
+                terminal_wording(names_record, record.as_ref(), systemd.as_ref());
+            event.level = level;
+            event.message = message;
+            event.systemd = systemd.as_ref().map(SanitizedRecord::from);
+            event.record = record.as_ref().map(SanitizedRecord::from);
+        }
+        // A generation's files go only on the proofs that read the cgroup (and after a
+        // reboot, its launch file): a replaced-after-stop proof leaves them, since a final
+        // StopUnit then would stop the new invocation.
+        match proof.cause {
+            Cause::Exited | Cause::RestartedOutside => self.release(key, ReleaseInput::Proven),
+            Cause::Rebooted => self.release(key, ReleaseInput::ProvenAfterReboot),
+            Cause::ReplacedAfterStop => {}
+        }
+        // Released before anyone is told: a caller that hears "proven" finds the launch file
+        // gone.
+        self.tell_proven(key, event, now);
+    }
+
+    /// Hands a fact to a generation's release and carries out what it asks for.
+    pub(super) fn release(&mut self, key: UnitKey, input: ReleaseInput) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let Some(release) = watch.release.as_mut() else {
+            return;
+        };
+        release.handle(input);
+        for output in release.take_outputs() {
+            match output {
+                ReleaseOutput::RemoveLaunchFile => {
+                    if let Some(path) = watch.spec.launch_file.clone() {
+                        let unit = watch.unit.to_string();
+                        self.outputs
+                            .push_back(Output::RemoveLaunchFile { unit, path });
+                    }
+                }
+                ReleaseOutput::FinalStop => {
+                    self.stop(key, StopKind::FinalGeneration);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The proof is in: release what the unit held (its inotify watches), exactly once, then
+    /// tell everyone.
+    fn tell_proven(&mut self, key: UnitKey, event: ProofEvent, now: Instant) {
+        self.outputs.push_back(Output::UnwatchCgroup { key });
+        let level = match event.level {
+            crate::proof::Level::Info => log::Level::Info,
+            crate::proof::Level::Warn => log::Level::Warn,
+        };
+        self.log(
+            level,
+            format!(
+                "{}: proven: {} ({:?})",
+                event.unit, event.message, event.cause
+            ),
+        );
+        for to in self.waiters.take_key(key) {
+            self.reply(to, Answer::Event(Box::new(event.clone())));
+        }
+        if !self.subscribers.is_empty() {
+            let clients = self.subscribers.iter().copied().collect();
+            self.outputs.push_back(Output::Broadcast {
+                clients,
+                event: Box::new(event.clone()),
+            });
+        }
+        if let Some(watch) = self.units.get_mut(&key) {
+            watch.event = Some(event);
+            watch.retry = None;
+            if let Some(at) = watch.timer.take() {
+                self.timers.remove(&(at, key));
+            }
+        }
+        self.dirty = true;
+        self.proven_order.push_back((now, key));
+        while self.proven_order.len() > self.config.retain_proven {
+            if let Some((_, old)) = self.proven_order.pop_front() {
+                self.forget(old);
+            }
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The request rules: watch, wait, stop, unwatch, list, events.
+
+use std::time::Instant;
+
+use super::watch::{Watch, WatchSpec};
+use super::{Answer, Core, ReplyTo, UnitKey};
+use crate::control::protocol::{Command, ErrorKind, Request, UnwatchArgs, WaitArgs, WatchArgs};
+use crate::control::server::ClientId;
+use crate::proof::Input as ProofInput;
+use crate::unit_name::UnitName;
+
+impl Core {
+    pub(super) fn on_request(&mut self, client: ClientId, request: Request, now: Instant) {
+        let reply = ReplyTo {
+            client,
+            id: request.id,
+        };
+        match request.command {
+            Command::Watch(WatchArgs {
+                unit,
+                invocation,
+                run_dir,
+                record,
+                generation,
+                launch_file,
+            }) => {
+                let spec = WatchSpec {
+                    run_dir,
+                    record,
+                    generation,
+                    launch_file,
+                };
+                self.cmd_watch(reply, unit, invocation, spec);
+            }
+            Command::Wait(WaitArgs { unit, timeout }) => {
+                let key = self.ensure_watch(&unit);
+                self.wait_for(key, reply, timeout.map(|t| now + t));
+            }
+            Command::Stop(WaitArgs { unit, timeout }) => {
+                let key = self.ensure_watch(&unit);
+                if let Some(watch) = self.units.get_mut(&key)
+                    && watch.event.is_none()
+                {
+                    if watch.proof.is_some() {
+                        self.feed(key, ProofInput::StopRequested, now);
+                    } else {
+                        watch.pending_stop = true;
+                    }
+                    self.dirty = true;
+                }
+                self.wait_for(key, reply, timeout.map(|t| now + t));
+            }
+            Command::Unwatch(UnwatchArgs { unit }) => match self.by_name.get(unit.as_str()) {
+                Some(&key) => {
+                    for waiter in self.waiters.take_key(key) {
+                        self.reply(
+                            waiter,
+                            Answer::Error(ErrorKind::NotWatched, "unwatched".to_owned()),
+                        );
+                    }
+                    self.forget(key);
+                    self.reply(reply, Answer::Done);
+                }
+                None => self.reply(
+                    reply,
+                    Answer::Error(ErrorKind::NotWatched, format!("{unit} is not watched")),
+                ),
+            },
+            Command::List => {
+                let mut views: Vec<_> = self.units.values().map(Watch::view).collect();
+                views.sort_by(|a, b| a.unit.cmp(&b.unit));
+                self.reply(reply, Answer::Units(views));
+            }
+            Command::Events => {
+                self.subscribers.insert(client);
+                self.reply(reply, Answer::Done);
+            }
+        }
+    }
+
+    fn cmd_watch(
+        &mut self,
+        reply: ReplyTo,
+        unit: UnitName,
+        invocation: Option<String>,
+        spec: WatchSpec,
+    ) {
+        if let Some(generation) = spec.generation
+            && !self.generations.insert((unit.to_string(), generation))
+        {
+            let message = format!(
+                "generation {generation} of {unit} was already watched; generation numbers are never reused"
+            );
+            self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
+            return;
+        }
+        if let Some(&key) = self.by_name.get(unit.as_str())
+            && let Some(watch) = self.units.get_mut(&key)
+        {
+            let ours = watch.our_invocation().map(str::to_owned);
+            if let Some(event) = &watch.event {
+                if invocation.is_some() && invocation.as_deref() == Some(event.invocation.as_str())
+                {
+                    // That invocation is proven over: say so, and start nothing that could
+                    // take the unit's current invocation for a foreign one.
+                    let view = Box::new(watch.view());
+                    self.reply(reply, Answer::Watch(view));
+                    return;
+                }
+                // A proven unit is watched afresh: its retained proof is replaced.
+                self.forget(key);
+            } else if invocation.is_some() && ours.is_some() && invocation != ours {
+                let message = format!(
+                    "{unit} is already watched with invocation {}",
+                    ours.unwrap_or_default()
+                );
+                self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
+                return;
+            } else if spec != WatchSpec::default() && spec != watch.spec {
+                let message = format!("{unit} is already watched with other options");
+                self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
+                return;
+            } else if watch.proof.is_some() && watch.watch_replies.is_empty() {
+                let view = Box::new(watch.view());
+                self.reply(reply, Answer::Watch(view));
+                return;
+            } else {
+                watch.watch_replies.push(reply);
+                return;
+            }
+        }
+        let key = self.new_watch(&unit, invocation, spec);
+        if let Some(watch) = self.units.get_mut(&key) {
+            watch.watch_replies.push(reply);
+        }
+    }
+
+    /// The unit's watch, started (adopting its current invocation) if there is none.
+    fn ensure_watch(&mut self, unit: &UnitName) -> UnitKey {
+        match self.by_name.get(unit.as_str()) {
+            Some(&key) => key,
+            None => self.new_watch(unit, None, WatchSpec::default()),
+        }
+    }
+
+    pub(super) fn new_watch(
+        &mut self,
+        unit: &UnitName,
+        invocation: Option<String>,
+        spec: WatchSpec,
+    ) -> UnitKey {
+        let key = self.new_key();
+        let watch = Watch::new(unit.clone(), invocation, spec);
+        self.by_name.insert(unit.to_string(), key);
+        self.by_id.insert(&watch.id, key);
+        self.by_path.insert(&watch.path, key);
+        self.units.insert(key, watch);
+        self.read_unit(key);
+        self.dirty = true;
+        key
+    }
+
+    fn wait_for(&mut self, key: UnitKey, reply: ReplyTo, deadline: Option<Instant>) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        match &watch.event {
+            Some(event) => {
+                let event = Box::new(event.clone());
+                self.reply(reply, Answer::Event(event));
+            }
+            None => {
+                self.waiters.add(key, reply, deadline);
+            }
+        }
+    }
+}

@@ -1,0 +1,434 @@
+//! What systemd says, and what the core asks of it: signals, unit reads, reloads, the bus
+//! coming and going, and StopUnit.
+//!
+//! The rules that keep a proof honest here:
+//! - A signal is a hint or a stamped value, never a verdict by itself. `UnitRemoved` in
+//!   particular says nothing about the unit: systemd sends it for every unit on a
+//!   daemon-reload or reexec, and for a unit it garbage-collects. A read answering
+//!   `NoSuchUnit` is the fact "inactive, no invocation".
+//! - From `Reloading(true)`, a lost bus or a new connection, every unit's facts are stale:
+//!   its proof is told the state is unknown and decides nothing until a read sent after the
+//!   reload ended (or on the new connection) comes back.
+//! - A StopUnit decided while the bus is down is sent once it is back only if a fresh read
+//!   shows the unit still runs the invocation it was meant for.
+
+use std::time::Instant;
+
+use super::watch::{CgroupWatch, UnsentStop};
+use super::{Answer, Core, Output, StopKind, UnitKey};
+use crate::control::protocol::ErrorKind;
+use crate::proof::release::ReleaseInput;
+use crate::proof::{Input as ProofInput, StopReason, UnitProof};
+use crate::systemd::manager::UnitSnapshot;
+use crate::systemd::signal::SystemdSignal;
+
+/// ActiveStates in which the unit runs nothing.
+fn is_terminal(active_state: &str) -> bool {
+    matches!(active_state, "inactive" | "failed")
+}
+
+impl Core {
+    pub(super) fn on_bus_up(&mut self, _now: Instant) {
+        self.bus_up = true;
+        self.reloading = false;
+        self.fact_epoch += 1;
+        for key in self.live_keys() {
+            self.read_unit(key);
+        }
+    }
+
+    pub(super) fn on_bus_lost(&mut self, now: Instant) {
+        if !self.bus_up {
+            return;
+        }
+        self.bus_up = false;
+        self.reloading = false;
+        self.fact_epoch += 1;
+        self.log(
+            log::Level::Error,
+            "lost systemd on the bus: every unit's state is unknown until it is read again"
+                .to_owned(),
+        );
+        self.read_queue.clear();
+        self.reads_in_flight = 0;
+        for key in self.live_keys() {
+            if let Some(watch) = self.units.get_mut(&key) {
+                // Serial numbers belong to one connection; the next one starts afresh.
+                watch.facts.clear();
+                watch.stale = true;
+                watch.reads = Default::default();
+            }
+            self.feed(key, ProofInput::StateUnknown, now);
+        }
+    }
+
+    pub(super) fn on_signal(&mut self, serial: u32, signal: SystemdSignal, now: Instant) {
+        match signal {
+            SystemdSignal::UnitChanged { path, change } => {
+                for key in self.by_path.get(&path) {
+                    let Some(watch) = self.units.get_mut(&key) else {
+                        continue;
+                    };
+                    let new_invocation = watch.facts.apply_change(&change, serial);
+                    if new_invocation || change.invalidated {
+                        // A new invocation may run in another cgroup, and ControlGroup is
+                        // never signalled: read it again.
+                        self.read_unit(key);
+                    }
+                    self.feed_state(key, now);
+                }
+            }
+            // Hints: the unit may have been loaded, unloaded or garbage-collected; only a
+            // read says which. During a reload every unit is read once it ends.
+            SystemdSignal::UnitRemoved { unit } | SystemdSignal::UnitNew { unit } => {
+                if !self.reloading {
+                    for key in self.by_id.get(&unit) {
+                        self.read_unit(key);
+                    }
+                }
+            }
+            SystemdSignal::Reloading(true) => {
+                self.log(
+                    log::Level::Debug,
+                    "systemd is reloading: no proof from what was seen before".to_owned(),
+                );
+                self.reloading = true;
+                self.fact_epoch += 1;
+                for key in self.live_keys() {
+                    if let Some(watch) = self.units.get_mut(&key) {
+                        watch.stale = true;
+                    }
+                    self.feed(key, ProofInput::StateUnknown, now);
+                }
+            }
+            SystemdSignal::Reloading(false) => {
+                self.reloading = false;
+                self.fact_epoch += 1;
+                for key in self.live_keys() {
+                    self.read_unit(key);
+                }
+            }
+        }
+    }
+
+    /// Reads a unit's state and cgroup path again; at most one read per unit is in flight,
+    /// and one asked for meanwhile runs when it returns. Nothing is read while the bus is
+    /// down or systemd is reloading: every unit is read when that ends.
+    pub(super) fn read_unit(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let live = watch.event.is_none() || watch.unsent_stop.is_some();
+        if !live || !self.bus_up || self.reloading {
+            return;
+        }
+        if watch.reads.in_flight {
+            watch.reads.again = true;
+            return;
+        }
+        watch.reads.in_flight = true;
+        if self.reads_in_flight < self.config.max_reads_in_flight {
+            self.start_read(key);
+        } else {
+            self.read_queue.push_back(key);
+        }
+    }
+
+    fn start_read(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        watch.reads.epoch = self.fact_epoch;
+        self.reads_in_flight += 1;
+        let unit = watch.unit.to_string();
+        self.outputs.push_back(Output::ReadUnit { key, unit });
+    }
+
+    /// A read came back: the next queued one may go.
+    fn read_done(&mut self) {
+        self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
+        while self.reads_in_flight < self.config.max_reads_in_flight {
+            let Some(key) = self.read_queue.pop_front() else {
+                break;
+            };
+            if self.units.contains_key(&key) {
+                self.start_read(key);
+            }
+        }
+    }
+
+    pub(super) fn on_unit_read(
+        &mut self,
+        key: UnitKey,
+        result: Result<UnitSnapshot, String>,
+        now: Instant,
+    ) {
+        if !self.bus_up {
+            return;
+        }
+        self.read_done();
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if !watch.reads.in_flight {
+            return;
+        }
+        watch.reads.in_flight = false;
+        let fresh = watch.reads.epoch == self.fact_epoch && !self.reloading;
+        if watch.event.is_some() {
+            // Proven; read only for a stop decided while the bus was down.
+            if let Ok(snapshot) = &result {
+                watch.facts.apply_snapshot(snapshot);
+                watch.stale &= !fresh;
+                self.send_unsent_stop(key);
+            }
+            return;
+        }
+        let snapshot = match result {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                let message = format!("{}: {e}", watch.unit);
+                if watch.proof.is_none() && !watch.restored {
+                    // Only a client's own new watch may be refused.
+                    self.fail_watch(key, &message);
+                } else {
+                    self.log(log::Level::Warn, format!("{message}; reading it again"));
+                    self.retry_later(key, now);
+                }
+                return;
+            }
+        };
+        watch.facts.apply_snapshot(&snapshot);
+        if snapshot.loaded && (snapshot.id != watch.id || snapshot.path != watch.path) {
+            // An alias: systemd signals the unit under its own name and path.
+            let (old_id, old_path) = (watch.id.clone(), watch.path.clone());
+            watch.id = snapshot.id.clone();
+            watch.path = snapshot.path.clone();
+            self.by_id.remove(&old_id, key);
+            self.by_path.remove(&old_path, key);
+            self.by_id.insert(&snapshot.id, key);
+            self.by_path.insert(&snapshot.path, key);
+        }
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if fresh {
+            watch.stale = false;
+        }
+        watch.retry = None;
+        let moved =
+            !snapshot.control_group.is_empty() && snapshot.control_group != watch.control_group;
+        if moved {
+            watch.control_group = snapshot.control_group.clone();
+            self.dirty = true;
+        }
+        if watch.reads.again {
+            watch.reads.again = false;
+            self.read_unit(key);
+        }
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if watch.proof.is_none() {
+            let invocation = watch
+                .asked_invocation
+                .clone()
+                .unwrap_or_else(|| snapshot.invocation.clone());
+            watch.proof = Some(UnitProof::resume(invocation, watch.resumed_stop_requested));
+            self.dirty = true;
+            if watch.control_group.is_empty() {
+                self.first_read_done(key, now);
+            } else {
+                // The watch comes before any read of the cgroup, so no change between the two
+                // can be missed; the rest of the first read waits for its answer.
+                watch.cgroup_watch = CgroupWatch::First;
+                let cgroup = watch.control_group.clone();
+                self.outputs.push_back(Output::WatchCgroup { key, cgroup });
+            }
+            return;
+        }
+        if moved || watch.cgroup_watch == CgroupWatch::Absent {
+            self.rebuild_cgroup_watch(key);
+        }
+        self.feed_state(key, now);
+        self.send_unsent_stop(key);
+        self.rearm(key);
+    }
+
+    /// The rest of a first read, once the cgroup is watched: decide, then answer the
+    /// `watch` requests after a first reading of the cgroup.
+    fn first_read_done(&mut self, key: UnitKey, now: Instant) {
+        self.feed_state(key, now);
+        if let Some(watch) = self.units.get_mut(&key)
+            && std::mem::take(&mut watch.pending_stop)
+        {
+            self.feed(key, ProofInput::StopRequested, now);
+        }
+        self.send_unsent_stop(key);
+        // A first reading for `list` and the `watch` answer; judged only if the state asks.
+        match self.units.get(&key) {
+            Some(watch) if watch.event.is_some() => self.answer_watch_replies(key),
+            Some(watch) if watch.control_group.is_empty() => {
+                self.on_cgroup_read(key, crate::cgroup::CgroupReading::Gone, now);
+            }
+            Some(_) => self.read_cgroup(key, now),
+            None => {}
+        }
+        self.rearm(key);
+    }
+
+    pub(super) fn on_cgroup_watched(
+        &mut self,
+        key: UnitKey,
+        result: Result<(), String>,
+        now: Instant,
+    ) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let asked = watch.cgroup_watch;
+        match result {
+            Ok(()) => {
+                watch.cgroup_watch = CgroupWatch::Held;
+                match asked {
+                    CgroupWatch::First => self.first_read_done(key, now),
+                    _ => self.read_cgroup(key, now),
+                }
+            }
+            Err(e) => {
+                watch.cgroup_watch = CgroupWatch::Absent;
+                let message = format!("{}: {e}", watch.unit);
+                if asked == CgroupWatch::First && !watch.restored {
+                    // A watch that cannot see its cgroup change is no watch: refuse it
+                    // clearly (the inotify watch limit, typically) rather than prove late.
+                    self.fail_watch(key, &message);
+                    return;
+                }
+                self.log(
+                    log::Level::Error,
+                    format!("{message}; trying again (until then only reads prove it)"),
+                );
+                self.retry_later(key, now);
+                if asked == CgroupWatch::First {
+                    self.first_read_done(key, now);
+                } else {
+                    self.read_cgroup(key, now);
+                }
+            }
+        }
+    }
+
+    /// Refuses a client's new watch whose first read failed or whose cgroup cannot be
+    /// watched: everyone waiting on it gets the error, nothing of it stays, and its
+    /// generation number is not used up.
+    pub(super) fn fail_watch(&mut self, key: UnitKey, message: &str) {
+        self.log(log::Level::Warn, message.to_owned());
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let replies = std::mem::take(&mut watch.watch_replies);
+        if let Some(generation) = watch.spec.generation {
+            self.generations
+                .remove(&(watch.unit.to_string(), generation));
+        }
+        for to in replies.into_iter().chain(self.waiters.take_key(key)) {
+            self.reply(to, Answer::Error(ErrorKind::Internal, message.to_owned()));
+        }
+        self.forget(key);
+    }
+
+    /// Issues a StopUnit, or keeps it until the bus is back.
+    pub(super) fn stop(&mut self, key: UnitKey, kind: StopKind) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if !self.bus_up {
+            let target = match kind {
+                StopKind::Proof(StopReason::Requested) => watch.our_invocation(),
+                StopKind::Proof(StopReason::Foreign) => watch.facts.invocation(),
+                StopKind::FinalGeneration => Some(""),
+            };
+            let target = target.unwrap_or_default().to_owned();
+            let line = format!(
+                "{}: stop ({kind}) deferred until the bus is back",
+                watch.unit
+            );
+            watch.unsent_stop = Some(UnsentStop { kind, target });
+            self.dirty = true;
+            self.log(log::Level::Info, line);
+            return;
+        }
+        self.send_stop(key, kind);
+    }
+
+    fn send_stop(&mut self, key: UnitKey, kind: StopKind) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if let Some(release) = watch.release.as_mut() {
+            release.handle(ReleaseInput::StopIssued);
+        }
+        let unit = watch.id.clone();
+        let line = format!("{}: stopping ({kind})", watch.unit);
+        self.log(log::Level::Info, line);
+        self.outputs.push_back(Output::StopUnit { key, unit, kind });
+    }
+
+    /// Sends a stop decided while the bus was down, if fresh facts show it still has its
+    /// target; drops it otherwise.
+    fn send_unsent_stop(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if watch.stale || !self.bus_up || watch.unsent_stop.is_none() {
+            return;
+        }
+        let Some(state) = watch.facts.state() else {
+            return;
+        };
+        let Some(UnsentStop { kind, target }) = watch.unsent_stop.take() else {
+            return;
+        };
+        self.dirty = true;
+        let terminal = is_terminal(&state.active_state);
+        let still_due = match kind {
+            StopKind::FinalGeneration => terminal,
+            StopKind::Proof(_) => !terminal && state.invocation == target,
+        };
+        if still_due {
+            self.send_stop(key, kind);
+        } else {
+            let line = format!(
+                "{}: stop ({kind}) not sent: the unit is {} with invocation {} now",
+                watch.unit,
+                state.active_state,
+                if state.invocation.is_empty() {
+                    "none"
+                } else {
+                    &state.invocation
+                }
+            );
+            self.log(log::Level::Info, line);
+        }
+    }
+
+    pub(super) fn on_stop_done(&mut self, key: UnitKey, kind: StopKind, succeeded: bool) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        let line = if succeeded {
+            (
+                log::Level::Debug,
+                format!("{}: stop ({kind}) accepted", watch.unit),
+            )
+        } else {
+            (
+                log::Level::Warn,
+                format!("{}: stop ({kind}) failed", watch.unit),
+            )
+        };
+        self.log(line.0, line.1);
+        self.release(key, ReleaseInput::StopFinished { succeeded });
+        self.dirty = true;
+    }
+}

@@ -1,0 +1,581 @@
+//! Scripted tests of the core's rules, in virtual time: each names the rule it guards.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::agent::state::WatchRecord;
+use crate::control::protocol::parse_request;
+use crate::proof::{Cause, Phase};
+use crate::systemd::signal::{UnitChange, unit_path};
+
+const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+const CLIENT: u64 = 1;
+
+/// A core, a clock and a fake cgroup file system; synchronous outputs are answered at once,
+/// the rest are kept for the test to look at.
+struct Script {
+    core: Core,
+    now: Instant,
+    cgroups: HashMap<String, CgroupReading>,
+    outputs: Vec<Output>,
+    serial: u32,
+}
+
+fn config(boot_id: &str) -> CoreConfig {
+    CoreConfig {
+        retain_proven: 16,
+        retain_for: Duration::from_secs(3600),
+        resync_interval: None,
+        max_reads_in_flight: 32,
+        boot_id: Some(boot_id.to_owned()),
+        clock_anchor: (Instant::now(), 0),
+    }
+}
+
+impl Script {
+    fn new() -> Script {
+        Script::restored(AgentState::default(), "boot-1")
+    }
+
+    fn restored(state: AgentState, boot_id: &str) -> Script {
+        let config = config(boot_id);
+        let now = config.clock_anchor.0;
+        let mut script = Script {
+            core: Core::new(config, state, now),
+            now,
+            cgroups: HashMap::new(),
+            outputs: Vec::new(),
+            serial: 100,
+        };
+        script.drain();
+        script
+    }
+
+    fn input(&mut self, input: Input) {
+        self.core.handle_input(input, self.now);
+        self.drain();
+    }
+
+    fn drain(&mut self) {
+        while let Some(output) = self.core.poll_output() {
+            match output {
+                Output::WatchCgroup { key, .. } => self.core.handle_input(
+                    Input::CgroupWatched {
+                        key,
+                        result: Ok(()),
+                    },
+                    self.now,
+                ),
+                Output::ReadCgroup { key, cgroup } => {
+                    let reading = self
+                        .cgroups
+                        .get(&cgroup)
+                        .cloned()
+                        .unwrap_or(CgroupReading::Gone);
+                    self.core
+                        .handle_input(Input::CgroupRead { key, reading }, self.now);
+                }
+                Output::TakeExitRecord { key, .. } => self
+                    .core
+                    .handle_input(Input::ExitRecord { key, record: None }, self.now),
+                other => self.outputs.push(other),
+            }
+        }
+    }
+
+    fn request(&mut self, line: &str) {
+        let request = parse_request(line.as_bytes()).expect("a valid request");
+        let client = ClientId::for_test(CLIENT);
+        self.input(Input::Request { client, request });
+    }
+
+    fn next_serial(&mut self) -> u32 {
+        self.serial += 1;
+        self.serial
+    }
+
+    fn signal(&mut self, signal: SystemdSignal) {
+        let serial = self.next_serial();
+        self.input(Input::Signal { serial, signal });
+    }
+
+    fn changed(&mut self, unit: &str, active: &str, invocation: &str) {
+        let change = UnitChange {
+            active_state: Some(active.into()),
+            sub_state: Some("x".into()),
+            invocation: Some(invocation.into()),
+            ..UnitChange::default()
+        };
+        self.signal(SystemdSignal::UnitChanged {
+            path: unit_path(unit),
+            change,
+        });
+    }
+
+    /// Takes every output so far.
+    fn take(&mut self) -> Vec<Output> {
+        std::mem::take(&mut self.outputs)
+    }
+
+    /// Answers every read asked for so far with `snapshot` (id and path filled in per unit
+    /// unless given); returns the units read.
+    fn answer_reads(
+        &mut self,
+        answer: impl Fn(&str) -> Result<UnitSnapshot, String>,
+    ) -> Vec<String> {
+        let mut read = Vec::new();
+        let outputs = self.take();
+        for output in outputs {
+            match output {
+                Output::ReadUnit { key, unit } => {
+                    let result = answer(&unit).map(|mut s| {
+                        s.serial = self.next_serial();
+                        s
+                    });
+                    read.push(unit);
+                    self.input(Input::UnitRead { key, result });
+                }
+                other => self.outputs.push(other),
+            }
+        }
+        read
+    }
+
+    fn proofs(&self) -> Vec<ProofEvent> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::Reply {
+                    answer: Answer::Event(event),
+                    ..
+                } => Some((**event).clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn stops(&self) -> Vec<(String, StopKind)> {
+        self.outputs
+            .iter()
+            .filter_map(|o| match o {
+                Output::StopUnit { unit, kind, .. } => Some((unit.clone(), *kind)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn list(&mut self) -> Vec<WatchView> {
+        self.request(r#"{"cmd":"list"}"#);
+        let outputs = self.take();
+        let mut views = None;
+        for output in outputs {
+            match output {
+                Output::Reply {
+                    answer: Answer::Units(units),
+                    ..
+                } => views = Some(units),
+                other => self.outputs.push(other),
+            }
+        }
+        views.expect("a list answer")
+    }
+
+    fn phase(&mut self, unit: &str) -> Phase {
+        let views = self.list();
+        views
+            .iter()
+            .find(|v| v.unit == unit)
+            .map(|v| v.phase)
+            .expect("the unit is listed")
+    }
+}
+
+fn snapshot(unit: &str, active: &str, invocation: &str, cgroup: &str) -> UnitSnapshot {
+    UnitSnapshot {
+        serial: 0,
+        loaded: true,
+        id: unit.to_owned(),
+        path: unit_path(unit),
+        active_state: active.into(),
+        sub_state: "x".into(),
+        invocation: invocation.into(),
+        control_group: cgroup.into(),
+        exit: None,
+    }
+}
+
+fn unloaded(unit: &str) -> UnitSnapshot {
+    UnitSnapshot {
+        loaded: false,
+        control_group: String::new(),
+        ..snapshot(unit, "inactive", "", "")
+    }
+}
+
+/// A script with `unit` watched and its first read answered: active, invocation A, cgroup
+/// populated.
+fn watching(unit: &str, active: &str) -> Script {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = format!("/app.slice/{unit}");
+    s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
+    s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
+    s.answer_reads(|u| Ok(snapshot(u, active, A, &cgroup)));
+    s
+}
+
+#[test]
+fn a_reload_storm_proves_nothing_about_a_remain_after_exit_unit() {
+    let mut s = watching("rae.service", "active");
+    s.cgroups
+        .insert("/app.slice/rae.service".into(), CgroupReading::Gone);
+    s.signal(SystemdSignal::Reloading(true));
+    s.signal(SystemdSignal::UnitRemoved {
+        unit: "rae.service".into(),
+    });
+    s.signal(SystemdSignal::UnitNew {
+        unit: "rae.service".into(),
+    });
+    assert_eq!(s.phase("rae.service"), Phase::Watching);
+    s.signal(SystemdSignal::Reloading(false));
+    let read = s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    assert_eq!(read, ["rae.service"], "every unit is read after the reload");
+    assert_eq!(s.phase("rae.service"), Phase::Watching);
+    assert!(s.proofs().is_empty());
+    // The stop runs ExecStop under the same invocation; then it is over.
+    s.changed("rae.service", "deactivating", A);
+    assert_eq!(s.phase("rae.service"), Phase::Watching);
+    s.changed("rae.service", "inactive", A);
+    assert_eq!(s.phase("rae.service"), Phase::Proven);
+}
+
+#[test]
+fn state_signalled_during_a_reload_waits_for_a_read_after_it() {
+    let mut s = watching("x.service", "active");
+    s.cgroups
+        .insert("/app.slice/x.service".into(), CgroupReading::Empty);
+    s.signal(SystemdSignal::Reloading(true));
+    s.changed("x.service", "inactive", A);
+    assert_eq!(s.phase("x.service"), Phase::Watching, "stale until read");
+    s.signal(SystemdSignal::Reloading(false));
+    s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/x.service")));
+    assert_eq!(s.phase("x.service"), Phase::Proven);
+}
+
+#[test]
+fn a_read_in_flight_across_a_reload_does_not_make_facts_fresh() {
+    let mut s = watching("x.service", "active");
+    s.cgroups
+        .insert("/app.slice/x.service".into(), CgroupReading::Empty);
+    s.signal(SystemdSignal::UnitNew {
+        unit: "x.service".into(),
+    });
+    // That read is in flight when the reload begins; it answers with what systemd said then.
+    s.signal(SystemdSignal::Reloading(true));
+    s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/x.service")));
+    assert_eq!(s.phase("x.service"), Phase::Watching);
+    s.signal(SystemdSignal::Reloading(false));
+    let read = s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/x.service")));
+    assert_eq!(read, ["x.service"]);
+    assert_eq!(s.phase("x.service"), Phase::Watching);
+}
+
+#[test]
+fn unit_removed_is_a_hint_and_no_such_unit_is_the_fact() {
+    let mut s = watching("t.service", "active");
+    s.signal(SystemdSignal::UnitRemoved {
+        unit: "t.service".into(),
+    });
+    assert_eq!(s.phase("t.service"), Phase::Watching);
+    // Garbage-collected; its cgroup is gone too.
+    s.cgroups.remove("/app.slice/t.service");
+    let read = s.answer_reads(|u| Ok(unloaded(u)));
+    assert_eq!(read, ["t.service"]);
+    assert_eq!(s.phase("t.service"), Phase::Proven);
+}
+
+#[test]
+fn an_unloaded_unit_with_leftovers_in_its_cgroup_is_not_proven() {
+    let mut s = watching("t.service", "active");
+    s.signal(SystemdSignal::UnitRemoved {
+        unit: "t.service".into(),
+    });
+    s.answer_reads(|u| Ok(unloaded(u)));
+    assert_eq!(
+        s.phase("t.service"),
+        Phase::Watching,
+        "the cached cgroup is read, and it is populated"
+    );
+}
+
+#[test]
+fn an_alias_is_followed_under_the_units_own_name_and_reported_under_the_clients() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"nick.service"}"#);
+    s.cgroups
+        .insert("/app.slice/real1.service".into(), CgroupReading::Populated);
+    s.answer_reads(|_| {
+        Ok(snapshot(
+            "real1.service",
+            "active",
+            A,
+            "/app.slice/real1.service",
+        ))
+    });
+    s.cgroups
+        .insert("/app.slice/real1.service".into(), CgroupReading::Empty);
+    s.changed("real1.service", "failed", A);
+    assert_eq!(s.phase("nick.service"), Phase::Proven);
+    s.request(r#"{"cmd":"wait","unit":"nick.service"}"#);
+    let proofs = s.proofs();
+    assert_eq!(proofs.len(), 1);
+    assert_eq!(proofs[0].unit, "nick.service");
+}
+
+#[test]
+fn replaced_after_stop_releases_no_generation_files() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.cgroups
+        .insert("/app.slice/g.service".into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"g.service","gen":3,"launch_file":"/run/g/launch-3"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/g.service")));
+    s.request(r#"{"cmd":"stop","unit":"g.service"}"#);
+    assert_eq!(
+        s.stops(),
+        [(
+            "g.service".to_owned(),
+            StopKind::Proof(StopReason::Requested)
+        )]
+    );
+    s.changed("g.service", "activating", B);
+    let proofs = s.proofs();
+    assert_eq!(proofs.len(), 1);
+    assert_eq!(proofs[0].cause, Cause::ReplacedAfterStop);
+    let key = match s
+        .outputs
+        .iter()
+        .find(|o| matches!(o, Output::StopUnit { .. }))
+    {
+        Some(Output::StopUnit { key, .. }) => *key,
+        _ => unreachable!(),
+    };
+    s.input(Input::StopDone {
+        key,
+        kind: StopKind::Proof(StopReason::Requested),
+        succeeded: false,
+    });
+    assert_eq!(
+        s.stops().len(),
+        1,
+        "no final stop reaches the new invocation"
+    );
+    assert!(
+        !s.outputs
+            .iter()
+            .any(|o| matches!(o, Output::RemoveLaunchFile { .. }))
+    );
+}
+
+#[test]
+fn a_failed_first_read_refuses_a_new_watch_and_keeps_its_generation_free() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"id":1,"cmd":"watch","unit":"f.service","gen":5}"#);
+    s.answer_reads(|_| Err("method call timed out".into()));
+    assert!(s.outputs.iter().any(|o| matches!(
+        o,
+        Output::Reply {
+            answer: Answer::Error(ErrorKind::Internal, _),
+            ..
+        }
+    )));
+    assert!(s.list().is_empty());
+    s.take();
+    s.request(r#"{"id":2,"cmd":"watch","unit":"f.service","gen":5}"#);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    assert_eq!(read, ["f.service"], "the generation was not used up");
+}
+
+fn saved(unit: &str, invocation: &str) -> WatchRecord {
+    WatchRecord {
+        unit: unit.into(),
+        invocation: invocation.into(),
+        stop_requested: false,
+        generation: None,
+        run_dir: None,
+        record: None,
+        launch_file: None,
+        stop_succeeded: false,
+        proof: None,
+        control_group: Some(format!("/app.slice/{unit}")),
+        stop_unsent: false,
+    }
+}
+
+fn state(boot: &str, watches: Vec<WatchRecord>) -> AgentState {
+    AgentState {
+        watches,
+        boot_id: Some(boot.into()),
+        ..AgentState::default()
+    }
+}
+
+#[test]
+fn a_restored_watch_survives_failed_reads_and_is_read_again() {
+    let mut s = Script::restored(state("boot-1", vec![saved("r.service", A)]), "boot-1");
+    s.input(Input::BusUp);
+    s.answer_reads(|_| Err("method call timed out".into()));
+    assert_eq!(s.list().len(), 1, "a restored watch is never dropped");
+    s.now += Duration::from_secs(1);
+    s.core.handle_timeout(s.now);
+    s.drain();
+    let read = s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/r.service")));
+    assert_eq!(read, ["r.service"], "read again after a backoff");
+}
+
+#[test]
+fn a_watch_from_another_boot_is_proven_at_once_and_nothing_is_stopped() {
+    let mut record = saved("b.service", A);
+    record.stop_requested = true;
+    record.stop_unsent = true;
+    record.generation = Some(2);
+    record.launch_file = Some("/run/b/launch-2".into());
+    let mut s = Script::restored(state("boot-0", vec![record]), "boot-1");
+    s.input(Input::BusUp);
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/b.service")));
+    assert_eq!(s.phase("b.service"), Phase::Proven);
+    let views = s.list();
+    let proof = views[0].proof.clone().expect("proven");
+    assert_eq!(proof.cause, Cause::Rebooted);
+    assert!(
+        s.stops().is_empty(),
+        "the unit's invocation in this boot is not ours"
+    );
+    assert!(
+        s.outputs
+            .iter()
+            .any(|o| matches!(o, Output::RemoveLaunchFile { .. }))
+    );
+}
+
+#[test]
+fn rewatching_a_proven_invocation_answers_its_proof_and_stops_nothing() {
+    let mut s = watching("w.service", "active");
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Empty);
+    s.changed("w.service", "inactive", A);
+    assert_eq!(s.phase("w.service"), Phase::Proven);
+    s.changed("w.service", "active", B);
+    s.take();
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"w.service","invocation":"{A}"}}"#
+    ));
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/w.service")));
+    assert!(s.stops().is_empty());
+    let answered = s.outputs.iter().any(|o| match o {
+        Output::Reply {
+            answer: Answer::Watch(view),
+            ..
+        } => view.proof.as_ref().is_some_and(|p| p.invocation == A),
+        _ => false,
+    });
+    assert!(answered, "{:?}", s.outputs);
+}
+
+#[test]
+fn a_stop_decided_while_the_bus_was_down_is_not_sent_to_a_new_invocation() {
+    let mut s = watching("d.service", "active");
+    s.input(Input::BusLost);
+    s.request(r#"{"cmd":"stop","unit":"d.service"}"#);
+    assert!(s.stops().is_empty(), "deferred");
+    s.input(Input::BusUp);
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/d.service")));
+    assert!(s.stops().is_empty(), "the unit runs another invocation now");
+}
+
+#[test]
+fn a_stop_decided_while_the_bus_was_down_is_sent_once_it_is_back() {
+    let mut s = watching("d.service", "active");
+    s.input(Input::BusLost);
+    s.request(r#"{"cmd":"stop","unit":"d.service"}"#);
+    s.input(Input::BusUp);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/d.service")));
+    assert_eq!(
+        s.stops(),
+        [(
+            "d.service".to_owned(),
+            StopKind::Proof(StopReason::Requested)
+        )]
+    );
+}
+
+#[test]
+fn an_unsent_stop_survives_a_restart() {
+    let mut s = watching("d.service", "active");
+    s.input(Input::BusLost);
+    s.request(r#"{"cmd":"stop","unit":"d.service"}"#);
+    s.core.save_now(s.now);
+    s.drain();
+    let saved = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::Save(state) => Some(*state),
+            _ => None,
+        })
+        .expect("saved");
+    assert!(saved.watches[0].stop_unsent);
+    let mut s = Script::restored(saved, "boot-1");
+    s.input(Input::BusUp);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/d.service")));
+    assert_eq!(
+        s.stops(),
+        [(
+            "d.service".to_owned(),
+            StopKind::Proof(StopReason::Requested)
+        )]
+    );
+}
+
+#[test]
+fn an_overflow_rebuilds_every_cgroup_watch_then_reads() {
+    let mut s = watching("o.service", "active");
+    s.changed("o.service", "inactive", A);
+    assert_eq!(s.phase("o.service"), Phase::Watching, "populated");
+    s.cgroups
+        .insert("/app.slice/o.service".into(), CgroupReading::Empty);
+    s.core.handle_input(Input::CgroupOverflow, s.now);
+    let rebuilt = matches!(s.core.poll_output(), Some(Output::Log { .. }))
+        && matches!(s.core.poll_output(), Some(Output::WatchCgroup { .. }));
+    assert!(rebuilt);
+    s.input(Input::CgroupWatched {
+        key: UnitKey(0),
+        result: Ok(()),
+    });
+    assert_eq!(s.phase("o.service"), Phase::Proven);
+}
+
+#[test]
+fn a_lost_bus_voids_every_fact_until_a_read_on_the_new_connection() {
+    let mut s = watching("l.service", "active");
+    s.cgroups
+        .insert("/app.slice/l.service".into(), CgroupReading::Empty);
+    s.input(Input::BusLost);
+    s.input(Input::BusUp);
+    // A signal on the new connection before the read: one field known is not a state.
+    let change = UnitChange {
+        active_state: Some("inactive".into()),
+        ..UnitChange::default()
+    };
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("l.service"),
+        change,
+    });
+    assert_eq!(s.phase("l.service"), Phase::Watching);
+    s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/l.service")));
+    assert_eq!(s.phase("l.service"), Phase::Proven);
+}

@@ -1,0 +1,182 @@
+//! One watched unit: what the client asked for, what systemd said, and its proof.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use super::event::{ProofEvent, WatchView};
+use super::facts::UnitFacts;
+use super::{ReplyTo, StopKind};
+use crate::cgroup::CgroupReading;
+use crate::exit::write::default_record_name;
+use crate::proof::release::Release;
+use crate::proof::{Phase, Proof, UnitProof};
+use crate::systemd::signal::unit_path;
+use crate::unit_name::UnitName;
+
+/// What a `watch` may carry besides the unit and the invocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct WatchSpec {
+    pub run_dir: Option<PathBuf>,
+    /// The record's file name; `None` with a run dir is `exit-<invocation>.json`.
+    pub record: Option<String>,
+    pub generation: Option<u64>,
+    pub launch_file: Option<PathBuf>,
+}
+
+/// Where the unit's reads stand.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Reads {
+    pub in_flight: bool,
+    /// Another read was asked for while one was in flight: it runs when that one returns.
+    pub again: bool,
+    /// The core's fact epoch when the read in flight was sent.
+    pub epoch: u64,
+}
+
+/// The inotify watches of the unit's cgroup.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CgroupWatch {
+    /// None asked for yet, or the last attempt failed.
+    #[default]
+    Absent,
+    /// Asked for with the first read: the rest of the first read waits for the answer.
+    First,
+    /// Asked for again (the cgroup moved, a watch was dropped, events were lost): a read
+    /// follows the answer.
+    Rebuilding,
+    Held,
+}
+
+/// A StopUnit decided while the bus was down. It is sent once the bus is back and a fresh
+/// read shows the unit still runs `target` (for the final stop of a generation: that the
+/// unit runs nothing).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsentStop {
+    pub kind: StopKind,
+    pub target: String,
+}
+
+/// One watched unit.
+pub struct Watch {
+    /// The name the client used, and the name it is reported under.
+    pub unit: UnitName,
+    /// systemd's own name for the unit (an alias resolves to it at the first read).
+    pub id: String,
+    /// The unit's object path, which its signals carry.
+    pub path: String,
+    /// The invocation the watch was asked for; `None` adopts the current one.
+    pub asked_invocation: Option<String>,
+    /// `None` until the first read of the unit came back.
+    pub proof: Option<UnitProof>,
+    pub facts: UnitFacts,
+    /// Facts seen before a reload or a lost bus: no decision until a fresh read.
+    pub stale: bool,
+    /// The last non-empty ControlGroup: systemd reports it empty once the unit is gone.
+    pub control_group: String,
+    pub cgroup_watch: CgroupWatch,
+    /// A stop asked for before the first read came back.
+    pub pending_stop: bool,
+    /// A stop requested before the agent restarted: it stays requested, with no new StopUnit.
+    pub resumed_stop_requested: bool,
+    pub unsent_stop: Option<UnsentStop>,
+    /// `watch` requests answered once the first reading of the cgroup is in.
+    pub watch_replies: Vec<ReplyTo>,
+    pub reads: Reads,
+    /// The next read after a failed one (or a failed cgroup watch), and its backoff.
+    pub retry: Option<(Instant, Duration)>,
+    /// Taken up from the state file: never dropped because a read failed.
+    pub restored: bool,
+    pub timer: Option<Instant>,
+    /// A proof waiting for its exit record before it is told.
+    pub proof_pending: Option<Proof>,
+    pub event: Option<ProofEvent>,
+    pub spec: WatchSpec,
+    /// A generation's files to release after the proof; `None` for a watch without `gen`.
+    pub release: Option<Release>,
+}
+
+impl Watch {
+    pub fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
+        Watch {
+            id: unit.to_string(),
+            path: unit_path(unit.as_str()),
+            unit,
+            asked_invocation,
+            proof: None,
+            facts: UnitFacts::default(),
+            stale: false,
+            control_group: String::new(),
+            cgroup_watch: CgroupWatch::Absent,
+            pending_stop: false,
+            resumed_stop_requested: false,
+            unsent_stop: None,
+            watch_replies: Vec::new(),
+            reads: Reads::default(),
+            retry: None,
+            restored: false,
+            timer: None,
+            proof_pending: None,
+            event: None,
+            release: spec
+                .generation
+                .map(|_| Release::new(spec.launch_file.is_some())),
+            spec,
+        }
+    }
+
+    /// Our invocation, once known.
+    pub fn our_invocation(&self) -> Option<&str> {
+        match (&self.event, &self.proof) {
+            (Some(event), _) => Some(&event.invocation),
+            (None, Some(proof)) => Some(proof.invocation()),
+            (None, None) => self.asked_invocation.as_deref(),
+        }
+    }
+
+    /// Whether a stop of ours was requested, before or after the first read or a restart.
+    pub fn stop_requested(&self) -> bool {
+        self.proof.as_ref().is_some_and(UnitProof::stop_requested)
+            || self.pending_stop
+            || self.resumed_stop_requested
+            || self.event.as_ref().is_some_and(|e| e.stop_requested)
+    }
+
+    /// The exit record's file name, once our invocation is known.
+    pub fn record_name(&self) -> Option<String> {
+        self.spec.run_dir.as_ref()?;
+        match &self.spec.record {
+            Some(name) => Some(name.clone()),
+            None => Some(default_record_name(self.proof.as_ref()?.invocation())),
+        }
+    }
+
+    pub fn view(&self) -> WatchView {
+        let proof = self.proof.as_ref();
+        WatchView {
+            unit: self.unit.to_string(),
+            invocation: self.our_invocation().map(str::to_owned),
+            active_state: self.facts.active_state().map(Into::into),
+            sub_state: self.facts.sub_state().map(Into::into),
+            populated: match proof.and_then(|p| p.last_reading()) {
+                Some(CgroupReading::Populated) => Some(true),
+                Some(CgroupReading::Empty) => Some(false),
+                _ => None,
+            },
+            phase: match (&self.event, proof) {
+                (Some(_), _) => Phase::Proven,
+                (None, Some(proof)) => proof.phase(),
+                (None, None) => Phase::Watching,
+            },
+            stop_requested: self.stop_requested(),
+            run_dir: self.spec.run_dir.as_ref().map(|p| p.display().to_string()),
+            record: self.record_name().or_else(|| self.spec.record.clone()),
+            generation: self.spec.generation,
+            launch_file: self
+                .spec
+                .launch_file
+                .as_ref()
+                .map(|p| p.display().to_string()),
+            proof: self.event.clone(),
+        }
+    }
+}
