@@ -38,6 +38,8 @@ pub(crate) struct Oracle {
     owed: BTreeMap<(usize, Inv), Owed>,
     proven: BTreeSet<(usize, Inv)>,
     removed: BTreeSet<String>,
+    /// Invocations of each unit a watch judged foreign (it sent a foreign stop knowing them).
+    foreign: BTreeMap<usize, BTreeSet<Inv>>,
     /// StopUnits that hit an invocation the agent had not heard of yet: a race no agent can
     /// win (systemd has no conditional stop), counted, not failed.
     pub stop_races: u32,
@@ -59,6 +61,10 @@ impl Oracle {
         if inv != 0 && !self.proven.contains(&(u, inv)) {
             self.owed.entry((u, inv)).or_insert(Owed { over_for: None });
         }
+    }
+
+    pub(crate) fn is_proven(&self, u: usize, inv: Inv) -> bool {
+        self.proven.contains(&(u, inv))
     }
 
     /// The watch was dropped by its client: nothing is owed any more.
@@ -117,6 +123,8 @@ impl Oracle {
             Cause::Exited => record.ended,
             Cause::RestartedOutside => record.next.is_some(),
             Cause::ReplacedAfterStop => stop_requested && record.next.is_some(),
+            // No reboot is modelled.
+            Cause::Rebooted => false,
         };
         if !right {
             self.fail(format!(
@@ -140,10 +148,19 @@ impl Oracle {
         seen: impl Fn(Inv) -> bool,
     ) {
         let Some(u) = w.resolve(name) else { return };
+        if why == StopWhy::Foreign {
+            // The agent stops what it knows runs there and is not ours.
+            let judged = self.foreign.entry(u).or_default();
+            for inv in w.history.keys().filter(|i| seen(**i) && Some(**i) != ours) {
+                judged.insert(*inv);
+            }
+            return;
+        }
         let Some(running) = w.running_invocation(u) else {
             return;
         };
-        if Some(running) == ours || why == StopWhy::Foreign {
+        let judged = self.foreign.get(&u).is_some_and(|j| j.contains(&running));
+        if Some(running) == ours || judged {
             return;
         }
         if seen(running) {

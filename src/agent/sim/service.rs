@@ -60,8 +60,19 @@ impl SvcState {
         }
     }
 
-    /// Whether systemd may still start a process under the current invocation.
-    pub(crate) fn may_spawn(self) -> bool {
+    /// Whether systemd may still start a process under the current invocation: a running
+    /// unit may fork, reload or run ExecStop=; a stopping one has ExecStopPost= to come
+    /// unless it already runs (a live control process is a process of the invocation anyway).
+    pub(crate) fn may_spawn(self, cfg: &UnitConfig) -> bool {
+        match self {
+            SvcState::Start | SvcState::Running | SvcState::Exited => true,
+            SvcState::Stop | SvcState::StopSigterm => cfg.exec_stop_post,
+            _ => false,
+        }
+    }
+
+    /// Whether the unit runs an invocation (not yet inactive, failed or waiting to restart).
+    pub(crate) fn running(self) -> bool {
         !matches!(
             self,
             SvcState::Dead | SvcState::Failed | SvcState::AutoRestart
@@ -92,6 +103,8 @@ pub(crate) struct Unit {
     pub loaded: bool,
     pub state: SvcState,
     pub invocation: Inv,
+    /// The last invocation the unit ran, kept through garbage collection for the history.
+    pub last_invocation: Inv,
     pub main_pid: Option<Pid>,
     pub control_pid: Option<Pid>,
     pub job: Option<Job>,
@@ -132,7 +145,8 @@ impl World {
 
     pub(super) fn start(&mut self, u: usize) {
         let new = self.fresh_invocation();
-        let old = self.units[u].invocation;
+        let old = self.units[u].last_invocation;
+        self.units[u].last_invocation = new;
         if let Some(record) = self.history.get_mut(&old) {
             record.next = Some(new);
             record.ended = true;

@@ -136,6 +136,7 @@ impl World {
             loaded: true,
             state: SvcState::Dead,
             invocation: 0,
+            last_invocation: 0,
             main_pid: None,
             control_pid: None,
             job: None,
@@ -178,7 +179,7 @@ impl World {
             && self
                 .units
                 .iter()
-                .any(|u| u.loaded && u.invocation == inv && u.state.may_spawn())
+                .any(|u| u.loaded && u.invocation == inv && u.state.may_spawn(&u.cfg))
     }
 
     /// Every process of `inv` is gone and none can come.
@@ -189,7 +190,7 @@ impl World {
     /// The invocation a unit is running (not yet inactive or failed), if any.
     pub(crate) fn running_invocation(&self, u: usize) -> Option<Inv> {
         let unit = &self.units[u];
-        (unit.loaded && unit.invocation != 0 && unit.state.may_spawn()).then_some(unit.invocation)
+        (unit.loaded && unit.invocation != 0 && unit.state.running()).then_some(unit.invocation)
     }
 
     fn gap(&mut self) -> u32 {
@@ -305,10 +306,10 @@ impl World {
             if unit.main_pid.is_some() {
                 add(5, Action::Fork(u));
             }
-            if !unit.state.may_spawn() || !unit.loaded {
+            if !unit.state.running() || !unit.loaded {
                 add(4, Action::Start(u));
             }
-            if unit.loaded && unit.state.may_spawn() {
+            if unit.loaded && unit.state.running() {
                 add(2, Action::Stop(u));
                 add(2, Action::Restart(u));
             }
@@ -374,7 +375,7 @@ impl World {
                         | SvcState::FinalSigterm
                         | SvcState::AutoRestart
                 )
-                || (!unit.state.may_spawn()
+                || (!unit.state.running()
                     && self.kernel.exists(&unit.cgroup)
                     && !self.kernel.populated(&unit.cgroup)))
     }
@@ -523,10 +524,10 @@ impl World {
         }
         for u in 0..self.units.len() {
             let unit = &self.units[u];
-            if wind_down && unit.loaded && unit.state.may_spawn() && unit.job != Some(Job::Stop) {
+            if wind_down && unit.loaded && unit.state.running() && unit.job != Some(Job::Stop) {
                 lines.push(self.apply(Action::Stop(u)));
             }
-            if wind_down && !self.units[u].state.may_spawn() {
+            if wind_down && !self.units[u].state.running() {
                 let cgroup = self.units[u].cgroup.clone();
                 if self.kernel.kill_all(&cgroup) > 0 {
                     lines.push(format!(
