@@ -215,8 +215,4 @@ impl Bus {
         ids.sort_unstable();
         ids
     }
-
-    pub(crate) fn quiet(&self) -> bool {
-        self.signals.is_empty() && self.replies.is_empty() && self.calls.is_empty()
-    }
 }

@@ -188,10 +188,7 @@ impl Sim {
     }
 
     fn drain(&mut self) {
-        loop {
-            let Some(output) = self.core.as_mut().and_then(Core::poll_output) else {
-                break;
-            };
+        while let Some(output) = self.core.as_mut().and_then(Core::poll_output) {
             self.drained.push(output.clone());
             self.carry_out(output);
         }

@@ -184,8 +184,18 @@ impl Kernel {
         self.overflow = false;
     }
 
-    pub(crate) fn is_watched(&self, path: &str) -> bool {
-        self.watched.contains_key(path)
+    /// A process as a violation report names it.
+    pub(crate) fn describe(&self, pid: Pid, units: &[String]) -> String {
+        match self.procs.get(&pid) {
+            Some(p) => format!(
+                "{pid} ({:?} of {}, started at {:.3} s, in {})",
+                p.role,
+                units.get(p.unit).map_or("?", String::as_str),
+                p.start_us as f64 / 1e6,
+                p.cgroup
+            ),
+            None => format!("{pid} (gone)"),
+        }
     }
 
     pub(crate) fn watched_paths(&self) -> Vec<String> {

@@ -88,7 +88,12 @@ impl Oracle {
         if inv == 0 {
             return;
         }
-        let pids = w.procs_of(inv);
+        let names: Vec<String> = w.units.iter().map(|u| u.name.clone()).collect();
+        let pids: Vec<String> = w
+            .procs_of(inv)
+            .into_iter()
+            .map(|p| w.kernel.describe(p, &names))
+            .collect();
         if !pids.is_empty() {
             self.fail(format!(
                 "FALSE PROOF of {name} inv {} ({cause:?}): processes {pids:?} of it are alive",
@@ -212,11 +217,6 @@ impl Oracle {
             }
         }
         self.violations.extend(late);
-    }
-
-    /// Proofs still owed for invocations that are over.
-    pub(crate) fn owed_over(&self, w: &World) -> usize {
-        self.owed.keys().filter(|(_, inv)| w.over(*inv)).count()
     }
 }
 
