@@ -35,6 +35,13 @@ pub(crate) struct Sim {
     watches: BTreeMap<UnitKey, String>,
     /// The name each key was read under: the client's name for the unit.
     key_names: BTreeMap<UnitKey, String>,
+    /// Each key's invocation as the agent holds it: asked for, restored, or adopted from the
+    /// first read (`None` until that read).
+    key_invs: BTreeMap<UnitKey, Option<Inv>>,
+    /// The watch request being handed in: a new key read now is for it (name, invocation).
+    pub asking: Option<(String, Option<Inv>)>,
+    /// The state the running agent was started from.
+    restored: AgentState,
     /// The driver has fed BusUp since the last BusLost.
     pub connected: bool,
     /// Invocations of each unit the agent has been told of (in a signal or a read).
@@ -74,6 +81,9 @@ impl Sim {
             calls: BTreeMap::new(),
             watches: BTreeMap::new(),
             key_names: BTreeMap::new(),
+            key_invs: BTreeMap::new(),
+            asking: None,
+            restored: AgentState::default(),
             connected: false,
             seen: BTreeMap::new(),
             drained: Vec::new(),
@@ -96,6 +106,7 @@ impl Sim {
     /// The agent starts (again) from its last saved state, connects and subscribes.
     pub(crate) fn start_agent(&mut self) {
         let now = self.now();
+        self.restored = self.saved.clone();
         let core = Core::new(config(self.base), self.saved.clone(), now);
         self.core = Some(core);
         self.log(|| "agent starts from its saved state".into());
@@ -117,6 +128,7 @@ impl Sim {
         self.calls.clear();
         self.watches.clear();
         self.key_names.clear();
+        self.key_invs.clear();
         self.seen.clear();
         self.connected = false;
         self.tenant.agent_died();
@@ -204,7 +216,10 @@ impl Sim {
         let now = self.now();
         match output {
             Output::ReadUnit { key, unit } => {
-                self.key_names.insert(key, unit.clone());
+                if self.key_names.insert(key, unit.clone()).is_none() {
+                    let inv = self.new_key_invocation(&unit);
+                    self.key_invs.insert(key, inv);
+                }
                 // Without a connection the real driver drops the read too.
                 if let Some(id) = self.world.bus.send(&unit, CallKind::Read) {
                     self.calls.insert(id, (key, None));
@@ -279,8 +294,7 @@ impl Sim {
             StopKind::Proof(StopReason::Foreign) => StopWhy::Foreign,
             StopKind::FinalGeneration => StopWhy::Final,
         };
-        let name = self.key_names.get(&key).cloned().unwrap_or_default();
-        let ours = self.tenant.invocation_of(&name);
+        let ours = self.key_invs.get(&key).copied().flatten();
         let seen = self
             .world
             .resolve(unit)
@@ -305,6 +319,21 @@ impl Sim {
                 );
             }
         }
+    }
+
+    /// The invocation of a key the agent reads for the first time: the one its watch request
+    /// names, the one of the restored watch, or none yet (adopted at the first read).
+    fn new_key_invocation(&self, unit: &str) -> Option<Inv> {
+        if let Some((name, inv)) = &self.asking
+            && name == unit
+        {
+            return *inv;
+        }
+        self.restored
+            .watches
+            .iter()
+            .find(|w| w.unit == unit && w.proof.is_none())
+            .map(|w| parse_inv(&w.invocation))
     }
 
     /// A launch file goes only with its proof, which the same drain (or an earlier one) says.
@@ -367,6 +396,10 @@ impl Sim {
                 {
                     let inv = parse_inv(&snapshot.invocation);
                     self.seen.entry(u).or_default().insert(inv);
+                    // An adopting watch takes the invocation of its first read.
+                    if let Some(slot @ None) = self.key_invs.get_mut(&key) {
+                        *slot = Some(inv);
+                    }
                 }
                 let result = result.map(to_unit_snapshot);
                 self.input(Input::UnitRead { key, result });

@@ -48,10 +48,6 @@ impl Tenant {
         self.asked.clear();
     }
 
-    pub(crate) fn invocation_of(&self, name: &str) -> Option<Inv> {
-        self.held.get(name).map(|h| h.inv)
-    }
-
     /// Whether the platform ever asked to stop `name`.
     pub(crate) fn stop_requested(&self, name: &str) -> bool {
         self.stops.contains(name)
@@ -113,7 +109,11 @@ impl Sim {
         json["id"] = id.into();
         let request = parse_request(json.to_string().as_bytes()).expect("a valid request");
         let client = ClientId::for_test(self.tenant.client);
+        let unit = json["unit"].as_str().map(str::to_owned);
+        let inv = json["invocation"].as_str().map(parse_inv);
+        self.asking = unit.map(|u| (u, inv));
         self.input(Input::Request { client, request });
+        self.asking = None;
         id
     }
 
