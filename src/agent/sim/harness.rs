@@ -42,6 +42,8 @@ pub(crate) struct Sim {
     pub asking: Option<(String, Option<Inv>)>,
     /// The state the running agent was started from.
     restored: AgentState,
+    /// The last watch-creating request of each name in this life of the agent.
+    pub asked_names: BTreeMap<String, Option<Inv>>,
     /// The driver has fed BusUp since the last BusLost.
     pub connected: bool,
     /// Invocations of each unit the agent has been told of (in a signal or a read).
@@ -57,8 +59,9 @@ fn config(base: Instant) -> CoreConfig {
         retain_for: Duration::from_secs(3600),
         // No safety net: every proof must come from events, as the liveness rule demands.
         resync_interval: None,
-        // Small, so the read queue is exercised.
-        max_reads_in_flight: 2,
+        // Large enough that a new watch's first read goes out with its request, so the
+        // harness knows which invocation each key stands for.
+        max_reads_in_flight: 32,
         boot_id: Some("boot-1".into()),
         clock_anchor: (base, 0),
     }
@@ -84,6 +87,7 @@ impl Sim {
             key_invs: BTreeMap::new(),
             asking: None,
             restored: AgentState::default(),
+            asked_names: BTreeMap::new(),
             connected: false,
             seen: BTreeMap::new(),
             drained: Vec::new(),
@@ -107,6 +111,7 @@ impl Sim {
     pub(crate) fn start_agent(&mut self) {
         let now = self.now();
         self.restored = self.saved.clone();
+        self.asked_names.clear();
         let core = Core::new(config(self.base), self.saved.clone(), now);
         self.core = Some(core);
         self.log(|| "agent starts from its saved state".into());
@@ -327,6 +332,9 @@ impl Sim {
         if let Some((name, inv)) = &self.asking
             && name == unit
         {
+            return *inv;
+        }
+        if let Some(inv) = self.asked_names.get(unit) {
             return *inv;
         }
         self.restored

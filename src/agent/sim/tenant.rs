@@ -111,6 +111,9 @@ impl Sim {
         let client = ClientId::for_test(self.tenant.client);
         let unit = json["unit"].as_str().map(str::to_owned);
         let inv = json["invocation"].as_str().map(parse_inv);
+        if let Some(unit) = &unit {
+            self.asked_names.insert(unit.clone(), inv);
+        }
         self.asking = unit.map(|u| (u, inv));
         self.input(Input::Request { client, request });
         self.asking = None;
