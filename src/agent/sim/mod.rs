@@ -246,11 +246,7 @@ fn simulation() {
          an invocation the agent had not heard of yet, {failing} failing seeds"
     );
     for (k, seeds) in &kinds {
-        let list: Vec<String> = seeds
-            .iter()
-            .take(12)
-            .map(|(s, _, _)| s.to_string())
-            .collect();
+        let list: Vec<String> = seeds.iter().map(|(s, _, _)| s.to_string()).collect();
         println!("{} seeds: {k}: {}", seeds.len(), list.join(" "));
         let (seed, step, v) = &seeds[0];
         println!("    e.g. seed {seed} step {step}: {v}");
