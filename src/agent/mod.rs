@@ -9,6 +9,8 @@
 
 mod bus;
 pub mod core;
+#[cfg(test)]
+mod sim;
 pub mod state;
 
 use std::collections::VecDeque;

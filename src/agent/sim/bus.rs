@@ -1,0 +1,218 @@
+//! The D-Bus between systemd and the agent: systemd's serial counter, the agent's
+//! subscription, calls in flight and their replies, and the ways the bus fails.
+//!
+//! Every message systemd sends takes the next serial of its connection, signals and replies
+//! alike, so serials only grow on one connection (and restart on a new one: a reexec or a bus
+//! restart). Signals reach the agent in order among themselves, and replies in order among
+//! themselves; the harness may interleave the two queues in any way, as zbus may.
+
+use std::collections::{BTreeSet, VecDeque};
+
+use crate::systemd::signal::SystemdSignal;
+
+/// What systemd answered a read with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Snapshot {
+    pub serial: u32,
+    pub loaded: bool,
+    /// The unit's own name (an alias resolves to it).
+    pub id: String,
+    pub active_state: String,
+    pub sub_state: String,
+    pub invocation: String,
+    pub control_group: String,
+    pub result: String,
+    pub exec_main_code: i32,
+    pub exec_main_status: i32,
+    pub inactive_enter_us: u64,
+    pub inactive_exit_us: u64,
+}
+
+/// One message on the agent's signal path, in the order the agent sees it.
+#[derive(Clone, Debug)]
+pub(crate) enum Msg {
+    Signal(u32, SystemdSignal),
+    /// NameOwnerChanged: systemd left the bus (reexec); the connection's facts are stale.
+    SystemdLeft,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    Read,
+    Stop,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Call {
+    pub id: u64,
+    pub epoch: u64,
+    pub unit: String,
+    pub kind: CallKind,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) enum Answer {
+    Read(Result<Snapshot, String>),
+    /// `Err` carries the D-Bus error name (NoSuchUnit is one).
+    Stop(Result<(), String>),
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Reply {
+    pub id: u64,
+    pub answer: Answer,
+}
+
+pub(crate) const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+
+#[derive(Debug)]
+pub(crate) struct Bus {
+    /// The bus daemon runs.
+    pub daemon_up: bool,
+    /// systemd is connected to it (not in the middle of a reexec).
+    pub systemd_on: bool,
+    serial: u32,
+    /// The agent's connection (an epoch number), once it has subscribed.
+    pub agent: Option<u64>,
+    /// systemd left the agent's connection (reexec): its match rules name the old sender,
+    /// so nothing from the new systemd reaches it until it subscribes again.
+    stale: bool,
+    next_epoch: u64,
+    next_call: u64,
+    pub signals: VecDeque<Msg>,
+    pub calls: VecDeque<Call>,
+    pub replies: VecDeque<Reply>,
+    /// Calls the agent gave up on (timed out): systemd may still carry them out.
+    abandoned: BTreeSet<u64>,
+}
+
+impl Bus {
+    pub(crate) fn new() -> Bus {
+        Bus {
+            daemon_up: true,
+            systemd_on: true,
+            serial: 1,
+            agent: None,
+            stale: false,
+            next_epoch: 0,
+            next_call: 0,
+            signals: VecDeque::new(),
+            calls: VecDeque::new(),
+            replies: VecDeque::new(),
+            abandoned: BTreeSet::new(),
+        }
+    }
+
+    /// The next serial of systemd's connection; `gap` stands for messages to other clients.
+    pub(crate) fn next_serial(&mut self, gap: u32) -> u32 {
+        self.serial = self.serial.wrapping_add(1 + gap);
+        self.serial
+    }
+
+    /// systemd emits a signal; only a subscribed agent receives it.
+    pub(crate) fn emit(&mut self, signal: SystemdSignal, gap: u32) {
+        if !self.systemd_on {
+            return;
+        }
+        let serial = self.next_serial(gap);
+        if self.agent.is_some() && !self.stale {
+            self.signals.push_back(Msg::Signal(serial, signal));
+        }
+    }
+
+    /// The agent connects and subscribes; `None` while the bus or systemd is away.
+    pub(crate) fn connect(&mut self) -> Option<u64> {
+        if !self.daemon_up || !self.systemd_on {
+            return None;
+        }
+        self.next_epoch += 1;
+        self.agent = Some(self.next_epoch);
+        self.stale = false;
+        Some(self.next_epoch)
+    }
+
+    /// The agent's connection is gone: nothing queued for it arrives. Calls already on their
+    /// way to systemd stay; systemd carries them out and its replies go nowhere.
+    pub(crate) fn disconnect_agent(&mut self) {
+        self.agent = None;
+        self.signals.clear();
+        self.replies.clear();
+    }
+
+    /// The agent sends a call; `None` (fails at once) without a connection.
+    pub(crate) fn send(&mut self, unit: &str, kind: CallKind) -> Option<u64> {
+        let epoch = self.agent?;
+        self.next_call += 1;
+        self.calls.push_back(Call {
+            id: self.next_call,
+            epoch,
+            unit: unit.to_owned(),
+            kind,
+        });
+        Some(self.next_call)
+    }
+
+    /// Whether a reply to `call` would still reach the agent.
+    pub(crate) fn wanted(&self, call: &Call) -> bool {
+        self.agent == Some(call.epoch) && !self.abandoned.contains(&call.id)
+    }
+
+    pub(crate) fn reply(&mut self, call: &Call, answer: Answer) {
+        if self.wanted(call) {
+            self.replies.push_back(Reply {
+                id: call.id,
+                answer,
+            });
+        }
+    }
+
+    /// The agent gives up on a call (its timeout): a reply that comes later is dropped.
+    pub(crate) fn abandon(&mut self, id: u64) {
+        self.abandoned.insert(id);
+        self.replies.retain(|r| r.id != id);
+    }
+
+    /// The bus daemon goes away: everyone's connection with it, and what was in it, is lost.
+    pub(crate) fn daemon_down(&mut self) {
+        self.daemon_up = false;
+        self.systemd_on = false;
+        self.calls.clear();
+        self.disconnect_agent();
+    }
+
+    /// The bus daemon is back, and systemd on it with a new connection (serials restart).
+    pub(crate) fn daemon_back(&mut self) {
+        self.daemon_up = true;
+        self.systemd_back();
+    }
+
+    /// systemd leaves the bus to re-execute: calls it did not read get no answer.
+    pub(crate) fn systemd_leaves(&mut self) {
+        if self.agent.is_some() {
+            self.signals.push_back(Msg::SystemdLeft);
+            self.stale = true;
+        }
+        self.systemd_on = false;
+        self.calls.clear();
+    }
+
+    pub(crate) fn systemd_back(&mut self) {
+        if self.daemon_up {
+            self.systemd_on = true;
+            self.serial = 1;
+        }
+    }
+
+    /// Every call still outstanding for the agent: not yet answered, not given up on.
+    pub(crate) fn outstanding(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .calls
+            .iter()
+            .filter(|c| self.wanted(c))
+            .map(|c| c.id)
+            .chain(self.replies.iter().map(|r| r.id))
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+}

@@ -1,0 +1,598 @@
+//! The driver of the simulated agent: what the real mio loop does for the core (carry out its
+//! outputs, answer the synchronous ones at once, feed what the bus and inotify deliver), done
+//! against the world instead of the machine, plus the agent's own crashes and restarts.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, Snapshot};
+use super::kernel::{Inv, Reading};
+use super::oracle::{Oracle, StopWhy, parse_inv};
+use super::rng::Rng;
+use super::tenant::Tenant;
+use super::world::World;
+use crate::agent::core::{AgentState, Core, CoreConfig, Input, Output, StopKind, UnitKey};
+use crate::cgroup::CgroupReading;
+use crate::proof::StopReason;
+use crate::systemd::manager::{ServiceExit, UnitSnapshot};
+use crate::systemd::signal::{SystemdSignal, unit_path};
+
+/// What one simulated run is made of.
+pub(crate) struct Sim {
+    pub rng: Rng,
+    pub world: World,
+    pub core: Option<Core>,
+    /// The last state the agent saved: what a restart takes up.
+    saved: AgentState,
+    base: Instant,
+    pub oracle: Oracle,
+    pub tenant: Tenant,
+    /// One line per thing that happened, when a transcript is wanted.
+    pub trace: Option<Vec<String>>,
+    /// Calls in flight: the key they are for, and the stop's kind.
+    calls: BTreeMap<u64, (UnitKey, Option<StopKind>)>,
+    /// The cgroup each key's inotify watch is on.
+    watches: BTreeMap<UnitKey, String>,
+    /// The name each key was read under: the client's name for the unit.
+    key_names: BTreeMap<UnitKey, String>,
+    /// Each key's invocation as the agent holds it: asked for, restored, or adopted from the
+    /// first read (`None` until that read).
+    key_invs: BTreeMap<UnitKey, Option<Inv>>,
+    /// The watch request being handed in: a new key read now is for it (name, invocation).
+    pub asking: Option<(String, Option<Inv>)>,
+    /// The state the running agent was started from.
+    restored: AgentState,
+    /// The last watch-creating request of each name in this life of the agent.
+    pub asked_names: BTreeMap<String, Option<Inv>>,
+    /// The driver has fed BusUp since the last BusLost.
+    pub connected: bool,
+    /// Invocations of each unit the agent has been told of (in a signal or a read).
+    seen: BTreeMap<usize, BTreeSet<Inv>>,
+    /// Outputs of the drain under way, for the launch-file rule.
+    drained: Vec<Output>,
+    pub restarts: u32,
+}
+
+fn config(base: Instant) -> CoreConfig {
+    CoreConfig {
+        retain_proven: 16,
+        retain_for: Duration::from_secs(3600),
+        // No safety net: every proof must come from events, as the liveness rule demands.
+        resync_interval: None,
+        // Large enough that a new watch's first read goes out with its request, so the
+        // harness knows which invocation each key stands for.
+        max_reads_in_flight: 32,
+        boot_id: Some("boot-1".into()),
+        clock_anchor: (base, 0),
+    }
+}
+
+impl Sim {
+    pub(crate) fn new(seed: u64, traced: bool) -> Sim {
+        let mut rng = Rng::new(seed);
+        let world = World::new(rng.next_u64());
+        let base = Instant::now();
+        let mut sim = Sim {
+            rng,
+            world,
+            core: None,
+            saved: AgentState::default(),
+            base,
+            oracle: Oracle::default(),
+            tenant: Tenant::default(),
+            trace: traced.then(Vec::new),
+            calls: BTreeMap::new(),
+            watches: BTreeMap::new(),
+            key_names: BTreeMap::new(),
+            key_invs: BTreeMap::new(),
+            asking: None,
+            restored: AgentState::default(),
+            asked_names: BTreeMap::new(),
+            connected: false,
+            seen: BTreeMap::new(),
+            drained: Vec::new(),
+            restarts: 0,
+        };
+        sim.start_agent();
+        sim
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        self.base + Duration::from_micros(self.world.now_us)
+    }
+
+    pub(crate) fn log(&mut self, line: impl FnOnce() -> String) {
+        if let Some(trace) = &mut self.trace {
+            trace.push(line());
+        }
+    }
+
+    /// The agent starts (again) from its last saved state, connects and subscribes.
+    pub(crate) fn start_agent(&mut self) {
+        let now = self.now();
+        self.restored = self.saved.clone();
+        self.asked_names.clear();
+        let core = Core::new(config(self.base), self.saved.clone(), now);
+        self.core = Some(core);
+        self.log(|| "agent starts from its saved state".into());
+        self.drain();
+        self.subscribe();
+        self.connect();
+        if let Some(core) = &mut self.core {
+            core.save_now(now);
+        }
+        self.drain();
+    }
+
+    /// SIGKILL: everything in flight is lost; only the saved state survives.
+    pub(crate) fn kill_agent(&mut self) {
+        self.core = None;
+        self.restarts += 1;
+        self.world.bus.disconnect_agent();
+        self.world.kernel.drop_watches();
+        self.calls.clear();
+        self.watches.clear();
+        self.key_names.clear();
+        self.key_invs.clear();
+        self.seen.clear();
+        self.connected = false;
+        self.tenant.agent_died();
+        self.log(|| "agent killed".into());
+    }
+
+    /// The driver (re)connects when it can; false if the bus or systemd is away.
+    pub(crate) fn connect(&mut self) -> bool {
+        if self.core.is_none() || self.connected {
+            return false;
+        }
+        if self.world.bus.connect().is_none() {
+            return false;
+        }
+        self.connected = true;
+        self.input(Input::BusUp);
+        true
+    }
+
+    /// The driver's connection is gone: replies of it are dropped, stops in flight fail.
+    pub(crate) fn bus_lost(&mut self, why: &str) {
+        self.world.bus.disconnect_agent();
+        if !self.connected {
+            return;
+        }
+        self.connected = false;
+        let why = why.to_owned();
+        self.log(|| format!("driver: {why}"));
+        self.input(Input::BusLost);
+        for (_, (key, kind)) in std::mem::take(&mut self.calls) {
+            if let Some(kind) = kind {
+                self.input(Input::StopDone {
+                    key,
+                    kind,
+                    succeeded: false,
+                });
+            }
+        }
+    }
+
+    /// Hands one input to the core and carries out everything it asks for.
+    pub(crate) fn input(&mut self, input: Input) {
+        let now = self.now();
+        if self.core.is_none() {
+            return;
+        }
+        if self.trace.is_some() {
+            let line = format!("  core <- {}", show_input(&input));
+            self.log(|| line);
+        }
+        if let Some(core) = &mut self.core {
+            core.handle_input(input, now);
+        }
+        self.drain();
+    }
+
+    /// The end of a loop turn: timers, then a save if one is due.
+    pub(crate) fn end_turn(&mut self) {
+        let now = self.now();
+        if let Some(core) = &mut self.core {
+            core.handle_timeout(now);
+            core.end_turn(now);
+        }
+        self.drain();
+    }
+
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.core.as_ref().and_then(Core::poll_timeout)
+    }
+
+    fn drain(&mut self) {
+        while let Some(output) = self.core.as_mut().and_then(Core::poll_output) {
+            self.drained.push(output.clone());
+            self.carry_out(output);
+        }
+        self.check_launch_files();
+        self.drained.clear();
+    }
+
+    fn carry_out(&mut self, output: Output) {
+        if self.trace.is_some() && !matches!(output, Output::Log { .. }) {
+            let line = format!("  core -> {}", show_output(&output));
+            self.log(|| line);
+        }
+        let now = self.now();
+        match output {
+            Output::ReadUnit { key, unit } => {
+                if self.key_names.insert(key, unit.clone()).is_none() {
+                    let inv = self.new_key_invocation(&unit);
+                    self.key_invs.insert(key, inv);
+                }
+                // Without a connection the real driver drops the read too.
+                if let Some(id) = self.world.bus.send(&unit, CallKind::Read) {
+                    self.calls.insert(id, (key, None));
+                }
+            }
+            Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
+            Output::WatchCgroup { key, cgroup } => {
+                if let Some(old) = self.watches.insert(key, cgroup.clone()) {
+                    self.world.kernel.unwatch(&old);
+                }
+                let result = if self.rng.percent(3) {
+                    self.watches.remove(&key);
+                    Err("inotify watch limit reached".to_owned())
+                } else {
+                    self.world.kernel.watch(&cgroup);
+                    Ok(())
+                };
+                self.answer(Input::CgroupWatched { key, result }, now);
+            }
+            Output::UnwatchCgroup { key } => {
+                if let Some(old) = self.watches.remove(&key) {
+                    self.world.kernel.unwatch(&old);
+                }
+            }
+            Output::ReadCgroup { key, cgroup } => {
+                let reading = if self.rng.percent(2) {
+                    CgroupReading::Unreadable(format!("{cgroup}: EIO"))
+                } else {
+                    match self.world.kernel.read(&cgroup) {
+                        Reading::Populated => CgroupReading::Populated,
+                        Reading::Empty => CgroupReading::Empty,
+                        Reading::Gone => CgroupReading::Gone,
+                    }
+                };
+                self.answer(Input::CgroupRead { key, reading }, now);
+            }
+            Output::TakeExitRecord { key, .. } => {
+                self.answer(Input::ExitRecord { key, record: None }, now);
+            }
+            Output::RemoveLaunchFile { .. } | Output::Log { .. } => {}
+            Output::Reply { to, answer } => {
+                let world = &self.world;
+                self.tenant.on_reply(world, &mut self.oracle, to, answer);
+            }
+            Output::Broadcast { event, .. } => {
+                let u = self.world.resolve(&event.unit);
+                let inv = parse_inv(&event.invocation);
+                let asked = self.tenant.stop_requested(&event.unit);
+                if let Some(u) = u {
+                    self.oracle
+                        .on_proof(&self.world, u, inv, event.cause, asked);
+                }
+            }
+            Output::Save(state) => self.saved = *state,
+        }
+    }
+
+    /// A synchronous answer: straight back to the core, before anything else.
+    fn answer(&mut self, input: Input, now: Instant) {
+        if self.trace.is_some() {
+            let line = format!("  core <- {}", show_input(&input));
+            self.log(|| line);
+        }
+        if let Some(core) = &mut self.core {
+            core.handle_input(input, now);
+        }
+    }
+
+    fn stop_unit(&mut self, key: UnitKey, unit: &str, kind: StopKind) {
+        let why = match kind {
+            StopKind::Proof(StopReason::Requested) => StopWhy::Requested,
+            StopKind::Proof(StopReason::Foreign) => StopWhy::Foreign,
+            StopKind::FinalGeneration => StopWhy::Final,
+        };
+        let ours = self.key_invs.get(&key).copied().flatten();
+        let seen = self
+            .world
+            .resolve(unit)
+            .and_then(|u| self.seen.get(&u))
+            .cloned()
+            .unwrap_or_default();
+        self.oracle
+            .on_stop(&self.world, unit, ours, why, |inv| seen.contains(&inv));
+        match self.world.bus.send(unit, CallKind::Stop) {
+            Some(id) => {
+                self.calls.insert(id, (key, Some(kind)));
+            }
+            None => {
+                let now = self.now();
+                self.answer(
+                    Input::StopDone {
+                        key,
+                        kind,
+                        succeeded: false,
+                    },
+                    now,
+                );
+            }
+        }
+    }
+
+    /// The invocation of a key the agent reads for the first time: the one its watch request
+    /// names, the one of the restored watch, or none yet (adopted at the first read).
+    fn new_key_invocation(&self, unit: &str) -> Option<Inv> {
+        if let Some((name, inv)) = &self.asking
+            && name == unit
+        {
+            return *inv;
+        }
+        if let Some(inv) = self.asked_names.get(unit) {
+            return *inv;
+        }
+        self.restored
+            .watches
+            .iter()
+            .find(|w| w.unit == unit && w.proof.is_none())
+            .map(|w| parse_inv(&w.invocation))
+    }
+
+    /// A launch file goes only with its proof, which the same drain (or an earlier one) says.
+    fn check_launch_files(&mut self) {
+        for output in &self.drained {
+            let Output::RemoveLaunchFile { path, .. } = output else {
+                continue;
+            };
+            let path = path.display().to_string();
+            let in_drain = self.drained.iter().any(|o| match o {
+                Output::Broadcast { event, .. } => event.launch_file.as_deref() == Some(&path),
+                _ => false,
+            });
+            let inv = self.tenant.launch_file_invocation(&path);
+            let proven = in_drain || self.tenant.launch_file_proven(&path, &self.oracle);
+            self.oracle
+                .on_remove_launch_file(&self.world, &path, inv, proven);
+        }
+    }
+
+    /// Delivers the next signal (or the news that systemd left the bus).
+    pub(crate) fn deliver_signal(&mut self) -> bool {
+        let Some(msg) = self.world.bus.signals.pop_front() else {
+            return false;
+        };
+        match msg {
+            Msg::Signal(serial, signal) => {
+                if let SystemdSignal::UnitChanged { path, change } = &signal
+                    && let Some(inv) = &change.invocation
+                    && let Some(u) = self.unit_by_path(path)
+                {
+                    self.seen.entry(u).or_default().insert(parse_inv(inv));
+                }
+                self.input(Input::Signal { serial, signal });
+            }
+            Msg::SystemdLeft => self.bus_lost("systemd left the bus (NameOwnerChanged)"),
+        }
+        true
+    }
+
+    fn unit_by_path(&self, path: &str) -> Option<usize> {
+        self.world
+            .units
+            .iter()
+            .position(|u| unit_path(&u.name) == path)
+    }
+
+    /// Delivers the next reply.
+    pub(crate) fn deliver_reply(&mut self) -> bool {
+        let Some(reply) = self.world.bus.replies.pop_front() else {
+            return false;
+        };
+        let Some((key, kind)) = self.calls.remove(&reply.id) else {
+            return true;
+        };
+        match (reply.answer, kind) {
+            (BusAnswer::Read(result), _) => {
+                if let Ok(snapshot) = &result
+                    && let Some(u) = self.world.resolve(&snapshot.id)
+                {
+                    let inv = parse_inv(&snapshot.invocation);
+                    self.seen.entry(u).or_default().insert(inv);
+                    // An adopting watch takes the invocation of its first read.
+                    if let Some(slot @ None) = self.key_invs.get_mut(&key) {
+                        *slot = Some(inv);
+                    }
+                }
+                let result = result.map(to_unit_snapshot);
+                self.input(Input::UnitRead { key, result });
+            }
+            (BusAnswer::Stop(result), Some(kind)) => {
+                // The real driver counts NoSuchUnit as stopped.
+                let succeeded = match result {
+                    Ok(()) => true,
+                    Err(e) => e == NO_SUCH_UNIT,
+                };
+                self.input(Input::StopDone {
+                    key,
+                    kind,
+                    succeeded,
+                });
+            }
+            (BusAnswer::Stop(_), None) => {}
+        }
+        true
+    }
+
+    /// A call times out: the agent hears an error, though systemd may still carry it out.
+    pub(crate) fn time_out_call(&mut self) -> bool {
+        let outstanding = self.world.bus.outstanding();
+        let Some(id) = self.rng.pick(&outstanding) else {
+            return false;
+        };
+        self.world.bus.abandon(id);
+        let Some((key, kind)) = self.calls.remove(&id) else {
+            return true;
+        };
+        self.log(|| format!("driver: call #{id} timed out"));
+        match kind {
+            Some(kind) => self.input(Input::StopDone {
+                key,
+                kind,
+                succeeded: false,
+            }),
+            None => self.input(Input::UnitRead {
+                key,
+                result: Err("Method call timed out".into()),
+            }),
+        }
+        true
+    }
+
+    /// Delivers what inotify has: a lost watch, an overflow, or one merged notification.
+    pub(crate) fn deliver_cgroup_notice(&mut self) -> bool {
+        let lost = self.world.kernel.take_lost();
+        if !lost.is_empty() {
+            for path in lost {
+                for key in self.keys_watching(&path) {
+                    self.watches.remove(&key);
+                    self.input(Input::CgroupWatchLost { key });
+                }
+            }
+            return true;
+        }
+        if self.world.kernel.take_overflow() {
+            self.input(Input::CgroupOverflow);
+            return true;
+        }
+        let pending = self.world.kernel.pending_paths();
+        let Some(i) = (!pending.is_empty()).then(|| self.rng.below(pending.len())) else {
+            return false;
+        };
+        let path = &pending[i];
+        self.world.kernel.take_pending(path);
+        for key in self.keys_watching(path) {
+            self.input(Input::CgroupChanged { key });
+        }
+        true
+    }
+
+    fn keys_watching(&self, path: &str) -> Vec<UnitKey> {
+        let watches = self.watches.iter();
+        watches
+            .filter(|(_, p)| p.as_str() == path)
+            .map(|(k, _)| *k)
+            .collect()
+    }
+
+    /// The world told the driver nothing, but its connection is gone (the bus daemon died).
+    pub(crate) fn notice_bus_gone(&mut self) {
+        if self.connected && self.world.bus.agent.is_none() {
+            self.bus_lost("the bus connection closed");
+        }
+    }
+
+    pub(crate) fn has_calls(&self) -> bool {
+        !self.calls.is_empty()
+    }
+}
+
+fn to_unit_snapshot(s: Snapshot) -> UnitSnapshot {
+    let exit = s.loaded.then(|| {
+        let exit = ServiceExit {
+            result: Some(s.result.clone()),
+            exec_main_code: Some(s.exec_main_code),
+            exec_main_status: Some(s.exec_main_status),
+        };
+        (exit, s.serial)
+    });
+    UnitSnapshot {
+        serial: s.serial,
+        loaded: s.loaded,
+        path: unit_path(&s.id),
+        id: s.id,
+        active_state: s.active_state,
+        sub_state: s.sub_state,
+        invocation: s.invocation,
+        control_group: s.control_group,
+        exit,
+    }
+}
+
+fn short_hex(hex: &str) -> &str {
+    if hex.is_empty() { "-" } else { &hex[..6] }
+}
+
+fn show_input(input: &Input) -> String {
+    match input {
+        Input::Signal { serial, signal } => match signal {
+            SystemdSignal::UnitChanged { path, change } => {
+                format!(
+                    "signal #{serial} {} {}{}{}",
+                    path.rsplit('/').next().unwrap_or(""),
+                    change.active_state.as_deref().unwrap_or(""),
+                    change
+                        .sub_state
+                        .as_deref()
+                        .map_or(String::new(), |s| format!("/{s}")),
+                    change
+                        .invocation
+                        .as_deref()
+                        .map_or(String::new(), |i| format!(" inv {}", short_hex(i))),
+                ) + &change
+                    .result
+                    .as_deref()
+                    .map_or(String::new(), |r| format!("result {r}"))
+            }
+            other => format!("signal #{serial} {other:?}"),
+        },
+        Input::UnitRead { key, result: Ok(s) } => format!(
+            "read {key:?} #{} {} loaded={} {}/{} inv {} cgroup {:?}",
+            s.serial,
+            s.id,
+            s.loaded,
+            s.active_state,
+            s.sub_state,
+            short_hex(&s.invocation),
+            s.control_group
+        ),
+        Input::Request { request, .. } => format!("request {:?} {:?}", request.id, request.command),
+        other => format!("{other:?}"),
+    }
+}
+
+fn show_output(output: &Output) -> String {
+    match output {
+        Output::Broadcast { event, .. } => format!(
+            "PROOF {} inv {} {:?} stop_requested={} launch_file={:?}",
+            event.unit,
+            short_hex(&event.invocation),
+            event.cause,
+            event.stop_requested,
+            event.launch_file
+        ),
+        Output::Save(state) => format!(
+            "save ({} watches: {})",
+            state.watches.len(),
+            state
+                .watches
+                .iter()
+                .map(|w| format!(
+                    "{} {}{}{}",
+                    w.unit,
+                    short_hex(&w.invocation),
+                    if w.proof.is_some() { " proven" } else { "" },
+                    if w.stop_requested { " stop" } else { "" }
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        Output::Reply { to, answer } => format!("reply {:?} {answer:?}", to.id),
+        other => format!("{other:?}"),
+    }
+}

@@ -1,0 +1,275 @@
+//! The kernel as the agent sees it: processes (pid, start time, the invocation they were
+//! started under) in a cgroup v2 tree, and inotify on `cgroup.events` with its merged
+//! notifications and its overflow.
+//!
+//! A process keeps the invocation it was started under for its whole life: a KillMode=process
+//! leftover still belongs to the old invocation while the next one runs beside it, which is
+//! exactly what the oracle must see.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+pub(crate) type Pid = u32;
+/// An InvocationID; 0 is "none", as systemd prints all-zero as empty.
+pub(crate) type Inv = u128;
+
+/// What a process is to its unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Role {
+    Main,
+    /// An ExecStop= or ExecStopPost= process: it runs under the invocation it stops.
+    Control,
+    /// Anything a unit's process forked; survives a stop with KillMode=process.
+    Child,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Proc {
+    pub pid: Pid,
+    pub start_us: u64,
+    pub cgroup: String,
+    pub invocation: Inv,
+    pub unit: usize,
+    pub role: Role,
+}
+
+/// What a read of a cgroup's `cgroup.events` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reading {
+    Populated,
+    Empty,
+    Gone,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Kernel {
+    pub procs: BTreeMap<Pid, Proc>,
+    dirs: BTreeSet<String>,
+    next_pid: Pid,
+    /// cgroups the agent watches, with how many of its watches name each.
+    watched: BTreeMap<String, u32>,
+    /// Watched cgroups with a notification not yet read: a set, because the kernel merges.
+    pending: BTreeSet<String>,
+    /// Watches the kernel dropped, not yet reported.
+    lost: BTreeSet<String>,
+    /// The inotify queue overflowed since the agent last read it.
+    pub overflow: bool,
+}
+
+impl Kernel {
+    pub(crate) fn new() -> Kernel {
+        Kernel {
+            next_pid: 100,
+            ..Kernel::default()
+        }
+    }
+
+    /// Whether any process is in `path` or below it (`populated` counts descendants).
+    pub(crate) fn populated(&self, path: &str) -> bool {
+        self.procs.values().any(|p| within(&p.cgroup, path))
+    }
+
+    pub(crate) fn exists(&self, path: &str) -> bool {
+        self.dirs.contains(path)
+    }
+
+    pub(crate) fn read(&self, path: &str) -> Reading {
+        match (self.exists(path), self.populated(path)) {
+            (false, _) => Reading::Gone,
+            (true, true) => Reading::Populated,
+            (true, false) => Reading::Empty,
+        }
+    }
+
+    /// Applies `change`, then queues a notification for every watched cgroup whose
+    /// `cgroup.events` (or existence, seen by the watch on its parent) it changed.
+    fn notifying(&mut self, change: impl FnOnce(&mut Kernel)) {
+        let before: Vec<(String, Reading)> = self
+            .watched
+            .keys()
+            .map(|p| (p.clone(), self.read(p)))
+            .collect();
+        change(self);
+        for (path, was) in before {
+            if self.read(&path) != was {
+                self.pending.insert(path);
+            }
+        }
+    }
+
+    pub(crate) fn mkdir(&mut self, path: &str) {
+        if !self.exists(path) {
+            let path = path.to_owned();
+            self.notifying(|k| {
+                k.dirs.insert(path);
+            });
+        }
+    }
+
+    /// Removes `path` and every empty cgroup below it (systemd trims delegated subtrees);
+    /// refused, as by the kernel, while a process is anywhere in it.
+    pub(crate) fn rmdir(&mut self, path: &str) -> bool {
+        if !self.exists(path) || self.populated(path) {
+            return false;
+        }
+        self.notifying(|k| k.dirs.retain(|d| !within(d, path)));
+        true
+    }
+
+    pub(crate) fn spawn(
+        &mut self,
+        cgroup: &str,
+        invocation: Inv,
+        unit: usize,
+        role: Role,
+        now_us: u64,
+    ) -> Pid {
+        self.mkdir(cgroup);
+        self.next_pid += 1;
+        let proc = Proc {
+            pid: self.next_pid,
+            start_us: now_us,
+            cgroup: cgroup.to_owned(),
+            invocation,
+            unit,
+            role,
+        };
+        self.notifying(|k| {
+            k.procs.insert(proc.pid, proc);
+        });
+        self.next_pid
+    }
+
+    pub(crate) fn kill(&mut self, pid: Pid) -> bool {
+        let mut existed = false;
+        self.notifying(|k| existed = k.procs.remove(&pid).is_some());
+        existed
+    }
+
+    /// Kills everything in `path` and below (`cgroup.kill`, or KillMode=control-group).
+    pub(crate) fn kill_all(&mut self, path: &str) -> usize {
+        let pids: Vec<Pid> = self.pids_in(path);
+        self.notifying(|k| k.procs.retain(|_, p| !within(&p.cgroup, path)));
+        pids.len()
+    }
+
+    pub(crate) fn pids_in(&self, path: &str) -> Vec<Pid> {
+        self.procs
+            .values()
+            .filter(|p| within(&p.cgroup, path))
+            .map(|p| p.pid)
+            .collect()
+    }
+
+    /// The agent adds a watch; it never fails in this model unless `fail` says so (the
+    /// inotify watch limit).
+    pub(crate) fn watch(&mut self, path: &str) {
+        *self.watched.entry(path.to_owned()).or_default() += 1;
+    }
+
+    pub(crate) fn unwatch(&mut self, path: &str) {
+        if let Some(n) = self.watched.get_mut(path) {
+            *n -= 1;
+            if *n == 0 {
+                self.watched.remove(path);
+                self.pending.remove(path);
+            }
+        }
+    }
+
+    /// The agent died: its inotify descriptor, and everything queued on it, is gone.
+    pub(crate) fn drop_watches(&mut self) {
+        self.watched.clear();
+        self.pending.clear();
+        self.lost.clear();
+        self.overflow = false;
+    }
+
+    /// A process as a violation report names it.
+    pub(crate) fn describe(&self, pid: Pid, units: &[String]) -> String {
+        match self.procs.get(&pid) {
+            Some(p) => format!(
+                "{pid} ({:?} of {}, started at {:.3} s, in {})",
+                p.role,
+                units.get(p.unit).map_or("?", String::as_str),
+                p.start_us as f64 / 1e6,
+                p.cgroup
+            ),
+            None => format!("{pid} (gone)"),
+        }
+    }
+
+    pub(crate) fn watched_paths(&self) -> Vec<String> {
+        self.watched.keys().cloned().collect()
+    }
+
+    /// The kernel drops queued events and says only that it did.
+    pub(crate) fn overflow_now(&mut self) {
+        self.pending.clear();
+        self.overflow = true;
+    }
+
+    /// The kernel dropped the watch of `path` (all its users).
+    pub(crate) fn lose_watch(&mut self, path: &str) {
+        if self.watched.remove(path).is_some() {
+            self.pending.remove(path);
+            self.lost.insert(path.to_owned());
+        }
+    }
+
+    pub(crate) fn pending_paths(&self) -> Vec<String> {
+        self.pending.iter().cloned().collect()
+    }
+
+    pub(crate) fn take_pending(&mut self, path: &str) -> bool {
+        self.pending.remove(path)
+    }
+
+    pub(crate) fn take_lost(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.lost).into_iter().collect()
+    }
+
+    pub(crate) fn take_overflow(&mut self) -> bool {
+        std::mem::take(&mut self.overflow)
+    }
+
+    pub(crate) fn has_notices(&self) -> bool {
+        self.overflow || !self.pending.is_empty() || !self.lost.is_empty()
+    }
+}
+
+/// Whether cgroup `path` is `root` or below it.
+pub(crate) fn within(path: &str, root: &str) -> bool {
+    path == root
+        || path
+            .strip_prefix(root)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn populated_counts_descendants_and_notifications_merge() {
+        let mut k = Kernel::new();
+        k.watch("/a.service");
+        let p1 = k.spawn("/a.service/payload", 7, 0, Role::Child, 1);
+        let p2 = k.spawn("/a.service", 7, 0, Role::Main, 2);
+        assert_eq!(k.read("/a.service"), Reading::Populated);
+        assert_eq!(k.read("/a.servicex"), Reading::Gone);
+        // Creation and populating: one pending notification, not two.
+        assert_eq!(k.pending_paths(), vec!["/a.service".to_owned()]);
+        assert!(k.take_pending("/a.service"));
+        k.kill(p2);
+        assert!(!k.take_pending("/a.service"), "still populated: no change");
+        assert!(
+            !k.rmdir("/a.service"),
+            "a populated cgroup cannot be removed"
+        );
+        k.kill(p1);
+        assert!(k.take_pending("/a.service"));
+        assert!(k.rmdir("/a.service"));
+        assert_eq!(k.read("/a.service"), Reading::Gone);
+        assert!(!k.exists("/a.service/payload"));
+    }
+}

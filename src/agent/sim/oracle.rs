@@ -1,0 +1,265 @@
+//! The invariants, checked against the world after every step.
+//!
+//! Safety: a proof of invocation X is made only when no process of X lives and systemd cannot
+//! start one under X, and for a cause the world's history bears out; a launch file is removed
+//! at most once and only with its proof; a StopUnit never hits an invocation the watch does
+//! not own, unless the watch saw it and decided on a foreign stop.
+//! Liveness: once X is over and the world is quiet, its proof comes within a bounded number of
+//! steps.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::kernel::Inv;
+use super::world::{World, short};
+use crate::proof::Cause;
+
+/// Quiet steps a proof may take once its invocation is over: enough for every read, retry and
+/// reconnect the agent does, far short of any periodic relist.
+pub(crate) const LIVENESS_STEPS: u32 = 40;
+
+/// Why a StopUnit was sent, as the oracle judges it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StopWhy {
+    Requested,
+    Foreign,
+    Final,
+}
+
+/// A proof the agent owes: an acknowledged watch of `inv` on `unit`.
+#[derive(Clone, Debug)]
+struct Owed {
+    /// Quiet steps since the invocation was seen over.
+    over_for: Option<u32>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Oracle {
+    pub violations: Vec<String>,
+    owed: BTreeMap<(usize, Inv), Owed>,
+    proven: BTreeSet<(usize, Inv)>,
+    removed: BTreeSet<String>,
+    /// Invocations of each unit a watch judged foreign (it sent a foreign stop knowing them).
+    foreign: BTreeMap<usize, BTreeSet<Inv>>,
+    /// StopUnits that hit an invocation the agent had not heard of yet: a race no agent can
+    /// win (systemd has no conditional stop), counted, not failed.
+    pub stop_races: u32,
+    pub proofs: u32,
+}
+
+/// An InvocationID from its hex form; empty is 0.
+pub(crate) fn parse_inv(hex: &str) -> Inv {
+    u128::from_str_radix(hex, 16).unwrap_or(0)
+}
+
+impl Oracle {
+    fn fail(&mut self, line: String) {
+        self.violations.push(line);
+    }
+
+    /// The agent owes a proof of `inv` of unit `u` from now on.
+    pub(crate) fn owe(&mut self, u: usize, inv: Inv) {
+        if inv != 0 && !self.proven.contains(&(u, inv)) {
+            self.owed.entry((u, inv)).or_insert(Owed { over_for: None });
+        }
+    }
+
+    pub(crate) fn is_proven(&self, u: usize, inv: Inv) -> bool {
+        self.proven.contains(&(u, inv))
+    }
+
+    /// The watch was dropped by its client: nothing is owed any more.
+    pub(crate) fn forgive(&mut self, u: usize, inv: Inv) {
+        self.owed.remove(&(u, inv));
+    }
+
+    /// A proof of `inv` of unit `u` (named `name`) was broadcast.
+    pub(crate) fn on_proof(
+        &mut self,
+        w: &World,
+        u: usize,
+        inv: Inv,
+        cause: Cause,
+        stop_requested: bool,
+    ) {
+        self.proofs += 1;
+        self.owed.remove(&(u, inv));
+        self.proven.insert((u, inv));
+        let name = &w.units[u].name;
+        if inv == 0 {
+            return;
+        }
+        let names: Vec<String> = w.units.iter().map(|u| u.name.clone()).collect();
+        let pids: Vec<String> = w
+            .procs_of(inv)
+            .into_iter()
+            .map(|p| w.kernel.describe(p, &names))
+            .collect();
+        if !pids.is_empty() {
+            self.fail(format!(
+                "FALSE PROOF of {name} inv {} ({cause:?}): processes {pids:?} of it are alive",
+                short(inv)
+            ));
+        }
+        if w.may_start_under(inv) {
+            let unit = &w.units[u];
+            self.fail(format!(
+                "FALSE PROOF of {name} inv {} ({cause:?}): systemd may still start a process \
+                 under it ({}/{})",
+                short(inv),
+                unit.state.active_state(),
+                unit.state.sub_state()
+            ));
+        }
+        let Some(record) = w.history.get(&inv) else {
+            self.fail(format!(
+                "proof of {name} names unknown invocation {}",
+                short(inv)
+            ));
+            return;
+        };
+        if record.unit != u {
+            self.fail(format!(
+                "proof of {name} names invocation {} of {}",
+                short(inv),
+                w.units[record.unit].name
+            ));
+        }
+        let right = match cause {
+            Cause::Exited => record.ended,
+            Cause::RestartedOutside => record.next.is_some(),
+            Cause::ReplacedAfterStop => stop_requested && record.next.is_some(),
+            // No reboot is modelled.
+            Cause::Rebooted => false,
+        };
+        if !right {
+            self.fail(format!(
+                "proof of {name} inv {} has the wrong cause {cause:?}: ended {}, next {}, \
+                 stop requested {stop_requested}",
+                short(inv),
+                record.ended,
+                record.next.map_or("-".into(), short)
+            ));
+        }
+    }
+
+    /// A StopUnit of `name` goes out for a watch of `ours`; `seen` says whether the agent had
+    /// been told of an invocation.
+    pub(crate) fn on_stop(
+        &mut self,
+        w: &World,
+        name: &str,
+        ours: Option<Inv>,
+        why: StopWhy,
+        seen: impl Fn(Inv) -> bool,
+    ) {
+        let Some(u) = w.resolve(name) else { return };
+        if why == StopWhy::Foreign {
+            // The agent stops what it knows runs there and is not ours.
+            let judged = self.foreign.entry(u).or_default();
+            for inv in w.history.keys().filter(|i| seen(**i) && Some(**i) != ours) {
+                judged.insert(*inv);
+            }
+            return;
+        }
+        let Some(running) = w.running_invocation(u) else {
+            return;
+        };
+        let judged = self.foreign.get(&u).is_some_and(|j| j.contains(&running));
+        if Some(running) == ours || judged {
+            return;
+        }
+        if seen(running) {
+            self.fail(format!(
+                "StopUnit ({why:?}) of {name} for a watch of {} hits invocation {}, which the \
+                 agent had been told of and never judged foreign",
+                ours.map_or("-".into(), short),
+                short(running)
+            ));
+        } else {
+            self.stop_races += 1;
+        }
+    }
+
+    /// A launch file is removed; `inv` is its generation's invocation, `proven` whether the
+    /// proof of it is out (or goes out in the same turn).
+    pub(crate) fn on_remove_launch_file(&mut self, w: &World, path: &str, inv: Inv, proven: bool) {
+        if !self.removed.insert(path.to_owned()) {
+            self.fail(format!("launch file {path} removed twice"));
+        }
+        if !proven {
+            self.fail(format!("launch file {path} removed with no proof"));
+        }
+        if inv != 0 && !w.over(inv) {
+            self.fail(format!(
+                "launch file {path} removed while invocation {} is not over",
+                short(inv)
+            ));
+        }
+    }
+
+    /// One quiet step passed: every owed proof of an invocation that is over gets closer to
+    /// its deadline.
+    pub(crate) fn quiet_step(&mut self, w: &World) {
+        let mut late = Vec::new();
+        for ((u, inv), owed) in self.owed.iter_mut() {
+            if !w.over(*inv) {
+                owed.over_for = None;
+                continue;
+            }
+            let n = owed.over_for.get_or_insert(0);
+            *n += 1;
+            if *n == LIVENESS_STEPS {
+                late.push(format!(
+                    "NO PROOF of {} inv {}: over for {LIVENESS_STEPS} quiet steps",
+                    w.units[*u].name,
+                    short(*inv)
+                ));
+            }
+        }
+        self.violations.extend(late);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::sim::service::UnitConfig;
+    use crate::agent::sim::world::Action;
+
+    #[test]
+    fn a_proof_while_exec_stop_may_run_is_false_and_a_late_proof_is_caught() {
+        let mut w = World::empty(3);
+        w.add_unit(
+            "x.service",
+            vec![],
+            UnitConfig {
+                oneshot: true,
+                remain_after_exit: true,
+                exec_stop: true,
+                ..UnitConfig::default()
+            },
+        );
+        w.apply(Action::Start(0));
+        w.apply(Action::Progress(0));
+        w.apply(Action::Progress(0));
+        let inv = w.units[0].invocation;
+        let mut oracle = Oracle::default();
+        oracle.owe(0, inv);
+        oracle.on_proof(&w, 0, inv, Cause::Exited, false);
+        assert!(oracle.violations.iter().any(|v| v.contains("FALSE PROOF")));
+
+        let mut oracle = Oracle::default();
+        oracle.owe(0, inv);
+        w.apply(Action::Stop(0));
+        for _ in 0..10 {
+            w.settle(false);
+        }
+        assert!(w.over(inv));
+        for _ in 0..LIVENESS_STEPS {
+            oracle.quiet_step(&w);
+        }
+        assert_eq!(oracle.violations.len(), 1, "{:?}", oracle.violations);
+        oracle.on_proof(&w, 0, inv, Cause::Exited, false);
+        assert_eq!(oracle.violations.len(), 1, "a true proof, if late");
+    }
+}

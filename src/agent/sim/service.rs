@@ -1,0 +1,374 @@
+//! The service state machine of one unit, as systemd's `service.c` drives it: jobs, the
+//! processes it waits for, KillMode=, RemainAfterExit=, Restart=.
+
+use super::kernel::{Inv, Pid, Role};
+use super::world::{InvRecord, World, short};
+
+/// The unit file settings that change what a stop and an exit do.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct UnitConfig {
+    pub oneshot: bool,
+    pub remain_after_exit: bool,
+    /// KillMode=process: a stop kills the main process only.
+    pub kill_process: bool,
+    pub exec_stop: bool,
+    pub exec_stop_post: bool,
+    /// Restart=on-failure.
+    pub restart: bool,
+    /// Delegate=yes: the service's children live in a sub-cgroup.
+    pub delegate: bool,
+}
+
+/// A service's state (systemd's `ServiceState`), which names both ActiveState and SubState.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SvcState {
+    Dead,
+    Failed,
+    Start,
+    Running,
+    Exited,
+    Stop,
+    StopSigterm,
+    StopPost,
+    FinalSigterm,
+    AutoRestart,
+}
+
+impl SvcState {
+    pub(crate) fn active_state(self) -> &'static str {
+        match self {
+            SvcState::Dead => "inactive",
+            SvcState::Failed => "failed",
+            SvcState::Start | SvcState::AutoRestart => "activating",
+            SvcState::Running | SvcState::Exited => "active",
+            _ => "deactivating",
+        }
+    }
+
+    pub(crate) fn sub_state(self) -> &'static str {
+        match self {
+            SvcState::Dead => "dead",
+            SvcState::Failed => "failed",
+            SvcState::Start => "start",
+            SvcState::Running => "running",
+            SvcState::Exited => "exited",
+            SvcState::Stop => "stop",
+            SvcState::StopSigterm => "stop-sigterm",
+            SvcState::StopPost => "stop-post",
+            SvcState::FinalSigterm => "final-sigterm",
+            SvcState::AutoRestart => "auto-restart",
+        }
+    }
+
+    /// Whether systemd may still start a process under the current invocation: a running
+    /// unit may fork, reload or run ExecStop=; a stopping one has ExecStopPost= to come
+    /// unless it already runs (a live control process is a process of the invocation anyway).
+    pub(crate) fn may_spawn(self, cfg: &UnitConfig) -> bool {
+        match self {
+            SvcState::Start | SvcState::Running | SvcState::Exited => true,
+            SvcState::Stop | SvcState::StopSigterm => cfg.exec_stop_post,
+            _ => false,
+        }
+    }
+
+    /// Whether the unit runs an invocation (not yet inactive, failed or waiting to restart).
+    pub(crate) fn running(self) -> bool {
+        !matches!(
+            self,
+            SvcState::Dead | SvcState::Failed | SvcState::AutoRestart
+        )
+    }
+
+    fn deactivating(self) -> bool {
+        matches!(
+            self,
+            SvcState::Stop | SvcState::StopSigterm | SvcState::StopPost | SvcState::FinalSigterm
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Job {
+    Start,
+    Stop,
+    Restart,
+}
+
+#[derive(Clone, Debug)]
+pub(crate) struct Unit {
+    pub name: String,
+    pub aliases: Vec<String>,
+    pub cgroup: String,
+    pub cfg: UnitConfig,
+    pub loaded: bool,
+    pub state: SvcState,
+    pub invocation: Inv,
+    /// The last invocation the unit ran, kept through garbage collection for the history.
+    pub last_invocation: Inv,
+    pub main_pid: Option<Pid>,
+    pub control_pid: Option<Pid>,
+    pub job: Option<Job>,
+    /// A stop job drives the current stop: no auto-restart after it.
+    pub(crate) stopping_by_job: bool,
+    pub result: &'static str,
+    pub exec_main_code: i32,
+    pub exec_main_status: i32,
+    pub inactive_enter_us: u64,
+    pub inactive_exit_us: u64,
+    pub(crate) dirty: bool,
+    pub(crate) new_sent: bool,
+}
+
+impl World {
+    pub(super) fn request(&mut self, u: usize, job: Job) -> String {
+        let unit = &mut self.units[u];
+        if !unit.loaded {
+            // systemd-run again, or a start that loads the unit file.
+            unit.loaded = true;
+            unit.new_sent = false;
+            unit.invocation = 0;
+            unit.state = SvcState::Dead;
+            unit.dirty = true;
+        }
+        unit.job = Some(job);
+        format!("{}: someone queues a {job:?} job", unit.name)
+    }
+
+    fn fresh_invocation(&mut self) -> Inv {
+        loop {
+            let inv = (u128::from(self.rng.next_u64()) << 64) | u128::from(self.rng.next_u64());
+            if inv != 0 && !self.history.contains_key(&inv) {
+                return inv;
+            }
+        }
+    }
+
+    pub(super) fn start(&mut self, u: usize) {
+        let new = self.fresh_invocation();
+        let old = self.units[u].last_invocation;
+        self.units[u].last_invocation = new;
+        if let Some(record) = self.history.get_mut(&old) {
+            record.next = Some(new);
+            record.ended = true;
+        }
+        self.history.insert(
+            new,
+            InvRecord {
+                unit: u,
+                ended: false,
+                next: None,
+            },
+        );
+        let now = self.now_us;
+        let cgroup = self.units[u].cgroup.clone();
+        let main = self.kernel.spawn(&cgroup, new, u, Role::Main, now);
+        let unit = &mut self.units[u];
+        unit.invocation = new;
+        unit.inactive_exit_us = now;
+        unit.state = SvcState::Start;
+        unit.result = "success";
+        unit.exec_main_code = 0;
+        unit.exec_main_status = 0;
+        unit.main_pid = Some(main);
+        unit.job = None;
+        unit.stopping_by_job = false;
+        unit.dirty = true;
+    }
+
+    pub(super) fn progress(&mut self, u: usize) -> String {
+        let unit = &self.units[u];
+        let (name, state, job) = (unit.name.clone(), unit.state, unit.job);
+        let stable = !state.deactivating();
+        if let (Some(job), true) = (job, stable) {
+            self.units[u].job = None;
+            match (job, state) {
+                (Job::Start | Job::Restart, SvcState::Dead | SvcState::Failed)
+                | (Job::Start | Job::Restart, SvcState::AutoRestart) => self.start(u),
+                (Job::Start, _) | (Job::Stop, SvcState::Dead | SvcState::Failed) => {}
+                (Job::Stop, SvcState::AutoRestart) => self.set_state(u, SvcState::Dead),
+                (Job::Stop, _) => self.begin_stop(u),
+                (Job::Restart, _) => {
+                    self.begin_stop(u);
+                    self.units[u].job = Some(Job::Start);
+                }
+            }
+            return format!("{name}: {job:?} job runs: {}", self.describe(u));
+        }
+        if let (Some(Job::Stop), false) = (job, stable) {
+            self.units[u].job = None;
+            self.units[u].stopping_by_job = true;
+        }
+        match state {
+            SvcState::Start if self.units[u].cfg.oneshot => {
+                let ok = self.rng.percent(75);
+                return self.main_exits(u, ok);
+            }
+            SvcState::Start => self.set_state(u, SvcState::Running),
+            SvcState::Stop => {
+                self.kill_control(u);
+                self.set_state(u, SvcState::StopSigterm);
+            }
+            SvcState::StopSigterm => {
+                if let Some(main) = self.units[u].main_pid.take() {
+                    self.kernel.kill(main);
+                }
+                self.kill_by_mode(u);
+                if self.units[u].cfg.exec_stop_post {
+                    self.spawn_control(u);
+                    self.set_state(u, SvcState::StopPost);
+                } else {
+                    self.finish(u);
+                }
+            }
+            SvcState::StopPost => {
+                self.kill_control(u);
+                self.set_state(u, SvcState::FinalSigterm);
+            }
+            SvcState::FinalSigterm => {
+                self.kill_by_mode(u);
+                self.finish(u);
+            }
+            SvcState::AutoRestart => {
+                // The restart job's stop half: inactive with the old invocation, which a
+                // turn of the loop may or may not show before the start.
+                self.set_state(u, SvcState::Dead);
+                if self.rng.percent(60) {
+                    self.flush();
+                }
+                self.start(u);
+            }
+            SvcState::Dead | SvcState::Failed | SvcState::Running | SvcState::Exited => {
+                let cgroup = self.units[u].cgroup.clone();
+                if self.kernel.rmdir(&cgroup) {
+                    return format!("{name}: systemd removes the empty cgroup {cgroup}");
+                }
+            }
+        }
+        format!("{name}: {}", self.describe(u))
+    }
+
+    pub(super) fn describe(&self, u: usize) -> String {
+        let unit = &self.units[u];
+        format!(
+            "{}/{} inv {} pids {:?}",
+            unit.state.active_state(),
+            unit.state.sub_state(),
+            short(unit.invocation),
+            self.kernel.pids_in(&unit.cgroup)
+        )
+    }
+
+    pub(super) fn set_state(&mut self, u: usize, state: SvcState) {
+        let unit = &mut self.units[u];
+        unit.state = state;
+        unit.dirty = true;
+    }
+
+    fn spawn_control(&mut self, u: usize) {
+        let (cgroup, inv) = (self.units[u].cgroup.clone(), self.units[u].invocation);
+        let pid = self
+            .kernel
+            .spawn(&cgroup, inv, u, Role::Control, self.now_us);
+        self.units[u].control_pid = Some(pid);
+    }
+
+    fn kill_control(&mut self, u: usize) {
+        if let Some(pid) = self.units[u].control_pid.take() {
+            self.kernel.kill(pid);
+        }
+    }
+
+    /// SIGTERM as KillMode= says: the whole cgroup, or (KillMode=process) the main and
+    /// control processes only, leaving the rest behind.
+    fn kill_by_mode(&mut self, u: usize) {
+        self.kill_control(u);
+        if !self.units[u].cfg.kill_process {
+            let cgroup = self.units[u].cgroup.clone();
+            self.kernel.kill_all(&cgroup);
+        }
+    }
+
+    fn begin_stop(&mut self, u: usize) {
+        let unit = &mut self.units[u];
+        unit.stopping_by_job = true;
+        let next = match unit.state {
+            SvcState::Running | SvcState::Exited if unit.cfg.exec_stop => SvcState::Stop,
+            _ => SvcState::StopSigterm,
+        };
+        if next == SvcState::Stop {
+            self.spawn_control(u);
+        }
+        self.set_state(u, next);
+    }
+
+    pub(super) fn main_exits(&mut self, u: usize, ok: bool) -> String {
+        if let Some(main) = self.units[u].main_pid.take() {
+            self.kernel.kill(main);
+        }
+        let unit = &mut self.units[u];
+        (unit.result, unit.exec_main_code, unit.exec_main_status) = if ok {
+            ("success", 1, 0)
+        } else if self.rng.percent(50) {
+            ("exit-code", 1, 3)
+        } else {
+            ("signal", 2, 9)
+        };
+        let next = match (ok, unit.cfg.remain_after_exit, unit.cfg.exec_stop) {
+            (true, true, _) => SvcState::Exited,
+            (true, false, true) => SvcState::Stop,
+            _ => SvcState::StopSigterm,
+        };
+        if next == SvcState::Stop {
+            self.spawn_control(u);
+        }
+        self.set_state(u, next);
+        format!(
+            "{}: main process exits ({}): {}",
+            self.units[u].name,
+            self.units[u].result,
+            self.describe(u)
+        )
+    }
+
+    /// The service reaches inactive or failed; a failure may schedule an automatic restart.
+    fn finish(&mut self, u: usize) {
+        let unit = &mut self.units[u];
+        unit.main_pid = None;
+        unit.control_pid = None;
+        unit.inactive_enter_us = self.now_us;
+        let failed = unit.result != "success";
+        let restart = unit.cfg.restart && failed && !unit.stopping_by_job;
+        unit.stopping_by_job = false;
+        let (inv, cgroup) = (unit.invocation, unit.cgroup.clone());
+        self.set_state(
+            u,
+            if failed {
+                SvcState::Failed
+            } else {
+                SvcState::Dead
+            },
+        );
+        if let Some(record) = self.history.get_mut(&inv) {
+            record.ended = true;
+        }
+        self.kernel.rmdir(&cgroup);
+        if restart {
+            if self.rng.percent(50) {
+                self.flush();
+            }
+            self.set_state(u, SvcState::AutoRestart);
+        }
+    }
+
+    pub(super) fn fork(&mut self, u: usize) -> String {
+        let unit = &self.units[u];
+        let cgroup = if unit.cfg.delegate {
+            format!("{}/payload", unit.cgroup)
+        } else {
+            unit.cgroup.clone()
+        };
+        let inv = unit.invocation;
+        let pid = self.kernel.spawn(&cgroup, inv, u, Role::Child, self.now_us);
+        format!("{}: forks child {pid} in {cgroup}", self.units[u].name)
+    }
+}
