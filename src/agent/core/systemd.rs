@@ -342,7 +342,14 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        if !self.bus_up {
+        // A stop must not reach an invocation that is not its target: with the bus down or the
+        // facts stale, it waits for a fresh read (see `send_unsent_stop`).
+        let runs_other = kind == StopKind::Proof(StopReason::Requested)
+            && watch
+                .facts
+                .invocation()
+                .is_some_and(|now| !now.is_empty() && Some(now) != watch.our_invocation());
+        if !self.bus_up || watch.stale || runs_other {
             let target = match kind {
                 StopKind::Proof(StopReason::Requested) => watch.our_invocation(),
                 StopKind::Proof(StopReason::Foreign) => watch.facts.invocation(),
@@ -356,6 +363,8 @@ impl Core {
             watch.unsent_stop = Some(UnsentStop { kind, target });
             self.dirty = true;
             self.log(log::Level::Info, line);
+            // With fresh facts it is decided now (and not sent: the unit runs another one).
+            self.send_unsent_stop(key);
             return;
         }
         self.send_stop(key, kind);
