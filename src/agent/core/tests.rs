@@ -143,6 +143,19 @@ impl Script {
         read
     }
 
+    /// Saves now and returns what was saved.
+    fn save(&mut self) -> AgentState {
+        self.core.save_now(self.now);
+        self.drain();
+        self.take()
+            .into_iter()
+            .find_map(|o| match o {
+                Output::Save(state) => Some(*state),
+                _ => None,
+            })
+            .expect("saved")
+    }
+
     fn proofs(&self) -> Vec<ProofEvent> {
         self.outputs
             .iter()
@@ -519,16 +532,7 @@ fn an_unsent_stop_survives_a_restart() {
     let mut s = watching("d.service", "active");
     s.input(Input::BusLost);
     s.request(r#"{"cmd":"stop","unit":"d.service"}"#);
-    s.core.save_now(s.now);
-    s.drain();
-    let saved = s
-        .take()
-        .into_iter()
-        .find_map(|o| match o {
-            Output::Save(state) => Some(*state),
-            _ => None,
-        })
-        .expect("saved");
+    let saved = s.save();
     assert!(saved.watches[0].stop_unsent);
     let mut s = Script::restored(saved, "boot-1");
     s.input(Input::BusUp);
@@ -587,16 +591,7 @@ fn leftovers_seen_before_a_restart_still_block_a_replaced_after_stop_proof() {
     s.request(r#"{"cmd":"stop","unit":"k.service"}"#);
     s.changed("k.service", "inactive", A);
     assert_eq!(s.phase("k.service"), Phase::Stopping, "a leftover remains");
-    s.core.save_now(s.now);
-    s.drain();
-    let saved = s
-        .take()
-        .into_iter()
-        .find_map(|o| match o {
-            Output::Save(state) => Some(*state),
-            _ => None,
-        })
-        .expect("saved");
+    let saved = s.save();
     assert!(saved.watches[0].leftovers_seen);
     let mut s = Script::restored(saved, "boot-1");
     s.cgroups
