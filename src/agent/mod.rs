@@ -510,9 +510,10 @@ impl Agent {
         };
         let queue = self.completions.clone();
         let epoch = self.bus_epoch;
+        let systemd = self.systemd.clone();
         self.runtime
             .spawn(async move {
-                let result = manager::read_unit(&conn, &unit).await;
+                let result = manager::read_unit(&conn, &systemd, &unit).await;
                 push(&queue, Completion::Read { epoch, key, result });
             })
             .detach();
@@ -529,9 +530,10 @@ impl Agent {
             return;
         };
         let queue = self.completions.clone();
+        let systemd = self.systemd.clone();
         self.runtime
             .spawn(async move {
-                let result = manager::stop_unit(&conn, &unit).await;
+                let result = manager::stop_unit(&conn, &systemd, &unit).await;
                 push(
                     &queue,
                     Completion::Stopped {

@@ -17,7 +17,7 @@ use super::{BenchError, METHOD_TIMEOUT, children_cpu_ns, schedstat_ns};
 use crate::agent::monotonic_ns;
 use crate::cgroup::cgroup2_mount;
 use crate::control::client::Client;
-use crate::systemd::manager::{read_unit, start_transient_service};
+use crate::systemd::manager::{SYSTEMD, read_unit, start_transient_service};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::{Bus, connect};
 
@@ -373,7 +373,7 @@ fn wait_active(
     for name in names {
         loop {
             let snapshot = runtime
-                .block_on(poll, read_unit(conn, name))
+                .block_on(poll, read_unit(conn, SYSTEMD, name))
                 .map_err(|e| BenchError::Io("run the bus".into(), e))?
                 .map_err(BenchError::Manager)?;
             if snapshot.active_state == "active" && !snapshot.control_group.is_empty() {

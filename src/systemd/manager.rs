@@ -109,7 +109,7 @@ pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> 
         .interface(MANAGER_INTERFACE)
         .path(MANAGER_PATH);
     let manager = signal_stream(conn, manager, "the manager match rule").await?;
-    call_manager(conn, "Subscribe", &())
+    call_manager(conn, &systemd, "Subscribe", &())
         .await
         .map_err(ManagerError::new("subscribe to systemd"))?;
     Ok(Subscription {
@@ -183,12 +183,17 @@ async fn systemd_owner(conn: &Connection) -> Result<(String, MessageStream), Man
     )))
 }
 
-async fn call_manager<B>(conn: &Connection, method: &str, body: &B) -> zbus::Result<Message>
+async fn call_manager<B>(
+    conn: &Connection,
+    systemd: &str,
+    method: &str,
+    body: &B,
+) -> zbus::Result<Message>
 where
     B: serde::Serialize + zbus::DynamicType,
 {
     conn.call_method(
-        Some(SYSTEMD),
+        Some(systemd),
         MANAGER_PATH,
         Some(MANAGER_INTERFACE),
         method,
@@ -197,11 +202,19 @@ where
     .await
 }
 
-/// Reads the state of `unit`: `GetUnit` (an unloaded unit is inactive with no invocation and
+/// Reads the state of `unit` from `systemd`: `GetUnit` (an unloaded unit is inactive with no invocation and
 /// is not loaded by asking), then its `Unit` properties, then its `ControlGroup`.
-pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, ManagerError> {
+///
+/// `systemd` is the bus name asked: the agent names the unique name whose signals it orders
+/// reads against, so a reply can never come from another systemd (one re-executed meanwhile,
+/// whose serials started again), only fail.
+pub async fn read_unit(
+    conn: &Connection,
+    systemd: &str,
+    unit: &str,
+) -> Result<UnitSnapshot, ManagerError> {
     let what = || format!("read {unit}");
-    let path = match call_manager(conn, "GetUnit", &(unit,)).await {
+    let path = match call_manager(conn, systemd, "GetUnit", &(unit,)).await {
         Ok(reply) => reply
             .body()
             .deserialize::<OwnedObjectPath>()
@@ -221,7 +234,7 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
         }
         Err(e) => return Err(ManagerError::new(what())(e)),
     };
-    let (mut all, serial) = get_all(conn, &path, UNIT_INTERFACE)
+    let (mut all, serial) = get_all(conn, systemd, &path, UNIT_INTERFACE)
         .await
         .map_err(ManagerError::new(what()))?;
     // An alias answers with the real unit's path; its `Id` is the name signals carry.
@@ -235,7 +248,7 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
     let (control_group, exit) = match cgroup_interface(unit) {
         // One GetAll of a service carries its cgroup and its exit status.
         Some(SERVICE_INTERFACE) => {
-            let (mut all, exit_serial) = get_all(conn, &path, SERVICE_INTERFACE)
+            let (mut all, exit_serial) = get_all(conn, systemd, &path, SERVICE_INTERFACE)
                 .await
                 .map_err(ManagerError::new(what()))?;
             let control_group = all
@@ -252,7 +265,10 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
             };
             (control_group, Some((exit, exit_serial)))
         }
-        Some(interface) => (control_group(conn, unit, &path, interface).await?, None),
+        Some(interface) => (
+            control_group(conn, systemd, unit, &path, interface).await?,
+            None,
+        ),
         None => (String::new(), None),
     };
     Ok(UnitSnapshot {
@@ -271,12 +287,13 @@ pub async fn read_unit(conn: &Connection, unit: &str) -> Result<UnitSnapshot, Ma
 /// Every property of `interface` on the object `path`, with the serial of the reply.
 async fn get_all(
     conn: &Connection,
+    systemd: &str,
     path: &OwnedObjectPath,
     interface: &str,
 ) -> zbus::Result<(HashMap<String, OwnedVariant>, u32)> {
     let reply = conn
         .call_method(
-            Some(SYSTEMD),
+            Some(systemd),
             path,
             Some(PROPERTIES),
             "GetAll",
@@ -304,6 +321,7 @@ fn cgroup_interface(unit: &str) -> Option<&'static str> {
 /// Reads a unit's ControlGroup from `interface`; systemd never signals it.
 async fn control_group(
     conn: &Connection,
+    systemd: &str,
     unit: &str,
     path: &OwnedObjectPath,
     interface: &str,
@@ -311,7 +329,7 @@ async fn control_group(
     let what = || format!("read the cgroup of {unit}");
     let reply = conn
         .call_method(
-            Some(SYSTEMD),
+            Some(systemd),
             path,
             Some(PROPERTIES),
             "Get",
@@ -326,10 +344,10 @@ async fn control_group(
     String::try_from(value).map_err(ManagerError::new(what()))
 }
 
-/// Asks systemd to stop `unit`, replacing any queued job. A unit systemd does not have is
-/// already stopped.
-pub async fn stop_unit(conn: &Connection, unit: &str) -> Result<(), ManagerError> {
-    match call_manager(conn, "StopUnit", &(unit, "replace")).await {
+/// Asks `systemd` (a bus name) to stop `unit`, replacing any queued job. A unit systemd does
+/// not have is already stopped.
+pub async fn stop_unit(conn: &Connection, systemd: &str, unit: &str) -> Result<(), ManagerError> {
+    match call_manager(conn, systemd, "StopUnit", &(unit, "replace")).await {
         Ok(_) => Ok(()),
         Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT => Ok(()),
         Err(e) => Err(ManagerError::new(format!("stop {unit}"))(e)),
@@ -363,6 +381,7 @@ pub async fn start_transient_service(
     let aux: Vec<(&str, Vec<(&str, zbus::Variant<'_>)>)> = Vec::new();
     call_manager(
         conn,
+        SYSTEMD,
         "StartTransientUnit",
         &(unit, "replace", properties, aux),
     )

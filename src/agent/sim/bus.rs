@@ -64,6 +64,8 @@ pub(crate) struct Reply {
 }
 
 pub(crate) const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+/// The bus daemon's answer to a call for a unique name nobody owns any more.
+const SERVICE_UNKNOWN: &str = "org.freedesktop.DBus.Error.ServiceUnknown";
 
 #[derive(Debug)]
 pub(crate) struct Bus {
@@ -140,15 +142,29 @@ impl Bus {
     }
 
     /// The agent sends a call; `None` (fails at once) without a connection.
+    ///
+    /// The agent addresses its calls to the unique name it subscribed to: once that systemd
+    /// has left (a reexec), the bus daemon answers at once that nobody owns the name, and the
+    /// systemd that came back never sees the call.
     pub(crate) fn send(&mut self, unit: &str, kind: CallKind) -> Option<u64> {
         let epoch = self.agent?;
         self.next_call += 1;
-        self.calls.push_back(Call {
+        let call = Call {
             id: self.next_call,
             epoch,
             unit: unit.to_owned(),
             kind,
-        });
+        };
+        if self.stale {
+            let error = SERVICE_UNKNOWN.to_owned();
+            let answer = match kind {
+                CallKind::Read => Answer::Read(Err(error)),
+                CallKind::Stop => Answer::Stop(Err(error)),
+            };
+            self.reply(&call, answer);
+        } else {
+            self.calls.push_back(call);
+        }
         Some(self.next_call)
     }
 
