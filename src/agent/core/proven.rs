@@ -77,6 +77,16 @@ impl Core {
             event.systemd = systemd.as_ref().map(SanitizedRecord::from);
             event.record = record.as_ref().map(SanitizedRecord::from);
         }
+        // The proof is saved before any file of the generation is released, so an agent
+        // killed in between does not prove it again after its restart and release twice (a
+        // launch file of the same path may by then belong to the next generation).
+        if let Some(watch) = self.units.get_mut(&key) {
+            watch.event = Some(event.clone());
+            if watch.release.is_some() {
+                self.dirty = true;
+                self.save_now(now);
+            }
+        }
         // A generation's files go only on the proofs that read the cgroup (and after a
         // reboot, its launch file): a replaced-after-stop proof leaves them, since a final
         // StopUnit then would stop the new invocation.
@@ -138,11 +148,10 @@ impl Core {
             let clients = self.subscribers.iter().copied().collect();
             self.outputs.push_back(Output::Broadcast {
                 clients,
-                event: Box::new(event.clone()),
+                event: Box::new(event),
             });
         }
         if let Some(watch) = self.units.get_mut(&key) {
-            watch.event = Some(event);
             watch.retry = None;
             if let Some(at) = watch.timer.take() {
                 self.timers.remove(&(at, key));
