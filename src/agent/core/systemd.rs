@@ -208,6 +208,11 @@ impl Core {
             self.by_path.remove(&old_path, key);
             self.by_id.insert(&snapshot.id, key);
             self.by_path.insert(&snapshot.path, key);
+            // Signals under the unit's own path before now were not routed to this watch:
+            // read once more, so nothing they said is missed.
+            if let Some(watch) = self.units.get_mut(&key) {
+                watch.reads.again = true;
+            }
         }
         let Some(watch) = self.units.get_mut(&key) else {
             return;
