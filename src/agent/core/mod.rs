@@ -452,28 +452,26 @@ impl Core {
         key
     }
 
-    fn unproven_keys(&self) -> Vec<UnitKey> {
+    /// The keys of the watches `pred` picks, in a deterministic order, so a simulated run
+    /// replays exactly from its seed.
+    fn keys_where(&self, pred: impl Fn(&Watch) -> bool) -> Vec<UnitKey> {
         let mut keys: Vec<UnitKey> = self
             .units
             .iter()
-            .filter(|(_, w)| w.event.is_none())
+            .filter(|(_, w)| pred(w))
             .map(|(k, _)| *k)
             .collect();
-        // Deterministic order, so a simulated run replays exactly from its seed.
         keys.sort();
         keys
     }
 
+    fn unproven_keys(&self) -> Vec<UnitKey> {
+        self.keys_where(|w| w.event.is_none())
+    }
+
     /// Units whose facts matter: unproven ones, and proven ones with a stop still to send.
     fn live_keys(&self) -> Vec<UnitKey> {
-        let mut keys: Vec<UnitKey> = self
-            .units
-            .iter()
-            .filter(|(_, w)| w.event.is_none() || w.unsent_stop.is_some())
-            .map(|(k, _)| *k)
-            .collect();
-        keys.sort();
-        keys
+        self.keys_where(|w| w.event.is_none() || w.unsent_stop.is_some())
     }
 
     fn log(&mut self, level: log::Level, line: String) {

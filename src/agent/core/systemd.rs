@@ -51,7 +51,9 @@ impl Core {
         );
         self.read_queue.clear();
         self.reads_in_flight = 0;
-        for key in self.live_keys() {
+        // Proven watches too: one may yet have a stop to send, judged on facts of the next
+        // connection only.
+        for key in self.keys_where(|_| true) {
             if let Some(watch) = self.units.get_mut(&key) {
                 // Serial numbers belong to one connection; the next one starts afresh.
                 watch.facts.clear();
@@ -94,7 +96,7 @@ impl Core {
                 );
                 self.reloading = true;
                 self.fact_epoch += 1;
-                for key in self.live_keys() {
+                for key in self.keys_where(|_| true) {
                     if let Some(watch) = self.units.get_mut(&key) {
                         watch.stale = true;
                     }
@@ -354,7 +356,10 @@ impl Core {
                 .facts
                 .invocation()
                 .is_some_and(|now| !now.is_empty() && Some(now) != watch.our_invocation());
-        if !self.bus_up || watch.stale || runs_other {
+        // The final stop of a generation goes out only once a read after the proof shows the
+        // unit runs nothing: what the proof was made from may predate a new invocation.
+        let final_stop = kind == StopKind::FinalGeneration;
+        if !self.bus_up || watch.stale || runs_other || final_stop {
             let target = match kind {
                 StopKind::Proof(StopReason::Requested) => watch.our_invocation(),
                 StopKind::Proof(StopReason::Foreign) => watch.facts.invocation(),
@@ -368,8 +373,12 @@ impl Core {
             watch.unsent_stop = Some(UnsentStop { kind, target });
             self.dirty = true;
             self.log(log::Level::Info, line);
-            // With fresh facts it is decided now (and not sent: the unit runs another one).
-            self.send_unsent_stop(key);
+            if final_stop {
+                self.read_unit(key);
+            } else {
+                // With fresh facts it is decided now (and not sent: the unit runs another one).
+                self.send_unsent_stop(key);
+            }
             return;
         }
         self.send_stop(key, kind);
