@@ -28,7 +28,10 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message};
 
-use self::core::{Answer, Core, CoreConfig, Input, Output, StopKind, UnitKey};
+use self::core::{Answer, Core, CoreConfig, Input, NextInvocation, Output, StopKind, UnitKey};
+use crate::cgroup::procs::{
+    ClockBasis, ProcessTracker, Tracked, earlier_processes, list_processes,
+};
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::control::ControlError;
 use crate::control::protocol::{Response, event_line, list_reply};
@@ -53,6 +56,7 @@ const INOTIFY: Token = Token(1);
 const SIGNALS: Token = Token(2);
 const CONTROL_TOKENS: std::ops::Range<usize> = 16..(1 << 20);
 const RUNTIME_TOKENS: std::ops::Range<usize> = (1 << 20)..(1 << 30);
+const LEFTOVER_TOKENS: std::ops::Range<usize> = (1 << 30)..(1 << 31);
 
 pub use crate::systemd::Bus;
 /// How the agent runs.
@@ -183,6 +187,10 @@ struct Agent {
     reconnect: Option<(Instant, Duration)>,
     completions: Completions,
     cgroups: CgroupWatcher<UnitKey>,
+    /// The cgroup2 mount, below which units' cgroups are.
+    cgroup_root: PathBuf,
+    /// pidfds of leftovers, so their exits come through the loop.
+    leftovers: ProcessTracker<UnitKey>,
     server: ControlServer,
     signals: SignalFd,
     /// Where the watch set is kept across restarts; `None` keeps it in memory only.
@@ -219,7 +227,7 @@ impl Agent {
         let completions: Completions = Arc::default();
 
         let root = cgroup2_mount().map_err(AgentError::Cgroup)?;
-        let cgroups = CgroupWatcher::new(root).map_err(AgentError::Cgroup)?;
+        let cgroups = CgroupWatcher::new(root.clone()).map_err(AgentError::Cgroup)?;
         poll.registry()
             .register(
                 &mut SourceFd(&cgroups.as_raw_fd()),
@@ -274,6 +282,8 @@ impl Agent {
             reconnect: None,
             completions,
             cgroups,
+            cgroup_root: root,
+            leftovers: ProcessTracker::new(LEFTOVER_TOKENS),
             server,
             signals,
             state_file,
@@ -310,6 +320,13 @@ impl Agent {
             for event in events.iter() {
                 match event.token() {
                     t if self.runtime.owns(t) => self.runtime.handle_event(event),
+                    t if self.leftovers.owns(t) => {
+                        if let Some((key, pid)) =
+                            self.leftovers.handle_event(self.poll.registry(), t)
+                        {
+                            self.input(Input::LeftoverExited { key, pid });
+                        }
+                    }
                     INOTIFY => cgroups_ready = true,
                     SIGNALS => {
                         if let Ok(Some(info)) = self.signals.read_signal() {
@@ -385,7 +402,15 @@ impl Agent {
                     self.core
                         .handle_input(Input::CgroupWatched { key, result }, Instant::now());
                 }
-                Output::UnwatchCgroup { key } => self.cgroups.unwatch(key),
+                Output::Release { key } => {
+                    self.cgroups.unwatch(key);
+                    self.leftovers.untrack_key(self.poll.registry(), key);
+                }
+                Output::CountLeftovers { key, cgroup, next } => {
+                    let result = self.count_leftovers(key, &cgroup, &next);
+                    self.core
+                        .handle_input(Input::Leftovers { key, result }, Instant::now());
+                }
                 Output::ReadCgroup { key, cgroup } => {
                     let reading = self.cgroups.read_cgroup(&cgroup);
                     self.core
@@ -545,6 +570,35 @@ impl Agent {
                 );
             })
             .detach();
+    }
+
+    /// Lists the cgroup's processes, keeps those that may be ours, and holds a pidfd for each
+    /// that is still alive, in place of what was held for `key`.
+    fn count_leftovers(
+        &mut self,
+        key: UnitKey,
+        cgroup: &str,
+        next: &NextInvocation,
+    ) -> Result<Vec<i32>, String> {
+        let basis = ClockBasis::now().map_err(|e| e.to_string())?;
+        let census = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
+        let registry = self.poll.registry();
+        self.leftovers.untrack_key(registry, key);
+        let mut held = Vec::new();
+        for process in earlier_processes(&census, next, &basis) {
+            match self
+                .leftovers
+                .track(registry, key, process.pid, process.start_ticks)
+            {
+                Ok(Tracked::Alive) => held.push(process.pid),
+                Ok(Tracked::AlreadyExited) => {}
+                Err(e) => {
+                    self.leftovers.untrack_key(registry, key);
+                    return Err(e.to_string());
+                }
+            }
+        }
+        Ok(held)
     }
 
     fn take_cgroup_notices(&mut self) {

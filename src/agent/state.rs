@@ -27,7 +27,7 @@ use crate::atomic_file;
 use crate::unit_name;
 
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
-/// `control_group`, `stop_unsent` and `leftovers_seen`.
+/// `control_group` and `stop_unsent`.
 pub const STATE_VERSION: u32 = 2;
 
 /// The oldest version this agent still reads; the fields added since read as absent.
@@ -83,10 +83,6 @@ pub struct WatchRecord {
     /// restart if the unit still runs our invocation.
     #[serde(default)]
     pub stop_unsent: bool,
-    /// Our invocation was seen terminal with processes left in its cgroup: a new invocation is
-    /// then no proof that ours is over.
-    #[serde(default)]
-    pub leftovers_seen: bool,
 }
 
 /// Everything the agent keeps across a restart.
@@ -477,7 +473,6 @@ mod tests {
             proof: None,
             control_group: None,
             stop_unsent: false,
-            leftovers_seen: false,
         }
     }
 
@@ -494,7 +489,6 @@ mod tests {
             proof: None,
             control_group: Some("/app.slice/app@1.service".to_owned()),
             stop_unsent: true,
-            leftovers_seen: true,
         };
         let proven = WatchRecord {
             proof: Some(serde_json::json!({"type": "proven", "unit": "backup.service"})),

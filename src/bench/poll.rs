@@ -149,7 +149,8 @@ fn poll_loop(bus: Bus, interval: Duration, shared: &Mutex<Shared>, stop: &Atomic
                         unit.proof.handle_input(Input::Cgroup(reading), now);
                     }
                     Output::Proven(_) => proven.push((unit.unit.clone(), monotonic_ns())),
-                    Output::StopUnit(_) | Output::Log(..) => {}
+                    // The baseline never stops a unit, so it is never asked to count leftovers.
+                    Output::StopUnit(_) | Output::Log(..) | Output::CountLeftovers => {}
                 }
             }
         }

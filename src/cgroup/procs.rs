@@ -442,6 +442,56 @@ impl ClockBasis {
     }
 }
 
+/// What tells the processes of a unit's current invocation from those of an earlier one, as
+/// systemd reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NextInvocation {
+    /// When the current invocation left `inactive` (InactiveExitTimestampMonotonic, µs), if
+    /// known. systemd forks its first process just *before* it records this, so the roots below
+    /// are needed too.
+    pub began_us: Option<u64>,
+    /// Its MainPID and ControlPID, if known (non-zero).
+    pub roots: Vec<i32>,
+}
+
+/// How far up the parent chain a process is followed to a root of the current invocation.
+const MAX_ANCESTRY: usize = 64;
+
+/// The processes of `census` that may belong to an earlier invocation: all but those that
+/// certainly belong to `next`, being one of its roots, a descendant of one within the census,
+/// or started at or after it began. An uncertain start counts as earlier: this errs toward
+/// waiting. What it cannot see: a child that an earlier invocation's leftover forked after the
+/// current invocation began and whose parent is gone counts as the current invocation's.
+pub fn earlier_processes<'a>(
+    census: &'a [ProcessInfo],
+    next: &NextInvocation,
+    basis: &ClockBasis,
+) -> Vec<&'a ProcessInfo> {
+    let parents: HashMap<i32, i32> = census.iter().map(|p| (p.pid, p.ppid)).collect();
+    let descends_from_root = |pid: i32| {
+        let mut at = pid;
+        for _ in 0..MAX_ANCESTRY {
+            if next.roots.contains(&at) {
+                return true;
+            }
+            match parents.get(&at) {
+                Some(&parent) if parent != at => at = parent,
+                _ => return false,
+            }
+        }
+        false
+    };
+    census
+        .iter()
+        .filter(|p| {
+            let began_after = next.began_us.is_some_and(|began| {
+                basis.start_order(p.start_ticks, began) == StartOrder::AtOrAfter
+            });
+            !began_after && !descends_from_root(p.pid)
+        })
+        .collect()
+}
+
 /// Clock ticks per second, the unit of `/proc/PID/stat` times.
 pub fn clk_tck() -> Result<u64, ProcsError> {
     match sysconf(SysconfVar::CLK_TCK) {

@@ -12,10 +12,11 @@
 //!
 //! | systemd says (with `stop` = a stop of ours was requested) | then |
 //! |---|---|
-//! | `stop`, not terminal, invocation foreign or empty | proven: replaced after stop, unless our terminal invocation was seen with a populated cgroup: then read the cgroup |
+//! | `stop`, not terminal, invocation foreign or empty | read the cgroup; if populated, count the processes not certainly the new invocation's (stricter than the Go design, which proved at once) |
 //! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
 //! | terminal, or foreign and stopped by us | read the cgroup |
 //! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside |
+//! | ... none of ours left (replaced after stop) | proven: replaced after stop |
 //! | ... `populated 1` | log "processes remain", at most once per 2 s |
 //! | ... read error | log it at most once per 2 s, retry on a backoff timer |
 //!
@@ -69,7 +70,6 @@ impl UnitState {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resumed {
     pub stop_requested: bool,
-    pub leftovers_seen: bool,
 }
 
 /// A fact handed to the machine.
@@ -87,6 +87,10 @@ pub enum Input {
     /// The machine rebooted since the invocation was watched: every process of it died with
     /// the machine, whatever systemd says of the unit now.
     Rebooted,
+    /// The answer to [`Output::CountLeftovers`], kept current as they exit: how many processes
+    /// in the unit's cgroup are not certainly the current invocation's, or why they could not
+    /// be counted.
+    Leftovers(Result<usize, String>),
 }
 
 /// Why the machine asks for a StopUnit.
@@ -145,6 +149,10 @@ pub enum Output {
     StopUnit(StopReason),
     /// Read the unit's cgroup now and hand the reading back as [`Input::Cgroup`].
     ReadCgroup,
+    /// Count the processes in the unit's cgroup that may be ours (not certainly the current
+    /// invocation's), follow them until they exit, and hand the count back as
+    /// [`Input::Leftovers`] whenever it changes.
+    CountLeftovers,
     /// Log this line (already rate-limited where the seed rate-limits it).
     Log(Level, String),
     /// The invocation is proven over. Emitted exactly once; nothing follows it.
@@ -210,9 +218,10 @@ pub struct UnitProof {
     invocation: String,
     stop_requested: bool,
     foreign_stopped: bool,
-    /// Our invocation was seen terminal with its cgroup still populated (`KillMode=process`
-    /// or `mixed` leftovers): a new invocation is then no proof that ours is over.
-    leftovers_seen: bool,
+    /// How many processes that may be ours (not certainly the current invocation's) the last
+    /// count found alive in the unit's cgroup, less those seen exiting since.
+    leftovers: Option<usize>,
+    leftovers_log: RateLimit,
     state: Option<UnitState>,
     last_reading: Option<CgroupReading>,
     proof: Option<Proof>,
@@ -229,7 +238,8 @@ impl UnitProof {
             invocation,
             stop_requested: false,
             foreign_stopped: false,
-            leftovers_seen: false,
+            leftovers: None,
+            leftovers_log: RateLimit::default(),
             state: None,
             last_reading: None,
             proof: None,
@@ -242,17 +252,11 @@ impl UnitProof {
 
     /// A proof taken up again after the agent restarted: a stop requested before the restart
     /// stays requested (so a new invocation still proves ours over), without a new StopUnit,
-    /// which could stop an invocation that is not ours; leftovers seen before stay seen.
+    /// which could stop an invocation that is not ours.
     pub fn resume(invocation: String, resumed: Resumed) -> Self {
         let mut proof = UnitProof::new(invocation);
         proof.stop_requested = resumed.stop_requested;
-        proof.leftovers_seen = resumed.leftovers_seen;
         proof
-    }
-
-    /// Whether our invocation was seen terminal with processes left in its cgroup.
-    pub fn leftovers_seen(&self) -> bool {
-        self.leftovers_seen
     }
 
     /// Our invocation.
@@ -305,6 +309,7 @@ impl UnitProof {
             }
             Input::Cgroup(reading) => self.on_reading(reading, now),
             Input::Rebooted => self.prove(Cause::Rebooted, Level::Warn, REBOOTED.into()),
+            Input::Leftovers(count) => self.on_leftovers(count, now),
             Input::StopRequested => {
                 // Marked before the StopUnit goes out, as in the seed: from here on a new
                 // invocation is proof that ours is over, not a foreign one to stop.
@@ -353,28 +358,13 @@ impl UnitProof {
 
     /// Whether the state alone leaves the cgroup to decide.
     fn needs_cgroup(&self, v: Verdict) -> bool {
-        v.terminal
-            || (v.foreign && self.foreign_stopped)
-            || (self.replaced(v) && self.leftovers_seen)
+        v.terminal || (v.foreign && self.foreign_stopped) || self.replaced(v)
     }
 
     fn on_state(&mut self) {
         let Some(v) = self.verdict() else {
             return;
         };
-        // systemd begins a new invocation of a unit only once the stop job of the previous
-        // one has completed, so after a stop of ours anything that is not provably our
-        // invocation is proof that ours is over; no cgroup read is needed. Unless processes
-        // of ours were seen left over after it ended: systemd starts the new invocation beside
-        // them, so then only an empty cgroup proves it.
-        if self.replaced(v) && !self.leftovers_seen {
-            self.prove(
-                Cause::ReplacedAfterStop,
-                Level::Warn,
-                REPLACED_AFTER_STOP.into(),
-            );
-            return;
-        }
         if v.foreign && !self.foreign_stopped && !self.stop_requested {
             let theirs = self.state.as_ref().map_or("", |s| s.invocation.as_str());
             let line = format!(
@@ -419,11 +409,15 @@ impl UnitProof {
                     );
                 }
             }
+            CgroupReading::Populated if self.replaced(v) => {
+                // systemd starts a new invocation only once the stop job of ours completed, but
+                // with `KillMode=process` (or `mixed`) it starts it beside what ours left in the
+                // cgroup: only a count of those tells.
+                self.retry.reset();
+                self.outputs.push_back(Output::CountLeftovers);
+            }
             CgroupReading::Populated => {
                 self.retry.reset();
-                if v.terminal {
-                    self.leftovers_seen = true;
-                }
                 if self.remain_log.allow(now) {
                     let active = self.state.as_ref().map_or("", |s| s.active_state.as_str());
                     let line = format!("processes remain after {active}; not releasing");
@@ -437,6 +431,42 @@ impl UnitProof {
                         .push_back(Output::Log(Level::Warn, format!("cgroup.events: {why}")));
                 }
                 self.retry.arm(now);
+            }
+        }
+    }
+
+    fn on_leftovers(&mut self, count: Result<usize, String>, now: Instant) {
+        let Some(v) = self.verdict() else {
+            return;
+        };
+        match count {
+            Ok(count) => {
+                self.leftovers = Some(count);
+                if !self.replaced(v) {
+                    return;
+                }
+                if count == 0 {
+                    self.prove(
+                        Cause::ReplacedAfterStop,
+                        Level::Warn,
+                        REPLACED_AFTER_STOP.into(),
+                    );
+                } else if self.leftovers_log.allow(now) {
+                    let line = format!(
+                        "{count} processes of our invocation remain beside the new one; not releasing"
+                    );
+                    self.outputs.push_back(Output::Log(Level::Warn, line));
+                }
+            }
+            Err(why) => {
+                self.leftovers = None;
+                if self.read_error_log.allow(now) {
+                    self.outputs
+                        .push_back(Output::Log(Level::Warn, format!("count leftovers: {why}")));
+                }
+                if self.replaced(v) {
+                    self.retry.arm(now);
+                }
             }
         }
     }

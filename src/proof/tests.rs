@@ -28,6 +28,10 @@ fn cg(reading: CgroupReading) -> Step {
     Step::In(Input::Cgroup(reading))
 }
 
+fn leftovers(count: usize) -> Step {
+    Step::In(Input::Leftovers(Ok(count)))
+}
+
 fn stop() -> Step {
     Step::In(Input::StopRequested)
 }
@@ -41,6 +45,7 @@ fn render(output: &Output) -> String {
         Output::StopUnit(StopReason::Requested) => "stop-unit requested".into(),
         Output::StopUnit(StopReason::Foreign) => "stop-unit foreign".into(),
         Output::ReadCgroup => "read-cgroup".into(),
+        Output::CountLeftovers => "count-leftovers".into(),
         Output::Log(level, line) => format!("log {level}: {line}"),
         Output::Proven(p) => format!("proven {:?} {}: {}", p.cause, p.level, p.message),
     }
@@ -284,16 +289,39 @@ fn foreign_takes_precedence_over_terminal() {
 }
 
 #[test]
-fn stop_then_a_new_invocation_proves_replaced_after_stop_without_the_cgroup() {
+fn stop_then_a_new_invocation_with_none_of_ours_left_proves_replaced_after_stop() {
     check(
-        &[st("active", OURS), stop(), st("activating", THEIRS)],
+        &[
+            st("active", OURS),
+            stop(),
+            st("activating", THEIRS),
+            cg(CgroupReading::Populated),
+            leftovers(0),
+        ],
         "0ms stop-unit requested
+         0ms read-cgroup
+         0ms count-leftovers
          0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
 #[test]
-fn leftovers_of_our_stopped_invocation_beside_a_new_one_wait_for_an_empty_cgroup() {
+fn stop_then_a_new_invocation_in_an_empty_cgroup_proves_replaced_after_stop() {
+    check(
+        &[
+            st("active", OURS),
+            stop(),
+            st("activating", THEIRS),
+            cg(CgroupReading::Gone),
+        ],
+        "0ms stop-unit requested
+         0ms read-cgroup
+         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+    );
+}
+
+#[test]
+fn leftovers_of_our_stopped_invocation_beside_a_new_one_are_followed_until_none_remain() {
     // KillMode=process: our invocation ended with processes left in its cgroup, and systemd
     // started the next one beside them.
     check(
@@ -304,40 +332,65 @@ fn leftovers_of_our_stopped_invocation_beside_a_new_one_wait_for_an_empty_cgroup
             cg(CgroupReading::Populated),
             st("activating", THEIRS),
             cg(CgroupReading::Populated),
+            leftovers(2),
             wait_ms(3000),
+            leftovers(1),
+            Step::In(Input::Leftovers(Err("listing failed".into()))),
+            wait_ms(50),
             cg(CgroupReading::Populated),
-            cg(CgroupReading::Empty),
+            leftovers(0),
         ],
         "0ms stop-unit requested
          0ms read-cgroup
          0ms log warn: processes remain after inactive; not releasing
          0ms read-cgroup
-         3000ms log warn: processes remain after activating; not releasing
-         3000ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+         0ms count-leftovers
+         0ms log warn: 2 processes of our invocation remain beside the new one; not releasing
+         3000ms log warn: 1 processes of our invocation remain beside the new one; not releasing
+         3000ms log warn: count leftovers: listing failed
+         3050ms read-cgroup
+         3050ms count-leftovers
+         3050ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
 #[test]
 fn stop_then_no_invocation_in_a_non_terminal_state_proves_replaced_after_stop() {
     check(
-        &[st("active", OURS), stop(), st("activating", "")],
+        &[
+            st("active", OURS),
+            stop(),
+            st("activating", ""),
+            cg(CgroupReading::Populated),
+            leftovers(0),
+        ],
         "0ms stop-unit requested
+         0ms read-cgroup
+         0ms count-leftovers
          0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
 #[test]
-fn stop_with_a_foreign_state_already_known_proves_at_once() {
+fn stop_with_a_foreign_state_already_known_counts_leftovers() {
     // The foreign invocation was seen before any stop of ours, so it was stopped as foreign;
-    // a stop requested after that proves replaced-after-stop from the state already known.
+    // a stop requested after that needs only none of ours left beside it.
     check(
-        &[st("active", THEIRS), cg(CgroupReading::Populated), stop()],
+        &[
+            st("active", THEIRS),
+            cg(CgroupReading::Populated),
+            stop(),
+            cg(CgroupReading::Populated),
+            leftovers(0),
+        ],
         &format!(
             "0ms log warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
              0ms stop-unit foreign
              0ms read-cgroup
              0ms log warn: processes remain after active; not releasing
              0ms stop-unit requested
+             0ms read-cgroup
+             0ms count-leftovers
              0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)"
         ),
     );
@@ -348,8 +401,14 @@ fn stop_requested_never_fires_a_foreign_stop() {
     // Terminal foreign invocation after our stop: foreign wins over terminal, so not terminal,
     // so replaced after stop.
     check(
-        &[st("active", OURS), stop(), st("inactive", THEIRS)],
+        &[
+            st("active", OURS),
+            stop(),
+            st("inactive", THEIRS),
+            cg(CgroupReading::Empty),
+        ],
         "0ms stop-unit requested
+         0ms read-cgroup
          0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
     );
 }
@@ -482,7 +541,7 @@ proptest! {
                         Input::Cgroup(r) => last_reading = Some(r.clone()),
                         Input::State(s) => last_state = Some(s.clone()),
                         Input::StateUnknown => last_state = None,
-                        Input::StopRequested | Input::Rebooted => {}
+                        Input::StopRequested | Input::Rebooted | Input::Leftovers(_) => {}
                     }
                     proof.handle_input(input, now);
                 }

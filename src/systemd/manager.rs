@@ -68,6 +68,18 @@ pub struct UnitSnapshot {
     /// The service's exit status (Result, ExecMainCode, ExecMainStatus) and the serial of the
     /// reply it came from; `None` for a unit that is not a loaded service.
     pub exit: Option<(ServiceExit, u32)>,
+    /// What tells the current invocation's processes from earlier ones'.
+    pub current: CurrentInvocation,
+}
+
+/// When the unit's current invocation began and which processes are its roots: with a stamp
+/// (serial) each, as they come in different replies.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CurrentInvocation {
+    /// InactiveExitTimestampMonotonic in microseconds (0: never left inactive).
+    pub inactive_exit_us: Option<u64>,
+    /// MainPID and ControlPID (0: none), and the serial of the reply they came in.
+    pub pids: Option<((u32, u32), u32)>,
 }
 
 /// How a service's main process ended, as systemd reports it (tenants cannot forge it).
@@ -230,6 +242,7 @@ pub async fn read_unit(
                 invocation: String::new(),
                 control_group: String::new(),
                 exit: None,
+                current: CurrentInvocation::default(),
             });
         }
         Err(e) => return Err(ManagerError::new(what())(e)),
@@ -245,8 +258,8 @@ pub async fn read_unit(
         .map_err(ManagerError::new(what()))?
         .unwrap_or_else(|| unit.to_owned());
     let change = unit_change(all, &[]).map_err(ManagerError::new(what()))?;
-    let (control_group, exit) = match cgroup_interface(unit) {
-        // One GetAll of a service carries its cgroup and its exit status.
+    let (control_group, exit, pids) = match cgroup_interface(unit) {
+        // One GetAll of a service carries its cgroup, its exit status and its pids.
         Some(SERVICE_INTERFACE) => {
             let (mut all, exit_serial) = get_all(conn, systemd, &path, SERVICE_INTERFACE)
                 .await
@@ -263,13 +276,22 @@ pub async fn read_unit(
                 exec_main_code: service.exec_main_code,
                 exec_main_status: service.exec_main_status,
             };
-            (control_group, Some((exit, exit_serial)))
+            let pids = (
+                service.main_pid.unwrap_or(0),
+                service.control_pid.unwrap_or(0),
+            );
+            (
+                control_group,
+                Some((exit, exit_serial)),
+                Some((pids, exit_serial)),
+            )
         }
         Some(interface) => (
             control_group(conn, systemd, unit, &path, interface).await?,
             None,
+            None,
         ),
-        None => (String::new(), None),
+        None => (String::new(), None, None),
     };
     Ok(UnitSnapshot {
         serial,
@@ -281,6 +303,10 @@ pub async fn read_unit(
         invocation: change.invocation.unwrap_or_default(),
         control_group,
         exit,
+        current: CurrentInvocation {
+            inactive_exit_us: change.inactive_exit_us,
+            pids,
+        },
     })
 }
 

@@ -31,6 +31,13 @@ pub struct UnitChange {
     pub exec_main_code: Option<i32>,
     /// ExecMainStatus: the exit status, or the signal number.
     pub exec_main_status: Option<i32>,
+    /// InactiveExitTimestampMonotonic: when the unit's current invocation left `inactive`, in
+    /// CLOCK_MONOTONIC microseconds (0: never).
+    pub inactive_exit_us: Option<u64>,
+    /// MainPID and ControlPID of the service (0: none): the roots of its current invocation's
+    /// processes.
+    pub main_pid: Option<u32>,
+    pub control_pid: Option<u32>,
     /// A property we use was invalidated instead of carried: read the unit again.
     pub invalidated: bool,
 }
@@ -44,6 +51,9 @@ impl UnitChange {
             || self.result.is_some()
             || self.exec_main_code.is_some()
             || self.exec_main_status.is_some()
+            || self.inactive_exit_us.is_some()
+            || self.main_pid.is_some()
+            || self.control_pid.is_some()
             || self.invalidated
     }
 }
@@ -137,6 +147,9 @@ pub fn unit_change(
     let result = take(&mut changed, "Result")?;
     let exec_main_code = take(&mut changed, "ExecMainCode")?;
     let exec_main_status = take(&mut changed, "ExecMainStatus")?;
+    let inactive_exit_us = take(&mut changed, "InactiveExitTimestampMonotonic")?;
+    let main_pid = take(&mut changed, "MainPID")?;
+    let control_pid = take(&mut changed, "ControlPID")?;
     let invalidated = invalidated.iter().any(|p| {
         matches!(
             p.as_str(),
@@ -155,6 +168,9 @@ pub fn unit_change(
         result,
         exec_main_code,
         exec_main_status,
+        inactive_exit_us,
+        main_pid,
+        control_pid,
         invalidated,
     })
 }

@@ -36,8 +36,8 @@ pub const TESTS: &[Test] = &[
         a_restart_outside_is_stopped_once_and_reported,
     ),
     (
-        "a_stop_then_a_fresh_invocation_beside_leftovers_waits_for_the_cgroup",
-        a_stop_then_a_fresh_invocation_beside_leftovers_waits_for_the_cgroup,
+        "a_stop_then_a_fresh_invocation_beside_a_leftover_waits_for_it",
+        a_stop_then_a_fresh_invocation_beside_a_leftover_waits_for_it,
     ),
     (
         "a_unit_already_dead_and_gone_is_proven_at_once",
@@ -281,7 +281,7 @@ fn a_restart_outside_is_stopped_once_and_reported() {
     );
 }
 
-fn a_stop_then_a_fresh_invocation_beside_leftovers_waits_for_the_cgroup() {
+fn a_stop_then_a_fresh_invocation_beside_a_leftover_waits_for_it() {
     let sandbox = Sandbox::start("replaced");
     // The stop leaves a child in the cgroup, so the first invocation cannot be proven exited
     // before the second one begins, and the second begins beside it.

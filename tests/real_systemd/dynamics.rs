@@ -21,12 +21,7 @@ const PATIENCE_ARG: &str = "30s";
 /// How long a test watches for a proof that must not come.
 const OBSERVE: Duration = Duration::from_secs(3);
 
-/// Tests of rules not implemented yet: run on request (`-- --ignored pending`) and reported
-/// as ignored otherwise, so they never count as passed. Both wait on telling our leftovers
-/// from the next invocation's processes: today a cgroup read while the agent lags behind a
-/// restart can take the next invocation's processes for leftovers of ours, and the proof then
-/// waits for the next invocation to end.
-pub const PENDING: &[Test] = &[
+pub const TESTS: &[Test] = &[
     (
         "a_leftover_beside_a_restart_blocks_the_proof_until_it_dies",
         a_leftover_beside_a_restart_blocks_the_proof_until_it_dies,
@@ -35,9 +30,6 @@ pub const PENDING: &[Test] = &[
         "replaced_after_stop_releases_no_generation_and_spares_the_new_invocation",
         replaced_after_stop_releases_no_generation_and_spares_the_new_invocation,
     ),
-];
-
-pub const TESTS: &[Test] = &[
     (
         "daemon_reload_does_not_prove_a_remain_after_exit_unit",
         daemon_reload_does_not_prove_a_remain_after_exit_unit,

@@ -32,7 +32,7 @@ const SUITES: &[(&str, &[Test])] = &[
 ];
 
 /// Suites too slow for every run: reported as ignored unless asked for with `--ignored`.
-const ON_REQUEST: &[(&str, &[Test])] = &[("scale", scale::TESTS), ("pending", dynamics::PENDING)];
+const ON_REQUEST: &[(&str, &[Test])] = &[("scale", scale::TESTS)];
 
 fn main() {
     let arguments = Arguments::from_args();

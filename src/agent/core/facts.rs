@@ -5,6 +5,7 @@
 //! serial numbers only grow, so each property keeps the serial of the message it came from and
 //! an older message never overwrites a newer value.
 
+use crate::cgroup::procs::NextInvocation;
 use crate::proof::UnitState;
 use crate::systemd::manager::{ServiceExit, UnitSnapshot};
 use crate::systemd::signal::UnitChange;
@@ -58,6 +59,9 @@ pub struct UnitFacts {
     result: Stamped<String>,
     exec_main_code: Stamped<i32>,
     exec_main_status: Stamped<i32>,
+    inactive_exit_us: Stamped<u64>,
+    main_pid: Stamped<u32>,
+    control_pid: Stamped<u32>,
 }
 
 impl UnitFacts {
@@ -75,6 +79,13 @@ impl UnitFacts {
             self.exec_main_status
                 .offer_some(exit.exec_main_status.as_ref(), *serial);
         }
+        let current = &snapshot.current;
+        self.inactive_exit_us
+            .offer_some(current.inactive_exit_us.as_ref(), snapshot.serial);
+        if let Some(((main, control), serial)) = current.pids {
+            self.main_pid.offer(&main, serial);
+            self.control_pid.offer(&control, serial);
+        }
         before.is_some() && before != self.invocation.value
     }
 
@@ -88,6 +99,11 @@ impl UnitFacts {
             .offer_some(change.exec_main_code.as_ref(), serial);
         self.exec_main_status
             .offer_some(change.exec_main_status.as_ref(), serial);
+        self.inactive_exit_us
+            .offer_some(change.inactive_exit_us.as_ref(), serial);
+        self.main_pid.offer_some(change.main_pid.as_ref(), serial);
+        self.control_pid
+            .offer_some(change.control_pid.as_ref(), serial);
         let before = self.invocation.value.clone();
         match &change.invocation {
             Some(v) => {
@@ -120,6 +136,25 @@ impl UnitFacts {
         (exit != ServiceExit::default()).then_some(exit)
     }
 
+    /// What tells the current invocation's processes apart: only values systemd said no
+    /// earlier than it said the current InvocationID, so they cannot be an earlier one's.
+    pub fn next_invocation(&self) -> NextInvocation {
+        let current =
+            |serial: u32| self.invocation.value.is_some() && !newer(self.invocation.serial, serial);
+        let began_us = self
+            .inactive_exit_us
+            .value
+            .filter(|us| *us > 0 && current(self.inactive_exit_us.serial));
+        let roots = [&self.main_pid, &self.control_pid]
+            .into_iter()
+            .filter(|stamped| current(stamped.serial))
+            .filter_map(|stamped| stamped.value)
+            .filter(|pid| *pid > 0)
+            .filter_map(|pid| i32::try_from(pid).ok())
+            .collect();
+        NextInvocation { began_us, roots }
+    }
+
     pub fn active_state(&self) -> Option<&str> {
         self.active_state.value.as_deref()
     }
@@ -148,6 +183,7 @@ mod tests {
             invocation: invocation.into(),
             control_group: String::new(),
             exit: None,
+            current: Default::default(),
         }
     }
 

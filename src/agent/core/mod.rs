@@ -33,6 +33,7 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+pub use crate::cgroup::procs::NextInvocation;
 pub use event::{ProofEvent, WatchView};
 use waiters::Waiters;
 use watch::Watch;
@@ -142,6 +143,17 @@ pub enum Input {
     },
     /// inotify dropped events (`IN_Q_OVERFLOW`): any cgroup may have changed unseen.
     CgroupOverflow,
+    /// The synchronous answer to [`Output::CountLeftovers`]: the pids held, or why none could
+    /// be counted.
+    Leftovers {
+        key: UnitKey,
+        result: Result<Vec<i32>, String>,
+    },
+    /// A process counted by [`Output::CountLeftovers`] exited.
+    LeftoverExited {
+        key: UnitKey,
+        pid: i32,
+    },
     /// The synchronous answer to [`Output::TakeExitRecord`]: the record, if it could be read.
     ExitRecord {
         key: UnitKey,
@@ -169,9 +181,18 @@ pub enum Output {
         key: UnitKey,
         cgroup: String,
     },
-    /// Drop the inotify watches of `key`.
-    UnwatchCgroup {
+    /// Drop every kernel watch held for `key`: its inotify watches and the pidfds of its
+    /// leftovers.
+    Release {
         key: UnitKey,
+    },
+    /// Count the processes in this cgroup and below that are not certainly `next`'s, hold a
+    /// pidfd for each, and answer with their pids (synchronous, [`Input::Leftovers`]); report
+    /// each one's exit later with [`Input::LeftoverExited`]. Replaces what was held for `key`.
+    CountLeftovers {
+        key: UnitKey,
+        cgroup: String,
+        next: NextInvocation,
     },
     /// Read `cgroup.events` of this cgroup now (synchronous).
     ReadCgroup {
@@ -357,6 +378,25 @@ impl Core {
                 }
             }
             Input::ExitRecord { key, record } => self.on_exit_record(key, record, now),
+            Input::Leftovers { key, result } => {
+                let count = result.map(|pids| {
+                    let watch = self.units.get_mut(&key);
+                    let count = pids.len();
+                    if let Some(watch) = watch {
+                        watch.leftovers = pids.into_iter().collect();
+                    }
+                    count
+                });
+                self.feed(key, ProofInput::Leftovers(count), now);
+            }
+            Input::LeftoverExited { key, pid } => {
+                if let Some(watch) = self.units.get_mut(&key)
+                    && watch.leftovers.remove(&pid)
+                {
+                    let count = watch.leftovers.len();
+                    self.feed(key, ProofInput::Leftovers(Ok(count)), now);
+                }
+            }
         }
     }
 
@@ -565,6 +605,21 @@ impl Core {
         }
     }
 
+    /// Asks for the unit's leftovers to be counted and followed. A unit with no cgroup has none.
+    fn count_leftovers(&mut self, key: UnitKey, now: Instant) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        if watch.control_group.is_empty() {
+            self.feed(key, ProofInput::Leftovers(Ok(0)), now);
+            return;
+        }
+        let cgroup = watch.control_group.clone();
+        let next = watch.facts.next_invocation();
+        self.outputs
+            .push_back(Output::CountLeftovers { key, cgroup, next });
+    }
+
     /// Rebuilds the inotify watches of the unit's cgroup (they may have been dropped, or
     /// events lost), then reads it.
     fn rebuild_cgroup_watch(&mut self, key: UnitKey) {
@@ -635,6 +690,7 @@ impl Core {
             };
             match output {
                 ProofOutput::ReadCgroup => self.read_cgroup(key, now),
+                ProofOutput::CountLeftovers => self.count_leftovers(key, now),
                 ProofOutput::StopUnit(reason) => self.stop(key, StopKind::Proof(reason)),
                 ProofOutput::Log(level, line) => {
                     let line = format!("{}: {line}", watch.unit);
@@ -653,7 +709,7 @@ impl Core {
         };
         self.dirty = true;
         if watch.event.is_none() {
-            self.outputs.push_back(Output::UnwatchCgroup { key });
+            self.outputs.push_back(Output::Release { key });
         }
         if self.by_name.get(watch.unit.as_str()) == Some(&key) {
             self.by_name.remove(watch.unit.as_str());

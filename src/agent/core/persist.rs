@@ -70,7 +70,6 @@ impl Core {
             }
             watch.resumed = Resumed {
                 stop_requested: record.stop_requested,
-                leftovers_seen: record.leftovers_seen,
             };
             if record.stop_unsent && !rebooted {
                 watch.unsent_stop = Some(UnsentStop {
@@ -146,7 +145,6 @@ fn record_of(watch: &Watch) -> Option<WatchRecord> {
             .as_ref()
             .and_then(|event| serde_json::to_value(event).ok()),
         control_group: (!watch.control_group.is_empty()).then(|| watch.control_group.clone()),
-        leftovers_seen: watch.leftovers_seen(),
         stop_unsent: watch
             .unsent_stop
             .as_ref()

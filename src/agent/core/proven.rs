@@ -129,7 +129,7 @@ impl Core {
     /// The proof is in: release what the unit held (its inotify watches), exactly once, then
     /// tell everyone.
     fn tell_proven(&mut self, key: UnitKey, event: ProofEvent, now: Instant) {
-        self.outputs.push_back(Output::UnwatchCgroup { key });
+        self.outputs.push_back(Output::Release { key });
         let level = match event.level {
             crate::proof::Level::Info => log::Level::Info,
             crate::proof::Level::Warn => log::Level::Warn,

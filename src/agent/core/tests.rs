@@ -19,6 +19,10 @@ struct Script {
     core: Core,
     now: Instant,
     cgroups: HashMap<String, CgroupReading>,
+    /// Per cgroup, the pids a count of leftovers finds (none unless a test says).
+    leftovers: HashMap<String, Vec<i32>>,
+    /// What the last count of leftovers was told of the next invocation.
+    counted_against: Option<NextInvocation>,
     outputs: Vec<Output>,
     serial: u32,
 }
@@ -46,6 +50,8 @@ impl Script {
             core: Core::new(config, state, now),
             now,
             cgroups: HashMap::new(),
+            leftovers: HashMap::new(),
+            counted_against: None,
             outputs: Vec::new(),
             serial: 100,
         };
@@ -76,6 +82,17 @@ impl Script {
                         .unwrap_or(CgroupReading::Gone);
                     self.core
                         .handle_input(Input::CgroupRead { key, reading }, self.now);
+                }
+                Output::CountLeftovers { key, cgroup, next } => {
+                    self.counted_against = Some(next);
+                    let pids = self.leftovers.get(&cgroup).cloned().unwrap_or_default();
+                    self.core.handle_input(
+                        Input::Leftovers {
+                            key,
+                            result: Ok(pids),
+                        },
+                        self.now,
+                    );
                 }
                 Output::TakeExitRecord { key, .. } => self
                     .core
@@ -216,6 +233,7 @@ fn snapshot(unit: &str, active: &str, invocation: &str, cgroup: &str) -> UnitSna
         invocation: invocation.into(),
         control_group: cgroup.into(),
         exit: None,
+        current: Default::default(),
     }
 }
 
@@ -426,7 +444,6 @@ fn saved(unit: &str, invocation: &str) -> WatchRecord {
         proof: None,
         control_group: Some(format!("/app.slice/{unit}")),
         stop_unsent: false,
-        leftovers_seen: false,
     }
 }
 
@@ -586,25 +603,59 @@ fn a_lost_bus_voids_every_fact_until_a_read_on_the_new_connection() {
 }
 
 #[test]
-fn leftovers_seen_before_a_restart_still_block_a_replaced_after_stop_proof() {
+fn a_leftover_beside_the_next_invocation_blocks_replaced_after_stop_until_it_exits() {
     let mut s = watching("k.service", "active");
     s.request(r#"{"cmd":"stop","unit":"k.service"}"#);
     s.changed("k.service", "inactive", A);
-    assert_eq!(s.phase("k.service"), Phase::Stopping, "a leftover remains");
-    let saved = s.save();
-    assert!(saved.watches[0].leftovers_seen);
-    let mut s = Script::restored(saved, "boot-1");
-    s.cgroups
-        .insert("/app.slice/k.service".into(), CgroupReading::Populated);
-    s.input(Input::BusUp);
-    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/k.service")));
+    s.leftovers.insert("/app.slice/k.service".into(), vec![41]);
+    s.changed("k.service", "activating", B);
+    assert_eq!(s.phase("k.service"), Phase::Stopping, "pid 41 may be ours");
+    s.input(Input::LeftoverExited {
+        key: UnitKey(0),
+        pid: 77,
+    });
     assert_eq!(
         s.phase("k.service"),
         Phase::Stopping,
-        "not proven beside the leftover"
+        "not a leftover of ours"
     );
-    s.cgroups
-        .insert("/app.slice/k.service".into(), CgroupReading::Empty);
-    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    s.input(Input::LeftoverExited {
+        key: UnitKey(0),
+        pid: 41,
+    });
     assert_eq!(s.phase("k.service"), Phase::Proven);
+}
+
+#[test]
+fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
+    let mut s = watching("n.service", "active");
+    // MainPID of our own invocation: said before the next InvocationID, so never a root of it.
+    let ours = UnitChange {
+        main_pid: Some(200),
+        ..UnitChange::default()
+    };
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("n.service"),
+        change: ours,
+    });
+    s.request(r#"{"cmd":"stop","unit":"n.service"}"#);
+    let next = UnitChange {
+        active_state: Some("activating".into()),
+        invocation: Some(B.into()),
+        inactive_exit_us: Some(5_000_000),
+        control_pid: Some(300),
+        ..UnitChange::default()
+    };
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("n.service"),
+        change: next,
+    });
+    assert_eq!(
+        s.counted_against,
+        Some(NextInvocation {
+            began_us: Some(5_000_000),
+            roots: vec![300],
+        })
+    );
+    assert_eq!(s.phase("n.service"), Phase::Proven, "none of ours left");
 }

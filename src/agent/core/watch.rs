@@ -1,5 +1,6 @@
 //! One watched unit: what the client asked for, what systemd said, and its proof.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -77,7 +78,7 @@ pub struct Watch {
     /// A stop asked for before the first read came back.
     pub pending_stop: bool,
     /// What the proof had before the agent restarted: a stop requested stays requested, with
-    /// no new StopUnit; leftovers seen stay seen.
+    /// no new StopUnit.
     pub resumed: Resumed,
     pub unsent_stop: Option<UnsentStop>,
     /// `watch` requests answered once the first reading of the cgroup is in.
@@ -88,6 +89,9 @@ pub struct Watch {
     /// Taken up from the state file: never dropped because a read failed.
     pub restored: bool,
     pub timer: Option<Instant>,
+    /// Processes in the cgroup that may be ours, followed until they exit, while a new
+    /// invocation runs beside them.
+    pub leftovers: BTreeSet<i32>,
     /// A proof waiting for its exit record before it is told.
     pub proof_pending: Option<Proof>,
     pub event: Option<ProofEvent>,
@@ -116,6 +120,7 @@ impl Watch {
             retry: None,
             restored: false,
             timer: None,
+            leftovers: BTreeSet::new(),
             proof_pending: None,
             event: None,
             release: spec
@@ -149,13 +154,6 @@ impl Watch {
             Some(name) => Some(name.clone()),
             None => Some(default_record_name(self.proof.as_ref()?.invocation())),
         }
-    }
-
-    /// Whether our invocation was seen terminal with processes left in its cgroup.
-    pub fn leftovers_seen(&self) -> bool {
-        self.proof
-            .as_ref()
-            .map_or(self.resumed.leftovers_seen, UnitProof::leftovers_seen)
     }
 
     pub fn view(&self) -> WatchView {
