@@ -8,11 +8,11 @@
 //! [`Core::poll_output`], and [`Core::poll_timeout`] says when the core next wants the time.
 //! After every input the driver drains `poll_output` until it returns `None`.
 //!
-//! Three outputs are *synchronous*: [`Output::WatchCgroup`], [`Output::ReadCgroup`] and
-//! [`Output::TakeExitRecord`]. The driver carries each out when it drains it and hands the
-//! result straight back ([`Input::CgroupWatched`], [`Input::CgroupRead`],
-//! [`Input::ExitRecord`]) before any other input, so a cgroup reading is never older than the
-//! state that asked for it.
+//! Four outputs are *synchronous*: [`Output::WatchCgroup`], [`Output::ReadCgroup`],
+//! [`Output::CountLeftovers`] and [`Output::TakeExitRecord`]. The driver carries each out when
+//! it drains it and hands the result straight back ([`Input::CgroupWatched`],
+//! [`Input::CgroupRead`], [`Input::Leftovers`], [`Input::ExitRecord`]) before any other input,
+//! so a reading is never older than the state that asked for it.
 //!
 //! Driver contract for the bus: [`Input::BusUp`] after every (re)connection and subscription;
 //! [`Input::BusLost`] when the connection or systemd behind it goes away (a new owner of
