@@ -26,6 +26,9 @@ pub(crate) struct Snapshot {
     pub exec_main_status: i32,
     pub inactive_enter_us: u64,
     pub inactive_exit_us: u64,
+    /// MainPID and ControlPID (0: none).
+    pub main_pid: u32,
+    pub control_pid: u32,
 }
 
 /// One message on the agent's signal path, in the order the agent sees it.

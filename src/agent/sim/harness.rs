@@ -1,20 +1,28 @@
 //! The driver of the simulated agent: what the real mio loop does for the core (carry out its
 //! outputs, answer the synchronous ones at once, feed what the bus and inotify deliver), done
 //! against the world instead of the machine, plus the agent's own crashes and restarts.
+//!
+//! Leftovers are counted as the real driver counts them: a census of the cgroup subtree as
+//! `list_processes` gives it (pid, ppid, start ticks of 10 ms, no suspend), classified by the
+//! same `earlier_processes`; each pid kept is then held, as by a pidfd, until its exit is
+//! delivered (at the step it dies or later, as the loop sees a pidfd event) or the key is
+//! released.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, Snapshot};
-use super::kernel::{Inv, Reading};
+use super::kernel::{Inv, Pid, Reading, TICK_US, within};
 use super::oracle::{Oracle, StopWhy, parse_inv};
 use super::rng::Rng;
 use super::tenant::Tenant;
 use super::world::World;
-use crate::agent::core::{AgentState, Core, CoreConfig, Input, Output, StopKind, UnitKey};
+use crate::agent::core::{AgentState, Answer, Core, CoreConfig, Input, Output, StopKind, UnitKey};
 use crate::cgroup::CgroupReading;
+use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
+use crate::control::protocol::RequestId;
 use crate::proof::StopReason;
-use crate::systemd::manager::{ServiceExit, UnitSnapshot};
+use crate::systemd::manager::{CurrentInvocation, ServiceExit, UnitSnapshot};
 use crate::systemd::signal::{SystemdSignal, unit_path};
 
 /// What one simulated run is made of.
@@ -33,6 +41,8 @@ pub(crate) struct Sim {
     calls: BTreeMap<u64, (UnitKey, Option<StopKind>)>,
     /// The cgroup each key's inotify watch is on.
     watches: BTreeMap<UnitKey, String>,
+    /// The leftovers each key holds a pidfd of, until their exit is delivered.
+    leftovers: BTreeMap<UnitKey, BTreeSet<Pid>>,
     /// The name each key was read under: the client's name for the unit.
     key_names: BTreeMap<UnitKey, String>,
     /// Each key's invocation as the agent holds it: asked for, restored, or adopted from the
@@ -44,6 +54,8 @@ pub(crate) struct Sim {
     restored: AgentState,
     /// The last watch-creating request of each name in this life of the agent.
     pub asked_names: BTreeMap<String, Option<Inv>>,
+    /// Requests the agent answered with an error during the request being handed in.
+    pub refused: BTreeSet<u64>,
     /// The driver has fed BusUp since the last BusLost.
     pub connected: bool,
     /// Invocations of each unit the agent has been told of (in a signal or a read).
@@ -51,6 +63,10 @@ pub(crate) struct Sim {
     /// Outputs of the drain under way, for the launch-file rule.
     drained: Vec<Output>,
     pub restarts: u32,
+    /// Leftover counts answered, and how many of them held a process of the invocation the
+    /// unit runs now (which only delays a proof).
+    pub counts: u32,
+    pub counts_holding_current: u32,
 }
 
 fn config(base: Instant) -> CoreConfig {
@@ -83,15 +99,19 @@ impl Sim {
             trace: traced.then(Vec::new),
             calls: BTreeMap::new(),
             watches: BTreeMap::new(),
+            leftovers: BTreeMap::new(),
             key_names: BTreeMap::new(),
             key_invs: BTreeMap::new(),
             asking: None,
             restored: AgentState::default(),
             asked_names: BTreeMap::new(),
+            refused: BTreeSet::new(),
             connected: false,
             seen: BTreeMap::new(),
             drained: Vec::new(),
             restarts: 0,
+            counts: 0,
+            counts_holding_current: 0,
         };
         sim.start_agent();
         sim
@@ -132,6 +152,7 @@ impl Sim {
         self.world.kernel.drop_watches();
         self.calls.clear();
         self.watches.clear();
+        self.leftovers.clear();
         self.key_names.clear();
         self.key_invs.clear();
         self.seen.clear();
@@ -244,10 +265,15 @@ impl Sim {
                 };
                 self.answer(Input::CgroupWatched { key, result }, now);
             }
-            Output::UnwatchCgroup { key } => {
+            Output::Release { key } => {
                 if let Some(old) = self.watches.remove(&key) {
                     self.world.kernel.unwatch(&old);
                 }
+                self.leftovers.remove(&key);
+            }
+            Output::CountLeftovers { key, cgroup, next } => {
+                let result = self.count_leftovers(key, &cgroup, &next);
+                self.answer(Input::Leftovers { key, result }, now);
             }
             Output::ReadCgroup { key, cgroup } => {
                 let reading = if self.rng.percent(2) {
@@ -266,6 +292,9 @@ impl Sim {
             }
             Output::RemoveLaunchFile { .. } | Output::Log { .. } => {}
             Output::Reply { to, answer } => {
+                if let (Some(RequestId::Number(n)), Answer::Error(..)) = (&to.id, &answer) {
+                    self.refused.extend(n.as_u64());
+                }
                 let world = &self.world;
                 self.tenant.on_reply(world, &mut self.oracle, to, answer);
             }
@@ -280,6 +309,90 @@ impl Sim {
             }
             Output::Save(state) => self.saved = *state,
         }
+    }
+
+    /// What the real driver's `count_leftovers` does: a census of the cgroup subtree, the
+    /// processes `earlier_processes` keeps, each held until it exits, in place of what was held
+    /// for `key`. A listing that fails keeps what was held; a pidfd that cannot be opened drops
+    /// it all.
+    fn count_leftovers(
+        &mut self,
+        key: UnitKey,
+        cgroup: &str,
+        next: &NextInvocation,
+    ) -> Result<Vec<i32>, String> {
+        if self.rng.percent(2) {
+            return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
+        }
+        let census = census(&self.world, cgroup);
+        let basis = ClockBasis {
+            clk_tck: 1_000_000 / TICK_US,
+            boot_minus_mono_ns: 0,
+        };
+        let earlier: Vec<i32> = earlier_processes(&census, next, &basis)
+            .into_iter()
+            .map(|p| p.pid)
+            .collect();
+        if self.trace.is_some() {
+            let all: Vec<String> = census
+                .iter()
+                .map(|p| format!("{}<-{}@{}", p.pid, p.ppid, p.start_ticks))
+                .collect();
+            let line = format!(
+                "driver: census of {cgroup} [{}] for {next:?}: earlier {earlier:?}",
+                all.join(" ")
+            );
+            self.log(|| line);
+        }
+        self.counts += 1;
+        let current = self
+            .world
+            .units
+            .iter()
+            .find(|u| u.cgroup == cgroup)
+            .map(|u| u.invocation);
+        let procs = &self.world.kernel.procs;
+        if earlier
+            .iter()
+            .any(|pid| procs.get(&(*pid as Pid)).map(|p| p.invocation) == current)
+        {
+            self.counts_holding_current += 1;
+        }
+        self.leftovers.remove(&key);
+        if self.rng.percent(1) {
+            return Err("cannot open a pidfd: EMFILE".into());
+        }
+        let held = earlier.iter().map(|pid| *pid as Pid).collect();
+        self.leftovers.insert(key, held);
+        Ok(earlier)
+    }
+
+    /// Delivers the exit of one held leftover that died, as the pidfd's readiness.
+    pub(crate) fn deliver_leftover_exit(&mut self) -> bool {
+        let dead: Vec<(UnitKey, Pid)> = self
+            .leftovers
+            .iter()
+            .flat_map(|(key, pids)| pids.iter().map(move |pid| (*key, *pid)))
+            .filter(|(_, pid)| !self.world.kernel.alive(*pid))
+            .collect();
+        let Some((key, pid)) = self.rng.pick(&dead) else {
+            return false;
+        };
+        if let Some(pids) = self.leftovers.get_mut(&key) {
+            pids.remove(&pid);
+        }
+        self.input(Input::LeftoverExited {
+            key,
+            pid: pid as i32,
+        });
+        true
+    }
+
+    pub(crate) fn has_leftover_exits(&self) -> bool {
+        let kernel = &self.world.kernel;
+        self.leftovers
+            .values()
+            .any(|pids| pids.iter().any(|pid| !kernel.alive(*pid)))
     }
 
     /// A synchronous answer: straight back to the core, before anything else.
@@ -502,6 +615,23 @@ impl Sim {
     }
 }
 
+/// What `list_processes` gives for `cgroup`: every process in it and below, as `/proc` shows it
+/// (start ticks since boot; boot time is monotonic time, no suspend being modelled).
+pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
+    let procs = world.kernel.procs.values();
+    procs
+        .filter(|p| within(&p.cgroup, cgroup))
+        .map(|p| ProcessInfo {
+            pid: p.pid as i32,
+            ppid: p.ppid as i32,
+            start_ticks: p.start_us / TICK_US,
+            comm: format!("{:?}", p.role).into_bytes(),
+            state: 'S',
+            cgroup: p.cgroup[cgroup.len()..].trim_start_matches('/').into(),
+        })
+        .collect()
+}
+
 fn to_unit_snapshot(s: Snapshot) -> UnitSnapshot {
     let exit = s.loaded.then(|| {
         let exit = ServiceExit {
@@ -511,6 +641,12 @@ fn to_unit_snapshot(s: Snapshot) -> UnitSnapshot {
         };
         (exit, s.serial)
     });
+    // One reply here carries what the real read takes from GetAll of the Unit interface (the
+    // timestamp) and of the Service interface (the pids).
+    let current = CurrentInvocation {
+        inactive_exit_us: s.loaded.then_some(s.inactive_exit_us),
+        pids: s.loaded.then_some(((s.main_pid, s.control_pid), s.serial)),
+    };
     UnitSnapshot {
         serial: s.serial,
         loaded: s.loaded,
@@ -521,6 +657,7 @@ fn to_unit_snapshot(s: Snapshot) -> UnitSnapshot {
         invocation: s.invocation,
         control_group: s.control_group,
         exit,
+        current,
     }
 }
 

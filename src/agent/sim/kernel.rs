@@ -1,6 +1,12 @@
-//! The kernel as the agent sees it: processes (pid, start time, the invocation they were
-//! started under) in a cgroup v2 tree, and inotify on `cgroup.events` with its merged
+//! The kernel as the agent sees it: processes (pid, parent, start time, the invocation they
+//! were started under) in a cgroup v2 tree, and inotify on `cgroup.events` with its merged
 //! notifications and its overflow.
+//!
+//! A process's parent is what forked it (systemd, pid [`MANAGER`], for the main and control
+//! processes); when a parent dies its children are reparented to the manager, as the kernel
+//! does to the nearest subreaper. Start times are virtual CLOCK_MONOTONIC microseconds; with no
+//! suspend modelled, CLOCK_BOOTTIME is the same clock, so `/proc`'s start ticks are the start
+//! time truncated to whole ticks of [`TICK_US`].
 //!
 //! A process keeps the invocation it was started under for its whole life: a KillMode=process
 //! leftover still belongs to the old invocation while the next one runs beside it, which is
@@ -9,6 +15,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 pub(crate) type Pid = u32;
+
+/// systemd's pid: the parent of every process it forks, and of every orphan.
+pub(crate) const MANAGER: Pid = 1;
+
+/// One clock tick of `/proc/PID/stat` (`_SC_CLK_TCK` = 100), in microseconds.
+pub(crate) const TICK_US: u64 = 10_000;
 /// An InvocationID; 0 is "none", as systemd prints all-zero as empty.
 pub(crate) type Inv = u128;
 
@@ -25,6 +37,9 @@ pub(crate) enum Role {
 #[derive(Clone, Debug)]
 pub(crate) struct Proc {
     pub pid: Pid,
+    /// The process that forked it, or [`MANAGER`] once that one died.
+    pub ppid: Pid,
+    /// When it was forked (virtual CLOCK_MONOTONIC, µs).
     pub start_us: u64,
     pub cgroup: String,
     pub invocation: Inv,
@@ -115,19 +130,23 @@ impl Kernel {
         true
     }
 
+    /// Forks a process of `unit` under `invocation` into `cgroup`: `parent` forked it at
+    /// `start_us`.
     pub(crate) fn spawn(
         &mut self,
         cgroup: &str,
         invocation: Inv,
         unit: usize,
         role: Role,
-        now_us: u64,
+        parent: Pid,
+        start_us: u64,
     ) -> Pid {
         self.mkdir(cgroup);
         self.next_pid += 1;
         let proc = Proc {
             pid: self.next_pid,
-            start_us: now_us,
+            ppid: parent,
+            start_us,
             cgroup: cgroup.to_owned(),
             invocation,
             unit,
@@ -142,6 +161,7 @@ impl Kernel {
     pub(crate) fn kill(&mut self, pid: Pid) -> bool {
         let mut existed = false;
         self.notifying(|k| existed = k.procs.remove(&pid).is_some());
+        self.reparent_orphans();
         existed
     }
 
@@ -149,7 +169,22 @@ impl Kernel {
     pub(crate) fn kill_all(&mut self, path: &str) -> usize {
         let pids: Vec<Pid> = self.pids_in(path);
         self.notifying(|k| k.procs.retain(|_, p| !within(&p.cgroup, path)));
+        self.reparent_orphans();
         pids.len()
+    }
+
+    /// The children of processes that died now have the manager as parent.
+    fn reparent_orphans(&mut self) {
+        let alive: BTreeSet<Pid> = self.procs.keys().copied().collect();
+        for p in self.procs.values_mut() {
+            if p.ppid != MANAGER && !alive.contains(&p.ppid) {
+                p.ppid = MANAGER;
+            }
+        }
+    }
+
+    pub(crate) fn alive(&self, pid: Pid) -> bool {
+        self.procs.contains_key(&pid)
     }
 
     pub(crate) fn pids_in(&self, path: &str) -> Vec<Pid> {
@@ -188,9 +223,10 @@ impl Kernel {
     pub(crate) fn describe(&self, pid: Pid, units: &[String]) -> String {
         match self.procs.get(&pid) {
             Some(p) => format!(
-                "{pid} ({:?} of {}, started at {:.3} s, in {})",
+                "{pid} ({:?} of {}, child of {}, started at {:.6} s, in {})",
                 p.role,
                 units.get(p.unit).map_or("?", String::as_str),
+                p.ppid,
                 p.start_us as f64 / 1e6,
                 p.cgroup
             ),
@@ -253,14 +289,15 @@ mod tests {
     fn populated_counts_descendants_and_notifications_merge() {
         let mut k = Kernel::new();
         k.watch("/a.service");
-        let p1 = k.spawn("/a.service/payload", 7, 0, Role::Child, 1);
-        let p2 = k.spawn("/a.service", 7, 0, Role::Main, 2);
+        let p2 = k.spawn("/a.service", 7, 0, Role::Main, MANAGER, 1);
+        let p1 = k.spawn("/a.service/payload", 7, 0, Role::Child, p2, 2);
         assert_eq!(k.read("/a.service"), Reading::Populated);
         assert_eq!(k.read("/a.servicex"), Reading::Gone);
         // Creation and populating: one pending notification, not two.
         assert_eq!(k.pending_paths(), vec!["/a.service".to_owned()]);
         assert!(k.take_pending("/a.service"));
         k.kill(p2);
+        assert_eq!(k.procs[&p1].ppid, MANAGER, "the orphan goes to the manager");
         assert!(!k.take_pending("/a.service"), "still populated: no change");
         assert!(
             !k.rmdir("/a.service"),

@@ -30,6 +30,7 @@ struct Outcome {
     proofs: u32,
     stop_races: u32,
     restarts: u32,
+    counts: (u32, u32),
 }
 
 /// The kind of a violation, for the summary of many seeds.
@@ -99,6 +100,7 @@ impl Sim {
             } else {
                 0
             },
+            if self.has_leftover_exits() { 10 } else { 0 },
         ];
         match self.rng.weighted(&weights) {
             Some(0) => {
@@ -125,6 +127,9 @@ impl Sim {
             Some(9) => self.bus_lost("the agent's own connection broke"),
             Some(10) => {
                 self.connect();
+            }
+            Some(11) => {
+                self.deliver_leftover_exit();
             }
             _ => {}
         }
@@ -169,6 +174,7 @@ impl Sim {
             }
         }
         while self.deliver_cgroup_notice() {}
+        while self.deliver_leftover_exit() {}
         self.pass_time(500_000);
         self.world.advance(500_000);
     }
@@ -203,6 +209,7 @@ fn run(seed: u64, traced: bool) -> Outcome {
         proofs: sim.oracle.proofs,
         stop_races: sim.oracle.stop_races,
         restarts: sim.restarts,
+        counts: (sim.counts, sim.counts_holding_current),
     }
 }
 
@@ -228,11 +235,14 @@ fn simulation() {
         Default::default();
     let mut failing = 0;
     let (mut proofs, mut races, mut restarts) = (0, 0, 0);
+    let (mut counts, mut holding_current) = (0, 0);
     for seed in 0..seeds {
         let outcome = run(seed, false);
         proofs += outcome.proofs;
         races += outcome.stop_races;
         restarts += outcome.restarts;
+        counts += outcome.counts.0;
+        holding_current += outcome.counts.1;
         failing += usize::from(!outcome.violations.is_empty());
         let mut seen = std::collections::BTreeSet::new();
         for (step, v) in outcome.violations {
@@ -245,6 +255,10 @@ fn simulation() {
     println!(
         "{seeds} seeds: {proofs} proofs, {restarts} agent restarts, {races} stops that raced \
          an invocation the agent had not heard of yet, {failing} failing seeds"
+    );
+    println!(
+        "{counts} leftover counts, {holding_current} of them holding a process of the \
+         invocation the unit runs"
     );
     for (k, seeds) in &kinds {
         let list: Vec<String> = seeds.iter().map(|(s, _, _)| s.to_string()).collect();

@@ -1,13 +1,21 @@
 //! The service state machine of one unit, as systemd's `service.c` drives it: jobs, the
 //! processes it waits for, KillMode=, RemainAfterExit=, Restart=.
+//!
+//! Like systemd, it keeps MainPID (the main process, none when there is none) and ControlPID
+//! (the ExecStartPre=, ExecStop= or ExecStopPost= process running), and stamps
+//! InactiveExitTimestampMonotonic whenever the unit leaves inactive or failed (`unit_notify`):
+//! a start forks its first process just before, so that process's start time is at or a little
+//! before the stamp.
 
-use super::kernel::{Inv, Pid, Role};
+use super::kernel::{Inv, MANAGER, Pid, Role};
 use super::world::{InvRecord, World, short};
 
 /// The unit file settings that change what a stop and an exit do.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct UnitConfig {
     pub oneshot: bool,
+    /// ExecStartPre=: a control process runs before the main one.
+    pub exec_start_pre: bool,
     pub remain_after_exit: bool,
     /// KillMode=process: a stop kills the main process only.
     pub kill_process: bool,
@@ -24,6 +32,7 @@ pub(crate) struct UnitConfig {
 pub(crate) enum SvcState {
     Dead,
     Failed,
+    StartPre,
     Start,
     Running,
     Exited,
@@ -39,7 +48,7 @@ impl SvcState {
         match self {
             SvcState::Dead => "inactive",
             SvcState::Failed => "failed",
-            SvcState::Start | SvcState::AutoRestart => "activating",
+            SvcState::StartPre | SvcState::Start | SvcState::AutoRestart => "activating",
             SvcState::Running | SvcState::Exited => "active",
             _ => "deactivating",
         }
@@ -49,6 +58,7 @@ impl SvcState {
         match self {
             SvcState::Dead => "dead",
             SvcState::Failed => "failed",
+            SvcState::StartPre => "start-pre",
             SvcState::Start => "start",
             SvcState::Running => "running",
             SvcState::Exited => "exited",
@@ -65,7 +75,7 @@ impl SvcState {
     /// unless it already runs (a live control process is a process of the invocation anyway).
     pub(crate) fn may_spawn(self, cfg: &UnitConfig) -> bool {
         match self {
-            SvcState::Start | SvcState::Running | SvcState::Exited => true,
+            SvcState::StartPre | SvcState::Start | SvcState::Running | SvcState::Exited => true,
             SvcState::Stop | SvcState::StopSigterm => cfg.exec_stop_post,
             _ => false,
         }
@@ -77,6 +87,11 @@ impl SvcState {
             self,
             SvcState::Dead | SvcState::Failed | SvcState::AutoRestart
         )
+    }
+
+    /// Inactive or failed: leaving these stamps InactiveExitTimestamp.
+    fn inactive(self) -> bool {
+        matches!(self, SvcState::Dead | SvcState::Failed)
     }
 
     fn deactivating(self) -> bool {
@@ -159,20 +174,32 @@ impl World {
                 next: None,
             },
         );
-        let now = self.now_us;
+        // systemd forks the first process (ExecStartPre=, or ExecStart=) and only then enters
+        // the new state, which stamps InactiveExitTimestamp: the fork comes at the same
+        // instant or a little before.
+        let forked_us = self.now_us.saturating_sub(self.rng.below(300) as u64);
         let cgroup = self.units[u].cgroup.clone();
-        let main = self.kernel.spawn(&cgroup, new, u, Role::Main, now);
+        let pre = self.units[u].cfg.exec_start_pre;
+        let role = if pre { Role::Control } else { Role::Main };
+        let first = self.kernel.spawn(&cgroup, new, u, role, MANAGER, forked_us);
         let unit = &mut self.units[u];
         unit.invocation = new;
-        unit.inactive_exit_us = now;
-        unit.state = SvcState::Start;
         unit.result = "success";
         unit.exec_main_code = 0;
         unit.exec_main_status = 0;
-        unit.main_pid = Some(main);
+        (unit.main_pid, unit.control_pid) = if pre {
+            (None, Some(first))
+        } else {
+            (Some(first), None)
+        };
         unit.job = None;
         unit.stopping_by_job = false;
-        unit.dirty = true;
+        let state = if pre {
+            SvcState::StartPre
+        } else {
+            SvcState::Start
+        };
+        self.set_state(u, state);
     }
 
     pub(super) fn progress(&mut self, u: usize) -> String {
@@ -182,8 +209,13 @@ impl World {
         if let (Some(job), true) = (job, stable) {
             self.units[u].job = None;
             match (job, state) {
-                (Job::Start | Job::Restart, SvcState::Dead | SvcState::Failed)
-                | (Job::Start | Job::Restart, SvcState::AutoRestart) => self.start(u),
+                (Job::Start | Job::Restart, SvcState::Dead | SvcState::Failed) => self.start(u),
+                // A job on a unit waiting to restart stops it first (service_stop gives up
+                // the automatic restart), then starts it.
+                (Job::Start | Job::Restart, SvcState::AutoRestart) => {
+                    self.set_state(u, SvcState::Dead);
+                    self.start(u);
+                }
                 (Job::Start, _) | (Job::Stop, SvcState::Dead | SvcState::Failed) => {}
                 (Job::Stop, SvcState::AutoRestart) => self.set_state(u, SvcState::Dead),
                 (Job::Stop, _) => self.begin_stop(u),
@@ -199,6 +231,22 @@ impl World {
             self.units[u].stopping_by_job = true;
         }
         match state {
+            SvcState::StartPre => {
+                // ExecStartPre= exits; a failure fails the start.
+                self.kill_control(u);
+                if self.rng.percent(15) {
+                    let unit = &mut self.units[u];
+                    unit.result = "exit-code";
+                    self.set_state(u, SvcState::StopSigterm);
+                } else {
+                    let (cgroup, inv) = (self.units[u].cgroup.clone(), self.units[u].invocation);
+                    let main = self
+                        .kernel
+                        .spawn(&cgroup, inv, u, Role::Main, MANAGER, self.now_us);
+                    self.units[u].main_pid = Some(main);
+                    self.set_state(u, SvcState::Start);
+                }
+            }
             SvcState::Start if self.units[u].cfg.oneshot => {
                 let ok = self.rng.percent(75);
                 return self.main_exits(u, ok);
@@ -258,8 +306,16 @@ impl World {
         )
     }
 
+    /// Enters `state`; leaving inactive or failed stamps InactiveExitTimestamp, entering them
+    /// InactiveEnterTimestamp, as `unit_notify` does.
     pub(super) fn set_state(&mut self, u: usize, state: SvcState) {
+        let now = self.now_us;
         let unit = &mut self.units[u];
+        if unit.state.inactive() && !state.inactive() {
+            unit.inactive_exit_us = now;
+        } else if !unit.state.inactive() && state.inactive() {
+            unit.inactive_enter_us = now;
+        }
         unit.state = state;
         unit.dirty = true;
     }
@@ -268,7 +324,7 @@ impl World {
         let (cgroup, inv) = (self.units[u].cgroup.clone(), self.units[u].invocation);
         let pid = self
             .kernel
-            .spawn(&cgroup, inv, u, Role::Control, self.now_us);
+            .spawn(&cgroup, inv, u, Role::Control, MANAGER, self.now_us);
         self.units[u].control_pid = Some(pid);
     }
 
@@ -335,7 +391,6 @@ impl World {
         let unit = &mut self.units[u];
         unit.main_pid = None;
         unit.control_pid = None;
-        unit.inactive_enter_us = self.now_us;
         let failed = unit.result != "success";
         let restart = unit.cfg.restart && failed && !unit.stopping_by_job;
         unit.stopping_by_job = false;
@@ -360,15 +415,27 @@ impl World {
         }
     }
 
-    pub(super) fn fork(&mut self, u: usize) -> String {
+    /// `parent`, a main process or a child of one (perhaps left over from an invocation that
+    /// ended), forks: the child belongs to the parent's invocation and starts in its cgroup,
+    /// except that a delegated main process puts its children in a sub-cgroup.
+    pub(super) fn fork(&mut self, parent: Pid) -> String {
+        let Some(p) = self.kernel.procs.get(&parent) else {
+            return format!("{parent} is gone");
+        };
+        let (u, inv, role) = (p.unit, p.invocation, p.role);
         let unit = &self.units[u];
-        let cgroup = if unit.cfg.delegate {
+        let cgroup = if role == Role::Main && unit.cfg.delegate {
             format!("{}/payload", unit.cgroup)
         } else {
-            unit.cgroup.clone()
+            p.cgroup.clone()
         };
-        let inv = unit.invocation;
-        let pid = self.kernel.spawn(&cgroup, inv, u, Role::Child, self.now_us);
-        format!("{}: forks child {pid} in {cgroup}", self.units[u].name)
+        let pid = self
+            .kernel
+            .spawn(&cgroup, inv, u, Role::Child, parent, self.now_us);
+        format!(
+            "{}: {role:?} {parent} of inv {} forks child {pid} in {cgroup}",
+            unit.name,
+            short(inv)
+        )
     }
 }

@@ -18,6 +18,8 @@ use crate::control::server::ClientId;
 struct Asked {
     name: String,
     launch_file: Option<String>,
+    /// The platform unwatched the name before the answer came: the answer owes nothing.
+    unwatched: bool,
 }
 
 /// A watch the agent acknowledged.
@@ -94,6 +96,9 @@ impl Tenant {
         if let Some(path) = asked.launch_file {
             self.launch_files.insert(path, Some((unit, inv)));
         }
+        if asked.unwatched {
+            return;
+        }
         self.held.insert(asked.name, Held { unit, inv });
         if view.proof.is_none() {
             oracle.owe(unit, inv);
@@ -111,12 +116,16 @@ impl Sim {
         let client = ClientId::for_test(self.tenant.client);
         let unit = json["unit"].as_str().map(str::to_owned);
         let inv = json["invocation"].as_str().map(parse_inv);
-        if let Some(unit) = &unit {
-            self.asked_names.insert(unit.clone(), inv);
-        }
-        self.asking = unit.map(|u| (u, inv));
+        self.asking = unit.clone().map(|u| (u, inv));
         self.input(Input::Request { client, request });
         self.asking = None;
+        // A request refused at once (say, a watch with other options) made no watch: the key
+        // read later (after a reconnection) under its name is the existing one.
+        if let Some(unit) = unit
+            && !std::mem::take(&mut self.refused).contains(&id)
+        {
+            self.asked_names.insert(unit, inv);
+        }
         id
     }
 
@@ -148,6 +157,9 @@ impl Sim {
                 let name = pick(self);
                 if let Some(held) = self.tenant.held.remove(&name) {
                     self.oracle.forgive(held.unit, held.inv);
+                }
+                for asked in self.tenant.asked.values_mut() {
+                    asked.unwatched |= asked.name == name;
                 }
                 self.request(serde_json::json!({"cmd": "unwatch", "unit": name}));
             }
@@ -194,7 +206,14 @@ impl Sim {
             }
         }
         let id = self.tenant.next_id + 1;
-        self.tenant.asked.insert(id, Asked { name, launch_file });
+        self.tenant.asked.insert(
+            id,
+            Asked {
+                name,
+                launch_file,
+                unwatched: false,
+            },
+        );
         self.request(json);
     }
 }

@@ -6,7 +6,10 @@
 //! inactive or failed (the InvocationID stays), auto-restart (through failed/inactive, then a
 //! new invocation), garbage collection (unloaded: no invocation, GetUnit says NoSuchUnit).
 //! One world step is one turn of systemd's event loop: the PropertiesChanged signals of every
-//! unit that changed go out at its end, so what happened inside one turn is merged.
+//! unit that changed go out at its end, so what happened inside one turn is merged. Each
+//! carries every property systemd marks emits-change, as systemd sends them: first the Service
+//! interface's (Result, ExecMain*, MainPID, ControlPID), then the Unit interface's (states,
+//! InvocationID, InactiveExitTimestampMonotonic).
 
 use std::collections::BTreeMap;
 
@@ -34,7 +37,8 @@ pub(crate) enum Action {
     /// systemd reads its next method calls and answers them.
     ProcessCalls(usize),
     MainExits(usize, bool),
-    Fork(usize),
+    /// A main process, or a child of one, forks.
+    Fork(Pid),
     ChildExits(Pid),
     Start(usize),
     Stop(usize),
@@ -86,6 +90,7 @@ impl World {
             let oneshot = r.percent(25);
             let cfg = UnitConfig {
                 oneshot,
+                exec_start_pre: r.percent(30),
                 remain_after_exit: (oneshot && r.percent(70)) || r.percent(10),
                 kill_process: r.percent(35),
                 exec_stop: r.percent(40),
@@ -105,8 +110,10 @@ impl World {
             world.add_unit(&name, aliases, cfg);
             if world.rng.percent(70) {
                 world.start(i);
-                if !oneshot {
-                    world.units[i].state = SvcState::Running;
+                while !oneshot
+                    && matches!(world.units[i].state, SvcState::StartPre | SvcState::Start)
+                {
+                    world.progress(i);
                 }
             }
         }
@@ -219,6 +226,8 @@ impl World {
                 result: Some(unit.result.to_owned()),
                 exec_main_code: Some(unit.exec_main_code),
                 exec_main_status: Some(unit.exec_main_status),
+                main_pid: Some(unit.main_pid.unwrap_or(0)),
+                control_pid: Some(unit.control_pid.unwrap_or(0)),
                 ..UnitChange::default()
             };
             let change = self.unit_change(u);
@@ -241,6 +250,7 @@ impl World {
             active_state: Some(unit.state.active_state().to_owned()),
             sub_state: Some(unit.state.sub_state().to_owned()),
             invocation: Some(hex(unit.invocation)),
+            inactive_exit_us: Some(unit.inactive_exit_us),
             ..UnitChange::default()
         }
     }
@@ -263,6 +273,8 @@ impl World {
                 exec_main_status: 0,
                 inactive_enter_us: 0,
                 inactive_exit_us: 0,
+                main_pid: 0,
+                control_pid: 0,
             };
         };
         let unit = &self.units[u];
@@ -284,6 +296,8 @@ impl World {
             exec_main_status: unit.exec_main_status,
             inactive_enter_us: unit.inactive_enter_us,
             inactive_exit_us: unit.inactive_exit_us,
+            main_pid: unit.main_pid.unwrap_or(0),
+            control_pid: unit.control_pid.unwrap_or(0),
         }
     }
 
@@ -303,8 +317,8 @@ impl World {
                 add(3, Action::MainExits(u, true));
                 add(3, Action::MainExits(u, false));
             }
-            if unit.main_pid.is_some() {
-                add(5, Action::Fork(u));
+            if let Some(main) = unit.main_pid {
+                add(5, Action::Fork(main));
             }
             if !unit.state.running() || !unit.loaded {
                 add(4, Action::Start(u));
@@ -324,6 +338,11 @@ impl World {
             for p in self.kernel.procs.values() {
                 if p.role == Role::Child {
                     add(3, Action::ChildExits(p.pid));
+                    // A child forks too, left over or not; a unit's processes stay few.
+                    let cgroup = &self.units[p.unit].cgroup;
+                    if self.kernel.pids_in(cgroup).len() < 6 {
+                        add(1, Action::Fork(p.pid));
+                    }
                 }
             }
         }
@@ -368,7 +387,8 @@ impl World {
             && (unit.job.is_some()
                 || matches!(
                     unit.state,
-                    SvcState::Start
+                    SvcState::StartPre
+                        | SvcState::Start
                         | SvcState::Stop
                         | SvcState::StopSigterm
                         | SvcState::StopPost
@@ -394,7 +414,7 @@ impl World {
             Action::Progress(u) => self.progress(u),
             Action::ProcessCalls(n) => self.process_calls(n),
             Action::MainExits(u, ok) => self.main_exits(u, ok),
-            Action::Fork(u) => self.fork(u),
+            Action::Fork(pid) => self.fork(pid),
             Action::ChildExits(pid) => {
                 self.kernel.kill(pid);
                 format!("child {pid} exits")

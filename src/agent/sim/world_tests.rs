@@ -106,7 +106,8 @@ fn kill_mode_process_leaves_leftovers_and_a_new_start_runs_beside_them() {
     w.apply(Action::Start(0));
     settle(&mut w);
     let first = w.units[0].invocation;
-    w.apply(Action::Fork(0));
+    let main = w.units[0].main_pid.unwrap();
+    w.apply(Action::Fork(main));
     w.apply(Action::Stop(0));
     settle(&mut w);
     assert_eq!(w.units[0].state, SvcState::Dead);
@@ -242,6 +243,11 @@ fn a_reexec_ends_the_connection_and_serials_restart_on_the_new_one() {
     let mut w = one(UnitConfig::default());
     w.apply(Action::Start(0));
     settle(&mut w);
+    // Enough traffic that the old connection's serials are well past a new one's first.
+    for _ in 0..5 {
+        w.apply(Action::Restart(0));
+        settle(&mut w);
+    }
     signals(&mut w);
     w.apply(Action::Reexec);
     assert!(matches!(w.bus.signals.back(), Some(Msg::SystemdLeft)));
@@ -268,7 +274,10 @@ fn a_reexec_ends_the_connection_and_serials_restart_on_the_new_one() {
     w.apply(Action::Start(0));
     w.apply(Action::Progress(0));
     let after = signals(&mut w);
-    assert!(after.first().is_some_and(|s| s.0 < before));
+    assert!(
+        after.first().is_some_and(|s| s.0 < before),
+        "{before} {after:?}"
+    );
 }
 
 #[test]
@@ -280,7 +289,8 @@ fn a_delegated_child_keeps_the_unit_cgroup_populated() {
     });
     w.apply(Action::Start(0));
     settle(&mut w);
-    w.apply(Action::Fork(0));
+    let main = w.units[0].main_pid.unwrap();
+    w.apply(Action::Fork(main));
     let inv = w.units[0].invocation;
     w.apply(Action::MainExits(0, true));
     settle(&mut w);
@@ -335,4 +345,139 @@ fn over_is_final_and_serials_grow_in_random_runs() {
             }
         }
     }
+}
+
+/// What systemd reports of an invocation's start and processes: InactiveExitTimestamp stamped
+/// when the unit leaves inactive, just after its first fork; MainPID and ControlPID on the
+/// Service interface (sent before the Unit interface), in reads too; parents as forked, orphans
+/// reparented to the manager; and the driver's census classified by `earlier_processes`.
+#[test]
+fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
+    use super::harness::census;
+    use super::kernel::{MANAGER, TICK_US};
+    use crate::cgroup::procs::{ClockBasis, NextInvocation, earlier_processes};
+
+    let cfg = UnitConfig {
+        exec_start_pre: true,
+        exec_stop: true,
+        kill_process: true,
+        ..UnitConfig::default()
+    };
+    let mut w = World::empty(1);
+    w.add_unit("x.service", vec![], cfg);
+    w.bus.connect();
+    w.advance(123_456);
+    w.apply(Action::Start(0));
+    w.apply(Action::Progress(0));
+    let began = w.units[0].inactive_exit_us;
+    assert_eq!(began, w.now_us, "stamped when it leaves inactive");
+    assert_eq!(w.units[0].state, SvcState::StartPre);
+    let pre = w.units[0].control_pid.expect("ExecStartPre runs");
+    assert_eq!(w.units[0].main_pid, None);
+    let p = &w.kernel.procs[&pre];
+    assert_eq!(p.ppid, MANAGER);
+    assert!(
+        p.start_us <= began && began - p.start_us < 300,
+        "forked just before"
+    );
+    let got = signals(&mut w);
+    let service = got.iter().position(|(_, s)| {
+        matches!(s, SystemdSignal::UnitChanged { change, .. }
+            if change.control_pid == Some(pre) && change.main_pid == Some(0))
+    });
+    let unit = got.iter().position(|(_, s)| {
+        matches!(s, SystemdSignal::UnitChanged { change, .. }
+            if change.inactive_exit_us == Some(began) && change.active_state.is_some())
+    });
+    assert!(service.is_some() && service < unit, "{got:?}");
+    let s = read(&mut w, "x.service");
+    assert_eq!(
+        (s.inactive_exit_us, s.main_pid, s.control_pid),
+        (began, 0, pre)
+    );
+
+    let mut first = w.units[0].invocation;
+    for _ in 0..20 {
+        if w.units[0].state == SvcState::Running {
+            break;
+        }
+        w.advance(1000);
+        w.apply(Action::Progress(0));
+        if w.units[0].state.active_state() == "deactivating" || w.units[0].invocation != first {
+            // ExecStartPre= failed: start again.
+            settle(&mut w);
+            w.apply(Action::Start(0));
+            w.apply(Action::Progress(0));
+            first = w.units[0].invocation;
+        }
+    }
+    assert_eq!(w.units[0].state, SvcState::Running);
+    assert!(!w.kernel.alive(pre), "ExecStartPre exited");
+    let main = w.units[0].main_pid.expect("a main process");
+    assert_eq!(w.units[0].control_pid, None);
+    assert_eq!(w.kernel.procs[&main].ppid, MANAGER);
+    w.apply(Action::Fork(main));
+    let child = *w.kernel.procs.keys().max().unwrap();
+    assert_eq!(w.kernel.procs[&child].ppid, main);
+    w.apply(Action::Fork(child));
+    let grandchild = *w.kernel.procs.keys().max().unwrap();
+    assert_eq!(w.kernel.procs[&grandchild].ppid, child);
+
+    // A stop runs ExecStop= as the control process, then leaves the children behind.
+    w.apply(Action::Stop(0));
+    w.apply(Action::Progress(0));
+    let stop = w.units[0].control_pid.expect("ExecStop runs");
+    assert_eq!(read(&mut w, "x.service").control_pid, stop);
+    settle(&mut w);
+    assert_eq!(w.units[0].state, SvcState::Dead);
+    let s = read(&mut w, "x.service");
+    assert_eq!((s.main_pid, s.control_pid), (0, 0));
+    w.apply(Action::ChildExits(child));
+    assert_eq!(
+        w.kernel.procs[&grandchild].ppid, MANAGER,
+        "orphan reparented"
+    );
+
+    // The next invocation starts beside the leftover.
+    w.advance(5 * TICK_US);
+    w.apply(Action::Start(0));
+    w.apply(Action::Progress(0));
+    let next_began = w.units[0].inactive_exit_us;
+    assert!(next_began > began);
+    let next_pre = w.units[0].control_pid.expect("ExecStartPre runs");
+    let basis = ClockBasis {
+        clk_tck: 100,
+        boot_minus_mono_ns: 0,
+    };
+    let count = |roots: Vec<i32>, w: &World| -> Vec<i32> {
+        let census = census(w, "/app.slice/x.service");
+        let next = NextInvocation {
+            began_us: Some(next_began),
+            roots,
+        };
+        let mut pids: Vec<i32> = earlier_processes(&census, &next, &basis)
+            .into_iter()
+            .map(|p| p.pid)
+            .collect();
+        pids.sort_unstable();
+        pids
+    };
+    let (gc, np) = (grandchild as i32, next_pre as i32);
+    assert_eq!(
+        count(vec![], &w),
+        vec![gc, np],
+        "forked at the stamp's tick or before: not certainly the new invocation's"
+    );
+    assert_eq!(
+        count(vec![np], &w),
+        vec![gc],
+        "a root is the new invocation's"
+    );
+    // The blind spot `earlier_processes` documents: what the leftover forks a tick later
+    // looks like the new invocation's.
+    w.advance(2 * TICK_US);
+    w.apply(Action::Fork(grandchild));
+    let late = *w.kernel.procs.keys().max().unwrap();
+    assert_eq!(w.kernel.procs[&late].invocation, first);
+    assert_eq!(count(vec![np], &w), vec![gc]);
 }
