@@ -99,9 +99,13 @@ impl Agent {
         if let Some((at, backoff)) = self.reconnect
             && at <= now
         {
-            // Parked far ahead until the attempt reports back, which re-arms it on failure.
-            self.reconnect = Some((now + Duration::from_secs(3600), backoff));
+            // An attempt may hang (a socket-activated bus that never answers its handshake):
+            // one that has not reported back within the method timeout is abandoned, its late
+            // result ignored (a new epoch), and another one made. A failure re-arms sooner.
+            self.reconnect = Some((now + self.config.method_timeout, backoff));
+            self.bus_epoch += 1;
             let epoch = self.bus_epoch;
+            log::debug!("connecting to the bus (attempt {epoch})");
             let queue = self.completions.clone();
             let connect = crate::systemd::connect_async(
                 self.runtime.handle(),

@@ -582,6 +582,13 @@ impl Agent {
     ) -> Result<Vec<i32>, String> {
         let basis = ClockBasis::now().map_err(|e| e.to_string())?;
         let census = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
+        log::debug!(
+            "{cgroup}: counting leftovers among {:?} against {next:?}",
+            census
+                .iter()
+                .map(|p| (p.pid, p.ppid, p.start_ticks))
+                .collect::<Vec<_>>()
+        );
         let registry = self.poll.registry();
         self.leftovers.untrack_key(registry, key);
         let mut held = Vec::new();

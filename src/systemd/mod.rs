@@ -83,6 +83,7 @@ pub async fn connect_async(
         .build()
         .await
         .map_err(|e| ConnectError::Bus(bus, e))?;
+    log::debug!("connected to the {bus}; subscribing");
     let subscription = manager::subscribe(&conn)
         .await
         .map_err(ConnectError::Subscribe)?;

@@ -15,6 +15,10 @@ const PATIENCE_ARG: &str = "60s";
 
 pub const TESTS: &[Test] = &[
     (
+        "a_watch_saved_in_another_boot_is_proven_and_its_unit_left_alone",
+        a_watch_saved_in_another_boot_is_proven_and_its_unit_left_alone,
+    ),
+    (
         "the_safety_net_relist_catches_a_missed_event",
         the_safety_net_relist_catches_a_missed_event,
     ),
@@ -410,4 +414,55 @@ fn the_safety_net_relist_catches_a_missed_event() {
         "{}",
         agent.log_text()
     );
+}
+
+/// The state file outlives a reboot; a reboot is simulated by rewriting the boot id it was
+/// saved under while the agent is down.
+fn a_watch_saved_in_another_boot_is_proven_and_its_unit_left_alone() {
+    let sandbox = Sandbox::start("reboot");
+    sandbox.install_unit("boot@.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    sandbox.systemctl_ok(&["start", "boot@1.service"]);
+    let launch = sandbox.host_path("/run/launch-boot-1.env");
+    std::fs::write(&launch, "A=1\n").unwrap();
+    let mut agent = Agent::start(&sandbox);
+    one(
+        &agent,
+        &[
+            "watch",
+            "boot@1.service",
+            "--gen",
+            "1",
+            "--launch-file",
+            "/run/launch-boot-1.env",
+        ],
+    );
+    let invocation = sandbox.show("boot@1.service", "InvocationID");
+    agent.kill_hard();
+
+    let state_path = sandbox
+        .host_path(crate::support::agent::STATE_DIR)
+        .join("state.json");
+    let mut state: Value =
+        serde_json::from_slice(&std::fs::read(&state_path).expect("read the state file"))
+            .expect("the state file is JSON");
+    let this_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    assert_eq!(state["boot_id"], this_boot.trim(), "the boot is saved");
+    state["boot_id"] = Value::from("00000000-0000-4000-8000-000000000000");
+    std::fs::write(&state_path, serde_json::to_vec(&state).unwrap()).unwrap();
+
+    let agent = Agent::start(&sandbox);
+    let event = one(
+        &agent,
+        &["wait", "boot@1.service", "--timeout", PATIENCE_ARG],
+    );
+    assert_eq!(event["cause"], "rebooted", "{event}");
+    assert_eq!(event["invocation"], invocation.as_str());
+    assert!(!launch.exists(), "the generation's launch file is released");
+    // Whatever runs under the name in this boot is not ours: nothing was stopped.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(sandbox.show("boot@1.service", "ActiveState"), "active");
+    assert_eq!(sandbox.show("boot@1.service", "InvocationID"), invocation);
+    let log = agent.log_text();
+    assert!(!log.contains("stopping ("), "{log}");
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "boot@1.service"]);
 }

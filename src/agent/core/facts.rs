@@ -141,10 +141,16 @@ impl UnitFacts {
     pub fn next_invocation(&self) -> NextInvocation {
         let current =
             |serial: u32| self.invocation.value.is_some() && !newer(self.invocation.serial, serial);
+        // systemd assigns the InvocationID before the unit leaves `inactive`: until it has,
+        // InactiveExitTimestamp still tells when the previous invocation began.
+        let began = !matches!(
+            self.active_state.value.as_deref(),
+            None | Some("inactive" | "failed")
+        );
         let began_us = self
             .inactive_exit_us
             .value
-            .filter(|us| *us > 0 && current(self.inactive_exit_us.serial));
+            .filter(|us| began && *us > 0 && current(self.inactive_exit_us.serial));
         let roots = [&self.main_pid, &self.control_pid]
             .into_iter()
             .filter(|stamped| current(stamped.serial))
@@ -242,6 +248,48 @@ mod tests {
             "older signal ignored"
         );
         assert!(facts.apply_snapshot(&snapshot(4, "active", "d")));
+    }
+
+    #[test]
+    fn the_next_invocation_is_told_by_what_was_said_with_or_after_its_invocation_id() {
+        let mut facts = UnitFacts::default();
+        let ours = UnitChange {
+            active_state: Some("active".into()),
+            invocation: Some("a".into()),
+            inactive_exit_us: Some(1_000),
+            main_pid: Some(10),
+            ..UnitChange::default()
+        };
+        facts.apply_change(&ours, 1);
+        // The next InvocationID comes while the unit is still inactive: the timestamp is ours.
+        let assigned = UnitChange {
+            active_state: Some("inactive".into()),
+            invocation: Some("b".into()),
+            inactive_exit_us: Some(1_000),
+            main_pid: Some(0),
+            ..UnitChange::default()
+        };
+        facts.apply_change(&assigned, 2);
+        assert_eq!(facts.next_invocation(), NextInvocation::default());
+        let started = UnitChange {
+            active_state: Some("activating".into()),
+            inactive_exit_us: Some(5_000),
+            ..UnitChange::default()
+        };
+        facts.apply_change(&started, 3);
+        let pids = UnitChange {
+            main_pid: Some(20),
+            control_pid: Some(0),
+            ..UnitChange::default()
+        };
+        facts.apply_change(&pids, 4);
+        assert_eq!(
+            facts.next_invocation(),
+            NextInvocation {
+                began_us: Some(5_000),
+                roots: vec![20],
+            }
+        );
     }
 
     #[test]

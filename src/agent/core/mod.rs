@@ -286,6 +286,9 @@ pub struct Core {
     dirty: bool,
     last_save: Option<Instant>,
     save_due: Option<Instant>,
+    /// Answers that promise a change of the watch set (`watch`, `unwatch`): held until the
+    /// change is saved, so an agent killed in between has promised nothing it forgot.
+    replies_when_saved: Vec<(ReplyTo, Answer)>,
 }
 
 /// Keys by a string, several per string (an alias and its unit may both be watched).
@@ -341,6 +344,7 @@ impl Core {
             dirty: false,
             last_save: None,
             save_due: None,
+            replies_when_saved: Vec::new(),
         };
         core.restore(restored, now);
         core
@@ -458,6 +462,9 @@ impl Core {
         self.save_due = None;
         let state = self.snapshot();
         self.outputs.push_back(Output::Save(Box::new(state)));
+        for (to, answer) in std::mem::take(&mut self.replies_when_saved) {
+            self.reply(to, answer);
+        }
     }
 
     /// The next thing the driver must do, if any.
@@ -520,6 +527,13 @@ impl Core {
 
     fn reply(&mut self, to: ReplyTo, answer: Answer) {
         self.outputs.push_back(Output::Reply { to, answer });
+    }
+
+    /// Answers once the watch set as it is now has been saved (at the end of this turn, or
+    /// when the save interval allows).
+    fn reply_when_saved(&mut self, to: ReplyTo, answer: Answer) {
+        self.dirty = true;
+        self.replies_when_saved.push((to, answer));
     }
 
     /// Arms the unit's one timer at the earlier of its proof's deadline and its read retry.
@@ -647,7 +661,7 @@ impl Core {
         {
             let view = Box::new(watch.view());
             for to in std::mem::take(&mut watch.watch_replies) {
-                self.reply(to, Answer::Watch(view.clone()));
+                self.reply_when_saved(to, Answer::Watch(view.clone()));
             }
         }
     }

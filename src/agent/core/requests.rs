@@ -59,7 +59,7 @@ impl Core {
                         );
                     }
                     self.forget(key);
-                    self.reply(reply, Answer::Done);
+                    self.reply_when_saved(reply, Answer::Done);
                 }
                 None => self.reply(
                     reply,

@@ -59,8 +59,10 @@ impl Script {
         script
     }
 
+    /// One input, as one turn of the driver's loop: it ends with what must be saved.
     fn input(&mut self, input: Input) {
         self.core.handle_input(input, self.now);
+        self.core.end_turn(self.now);
         self.drain();
     }
 
@@ -160,16 +162,17 @@ impl Script {
         read
     }
 
-    /// Saves now and returns what was saved.
+    /// Saves now (if anything changed) and returns the last state saved.
     fn save(&mut self) -> AgentState {
         self.core.save_now(self.now);
         self.drain();
         self.take()
             .into_iter()
-            .find_map(|o| match o {
+            .filter_map(|o| match o {
                 Output::Save(state) => Some(*state),
                 _ => None,
             })
+            .next_back()
             .expect("saved")
     }
 
@@ -658,4 +661,41 @@ fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
         })
     );
     assert_eq!(s.phase("n.service"), Phase::Proven, "none of ours left");
+}
+
+#[test]
+fn a_watch_is_answered_only_once_it_is_saved() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"first.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    s.take();
+    // A second watch within the save interval: its answer waits for the save.
+    s.request(r#"{"cmd":"watch","unit":"second.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    let answered = |outputs: &[Output]| {
+        outputs.iter().position(|o| {
+            matches!(
+                o,
+                Output::Reply {
+                    answer: Answer::Watch(_),
+                    ..
+                }
+            )
+        })
+    };
+    assert_eq!(answered(&s.outputs), None, "not saved yet, so not answered");
+    s.now += SAVE_INTERVAL;
+    s.core.handle_timeout(s.now);
+    s.drain();
+    let saved_at = s
+        .outputs
+        .iter()
+        .position(|o| matches!(o, Output::Save(state) if state.watches.len() == 2));
+    let answered_at = answered(&s.outputs);
+    assert!(
+        saved_at.is_some() && answered_at > saved_at,
+        "{:?}",
+        s.outputs
+    );
 }
