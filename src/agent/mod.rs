@@ -406,8 +406,13 @@ impl Agent {
                     self.cgroups.unwatch(key);
                     self.leftovers.untrack_key(self.poll.registry(), key);
                 }
-                Output::CountLeftovers { key, cgroup, next } => {
-                    let result = self.count_leftovers(key, &cgroup, &next);
+                Output::CountLeftovers {
+                    key,
+                    cgroup,
+                    next,
+                    held,
+                } => {
+                    let result = self.count_leftovers(key, &cgroup, &next, &held);
                     self.core
                         .handle_input(Input::Leftovers { key, result }, Instant::now());
                 }
@@ -579,6 +584,7 @@ impl Agent {
         key: UnitKey,
         cgroup: &str,
         next: &NextInvocation,
+        held: &[i32],
     ) -> Result<Vec<i32>, String> {
         let basis = ClockBasis::now().map_err(|e| e.to_string())?;
         let census = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
@@ -591,13 +597,13 @@ impl Agent {
         );
         let registry = self.poll.registry();
         self.leftovers.untrack_key(registry, key);
-        let mut held = Vec::new();
-        for process in earlier_processes(&census, next, &basis) {
+        let mut alive = Vec::new();
+        for process in earlier_processes(&census, next, &basis, held) {
             match self
                 .leftovers
                 .track(registry, key, process.pid, process.start_ticks)
             {
-                Ok(Tracked::Alive) => held.push(process.pid),
+                Ok(Tracked::Alive) => alive.push(process.pid),
                 Ok(Tracked::AlreadyExited) => {}
                 Err(e) => {
                     self.leftovers.untrack_key(registry, key);
@@ -605,7 +611,7 @@ impl Agent {
                 }
             }
         }
-        Ok(held)
+        Ok(alive)
     }
 
     fn take_cgroup_notices(&mut self) {

@@ -457,39 +457,50 @@ pub struct NextInvocation {
 /// How far up the parent chain a process is followed to a root of the current invocation.
 const MAX_ANCESTRY: usize = 64;
 
-/// The processes of `census` that may belong to an earlier invocation: all but those that
-/// certainly belong to `next`, being one of its roots, a descendant of one within the census,
-/// or started at or after it began. An uncertain start counts as earlier: this errs toward
-/// waiting. What it cannot see: a child that an earlier invocation's leftover forked after the
-/// current invocation began and whose parent is gone counts as the current invocation's.
+/// The processes of `census` that may belong to an earlier invocation, given `held`, the
+/// processes an earlier count kept. A process is `next`'s if it or an ancestor within the census
+/// is a root of `next` (its MainPID or ControlPID): systemd's word beats any guess. Otherwise it
+/// is earlier if it or an ancestor was held before, or if an ancestor started before `next`
+/// began (the child of a leftover is a leftover); else it is earlier unless it started
+/// certainly at or after `next` began. An uncertain start counts as earlier: this errs toward
+/// waiting. What it cannot see: a child that a leftover of ours forks after `next` began, once
+/// its parent has exited before any count saw the two together, counts as `next`'s.
 pub fn earlier_processes<'a>(
     census: &'a [ProcessInfo],
     next: &NextInvocation,
     basis: &ClockBasis,
+    held: &[i32],
 ) -> Vec<&'a ProcessInfo> {
-    let parents: HashMap<i32, i32> = census.iter().map(|p| (p.pid, p.ppid)).collect();
-    let descends_from_root = |pid: i32| {
-        let mut at = pid;
-        for _ in 0..MAX_ANCESTRY {
-            if next.roots.contains(&at) {
-                return true;
-            }
-            match parents.get(&at) {
-                Some(&parent) if parent != at => at = parent,
-                _ => return false,
+    let by_pid: HashMap<i32, &ProcessInfo> = census.iter().map(|p| (p.pid, p)).collect();
+    // The process and its ancestors within the census, nearest first.
+    let lineage = |process: &'a ProcessInfo| {
+        let mut chain = vec![process];
+        let mut at = process;
+        while chain.len() < MAX_ANCESTRY {
+            match by_pid.get(&at.ppid) {
+                Some(parent) if !chain.iter().any(|p| p.pid == parent.pid) => {
+                    chain.push(parent);
+                    at = parent;
+                }
+                _ => break,
             }
         }
-        false
+        chain
     };
-    census
-        .iter()
-        .filter(|p| {
-            let began_after = next.began_us.is_some_and(|began| {
-                basis.start_order(p.start_ticks, began) == StartOrder::AtOrAfter
-            });
-            !began_after && !descends_from_root(p.pid)
-        })
-        .collect()
+    let began_after = |p: &ProcessInfo| {
+        next.began_us
+            .is_some_and(|began| basis.start_order(p.start_ticks, began) == StartOrder::AtOrAfter)
+    };
+    let earlier = |process: &'a ProcessInfo| {
+        let chain = lineage(process);
+        if chain.iter().any(|p| next.roots.contains(&p.pid)) {
+            return false;
+        }
+        chain.iter().any(|p| held.contains(&p.pid))
+            || chain.iter().skip(1).any(|p| !began_after(p))
+            || !began_after(process)
+    };
+    census.iter().filter(|p| earlier(p)).collect()
 }
 
 /// Clock ticks per second, the unit of `/proc/PID/stat` times.

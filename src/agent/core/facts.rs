@@ -62,6 +62,9 @@ pub struct UnitFacts {
     inactive_exit_us: Stamped<u64>,
     main_pid: Stamped<u32>,
     control_pid: Stamped<u32>,
+    /// The serial of the last message that still carried the previous InvocationID: what
+    /// systemd said after it is about the current invocation.
+    previous_invocation_until: u32,
 }
 
 impl UnitFacts {
@@ -71,7 +74,7 @@ impl UnitFacts {
         self.active_state
             .offer(&snapshot.active_state, snapshot.serial);
         self.sub_state.offer(&snapshot.sub_state, snapshot.serial);
-        self.invocation.offer(&snapshot.invocation, snapshot.serial);
+        self.offer_invocation(&snapshot.invocation, snapshot.serial);
         if let Some((exit, serial)) = &snapshot.exit {
             self.result.offer_some(exit.result.as_ref(), *serial);
             self.exec_main_code
@@ -107,10 +110,20 @@ impl UnitFacts {
         let before = self.invocation.value.clone();
         match &change.invocation {
             Some(v) => {
-                self.invocation.offer(v, serial) && before.is_some() && before.as_ref() != Some(v)
+                self.offer_invocation(v, serial) && before.is_some() && before.as_ref() != Some(v)
             }
             None => false,
         }
+    }
+
+    /// Takes a newer InvocationID, remembering until when the previous one was said.
+    fn offer_invocation(&mut self, value: &String, serial: u32) -> bool {
+        let previous = self.invocation.clone();
+        let taken = self.invocation.offer(value, serial);
+        if taken && previous.value.as_ref().is_some_and(|old| old != value) {
+            self.previous_invocation_until = previous.serial;
+        }
+        taken
     }
 
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
@@ -136,11 +149,13 @@ impl UnitFacts {
         (exit != ServiceExit::default()).then_some(exit)
     }
 
-    /// What tells the current invocation's processes apart: only values systemd said no
-    /// earlier than it said the current InvocationID, so they cannot be an earlier one's.
+    /// What tells the current invocation's processes apart: only values systemd said after the
+    /// last message that carried the previous InvocationID, so they cannot be an earlier one's
+    /// (systemd sends a service's MainPID before the InvocationID of the same change).
     pub fn next_invocation(&self) -> NextInvocation {
-        let current =
-            |serial: u32| self.invocation.value.is_some() && !newer(self.invocation.serial, serial);
+        let current = |serial: u32| {
+            self.invocation.value.is_some() && newer(serial, self.previous_invocation_until)
+        };
         // systemd assigns the InvocationID before the unit leaves `inactive`: until it has,
         // InactiveExitTimestamp still tells when the previous invocation began.
         let began = !matches!(
@@ -288,6 +303,32 @@ mod tests {
             NextInvocation {
                 began_us: Some(5_000),
                 roots: vec![20],
+            }
+        );
+    }
+
+    #[test]
+    fn a_main_pid_said_just_before_the_next_invocation_id_is_the_next_ones() {
+        let mut facts = UnitFacts::default();
+        facts.apply_change(&change(Some("inactive"), Some("a")), 1);
+        // systemd's order: the Service interface's change, then the Unit interface's.
+        let service = UnitChange {
+            main_pid: Some(30),
+            ..UnitChange::default()
+        };
+        facts.apply_change(&service, 2);
+        let unit = UnitChange {
+            active_state: Some("activating".into()),
+            invocation: Some("b".into()),
+            inactive_exit_us: Some(7_000),
+            ..UnitChange::default()
+        };
+        facts.apply_change(&unit, 3);
+        assert_eq!(
+            facts.next_invocation(),
+            NextInvocation {
+                began_us: Some(7_000),
+                roots: vec![30],
             }
         );
     }

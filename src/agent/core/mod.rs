@@ -193,6 +193,8 @@ pub enum Output {
         key: UnitKey,
         cgroup: String,
         next: NextInvocation,
+        /// The processes counted as earlier before, so their children count so too.
+        held: Vec<i32>,
     },
     /// Read `cgroup.events` of this cgroup now (synchronous).
     ReadCgroup {
@@ -630,8 +632,13 @@ impl Core {
         }
         let cgroup = watch.control_group.clone();
         let next = watch.facts.next_invocation();
-        self.outputs
-            .push_back(Output::CountLeftovers { key, cgroup, next });
+        let held = watch.leftovers.iter().copied().collect();
+        self.outputs.push_back(Output::CountLeftovers {
+            key,
+            cgroup,
+            next,
+            held,
+        });
     }
 
     /// Rebuilds the inotify watches of the unit's cgroup (they may have been dropped, or

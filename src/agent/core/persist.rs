@@ -75,6 +75,7 @@ impl Core {
                 watch.unsent_stop = Some(UnsentStop {
                     kind: StopKind::Proof(StopReason::Requested),
                     target: record.invocation.clone(),
+                    first_read: 0,
                 });
             }
             let key = self.new_key();

@@ -109,11 +109,13 @@ impl Core {
                 }
                 // A proven unit is watched afresh: its retained proof is replaced.
                 self.forget(key);
-            } else if invocation.is_some() && ours.is_some() && invocation != ours {
-                let message = format!(
-                    "{unit} is already watched with invocation {}",
-                    ours.unwrap_or_default()
-                );
+            } else if invocation.is_some() && invocation != ours {
+                // A watch still adopting whatever invocation its first read finds cannot promise
+                // to be for the one this request names.
+                let message = match ours {
+                    Some(ours) => format!("{unit} is already watched with invocation {ours}"),
+                    None => format!("{unit} is already watched, adopting its current invocation"),
+                };
                 self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
                 return;
             } else if spec != WatchSpec::default() && spec != watch.spec {

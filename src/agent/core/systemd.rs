@@ -58,7 +58,8 @@ impl Core {
                 // Serial numbers belong to one connection; the next one starts afresh.
                 watch.facts.clear();
                 watch.stale = true;
-                watch.reads = Default::default();
+                watch.reads.in_flight = false;
+                watch.reads.again = false;
             }
             self.feed(key, ProofInput::StateUnknown, now);
         }
@@ -141,6 +142,7 @@ impl Core {
             return;
         };
         watch.reads.epoch = self.fact_epoch;
+        watch.reads.sent += 1;
         self.reads_in_flight += 1;
         let unit = watch.unit.to_string();
         self.outputs.push_back(Output::ReadUnit { key, unit });
@@ -176,6 +178,7 @@ impl Core {
             return;
         }
         watch.reads.in_flight = false;
+        watch.reads.answered = watch.reads.sent;
         let fresh = watch.reads.epoch == self.fact_epoch && !self.reloading;
         if watch.event.is_some() {
             // Proven; read only for a stop decided while the bus was down.
@@ -370,7 +373,12 @@ impl Core {
                 "{}: stop ({kind}) deferred until the bus is back",
                 watch.unit
             );
-            watch.unsent_stop = Some(UnsentStop { kind, target });
+            let first_read = if final_stop { watch.reads.sent + 1 } else { 0 };
+            watch.unsent_stop = Some(UnsentStop {
+                kind,
+                target,
+                first_read,
+            });
             self.dirty = true;
             self.log(log::Level::Info, line);
             if final_stop {
@@ -403,13 +411,17 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        if watch.stale || !self.bus_up || watch.unsent_stop.is_none() {
+        let decidable = watch
+            .unsent_stop
+            .as_ref()
+            .is_some_and(|stop| watch.reads.answered >= stop.first_read);
+        if watch.stale || !self.bus_up || !decidable {
             return;
         }
         let Some(state) = watch.facts.state() else {
             return;
         };
-        let Some(UnsentStop { kind, target }) = watch.unsent_stop.take() else {
+        let Some(UnsentStop { kind, target, .. }) = watch.unsent_stop.take() else {
             return;
         };
         self.dirty = true;

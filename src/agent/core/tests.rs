@@ -85,7 +85,9 @@ impl Script {
                     self.core
                         .handle_input(Input::CgroupRead { key, reading }, self.now);
                 }
-                Output::CountLeftovers { key, cgroup, next } => {
+                Output::CountLeftovers {
+                    key, cgroup, next, ..
+                } => {
                     self.counted_against = Some(next);
                     let pids = self.leftovers.get(&cgroup).cloned().unwrap_or_default();
                     self.core.handle_input(
@@ -632,7 +634,8 @@ fn a_leftover_beside_the_next_invocation_blocks_replaced_after_stop_until_it_exi
 #[test]
 fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
     let mut s = watching("n.service", "active");
-    // MainPID of our own invocation: said before the next InvocationID, so never a root of it.
+    // MainPID of our own invocation: said before a message still carrying our InvocationID,
+    // so never a root of the next one.
     let ours = UnitChange {
         main_pid: Some(200),
         ..UnitChange::default()
@@ -642,6 +645,7 @@ fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
         change: ours,
     });
     s.request(r#"{"cmd":"stop","unit":"n.service"}"#);
+    s.changed("n.service", "deactivating", A);
     let next = UnitChange {
         active_state: Some("activating".into()),
         invocation: Some(B.into()),

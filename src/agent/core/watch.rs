@@ -32,6 +32,9 @@ pub struct Reads {
     pub again: bool,
     /// The core's fact epoch when the read in flight was sent.
     pub epoch: u64,
+    /// How many reads were sent, and the number of the last one answered.
+    pub sent: u64,
+    pub answered: u64,
 }
 
 /// The inotify watches of the unit's cgroup.
@@ -55,6 +58,9 @@ pub enum CgroupWatch {
 pub struct UnsentStop {
     pub kind: StopKind,
     pub target: String,
+    /// The first read whose answer may decide it: one sent after the stop was decided, where
+    /// what the decision was made from may predate what systemd does now.
+    pub first_read: u64,
 }
 
 /// One watched unit.

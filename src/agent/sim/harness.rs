@@ -271,8 +271,13 @@ impl Sim {
                 }
                 self.leftovers.remove(&key);
             }
-            Output::CountLeftovers { key, cgroup, next } => {
-                let result = self.count_leftovers(key, &cgroup, &next);
+            Output::CountLeftovers {
+                key,
+                cgroup,
+                next,
+                held,
+            } => {
+                let result = self.count_leftovers(key, &cgroup, &next, &held);
                 self.answer(Input::Leftovers { key, result }, now);
             }
             Output::ReadCgroup { key, cgroup } => {
@@ -320,6 +325,7 @@ impl Sim {
         key: UnitKey,
         cgroup: &str,
         next: &NextInvocation,
+        held: &[i32],
     ) -> Result<Vec<i32>, String> {
         if self.rng.percent(2) {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
@@ -329,7 +335,7 @@ impl Sim {
             clk_tck: 1_000_000 / TICK_US,
             boot_minus_mono_ns: 0,
         };
-        let earlier: Vec<i32> = earlier_processes(&census, next, &basis)
+        let earlier: Vec<i32> = earlier_processes(&census, next, &basis, held)
             .into_iter()
             .map(|p| p.pid)
             .collect();
