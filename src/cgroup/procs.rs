@@ -66,6 +66,9 @@ pub struct ProcStat {
     pub state: char,
     /// Field 4: the parent's process id (0 for processes whose parent is outside the pid namespace).
     pub ppid: i32,
+    /// Field 6: the session id. systemd starts every process of a service in a session of its
+    /// own, and children keep it when they are orphaned: it outlives the parent chain.
+    pub session: i32,
     /// Field 22: when the process was forked, in clock ticks since boot (CLOCK_BOOTTIME).
     pub start_ticks: u64,
 }
@@ -318,12 +321,16 @@ pub fn parse_stat(contents: &[u8]) -> Result<ProcStat, StatParseError> {
     let ppid = parse_decimal(fields[1])
         .and_then(|ppid| i32::try_from(ppid).ok())
         .ok_or_else(|| bad_field(1))?;
+    let session = parse_decimal(fields[3])
+        .and_then(|session| i32::try_from(session).ok())
+        .ok_or_else(|| bad_field(3))?;
     let start_ticks = parse_decimal(fields[19]).ok_or_else(|| bad_field(19))?;
     Ok(ProcStat {
         pid,
         comm,
         state,
         ppid,
+        session,
         start_ticks,
     })
 }
@@ -458,13 +465,22 @@ pub struct NextInvocation {
 const MAX_ANCESTRY: usize = 64;
 
 /// The processes of `census` that may belong to an earlier invocation, given `held`, the
-/// processes an earlier count kept. A process is `next`'s if it or an ancestor within the census
-/// is a root of `next` (its MainPID or ControlPID): systemd's word beats any guess. Otherwise it
-/// is earlier if it or an ancestor was held before, or if an ancestor started before `next`
-/// began (the child of a leftover is a leftover); else it is earlier unless it started
-/// certainly at or after `next` began. An uncertain start counts as earlier: this errs toward
-/// waiting. What it cannot see: a child that a leftover of ours forks after `next` began, once
-/// its parent has exited before any count saw the two together, counts as `next`'s.
+/// processes an earlier count kept. systemd starts every process of a service as the leader of
+/// a session of its own (MainPID, ControlPID), and what they fork keeps that session even once
+/// orphaned. So, for each process, the first that applies:
+/// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
+///    `next`'s (systemd's word beats any guess);
+/// 2. it or an ancestor was held before, or it is in the session of a process held before or
+///    started before `next` began: earlier;
+/// 3. an ancestor started before `next` began (the child of a leftover is a leftover): earlier;
+/// 4. it is in a session whose leader is gone (not one it began itself): earlier, an orphan
+///    of a session that is not known to be `next`'s (if it is, `next` has lost the process
+///    that began it, and systemd is about to end `next` too: the wait is short);
+/// 5. earlier unless it started certainly at or after `next` began.
+///
+/// An uncertain start counts as earlier: this errs toward waiting. What it cannot see: a child
+/// that a leftover of ours forks after `next` began and that starts a session of its own,
+/// counts as `next`'s.
 pub fn earlier_processes<'a>(
     census: &'a [ProcessInfo],
     next: &NextInvocation,
@@ -472,6 +488,14 @@ pub fn earlier_processes<'a>(
     held: &[i32],
 ) -> Vec<&'a ProcessInfo> {
     let by_pid: HashMap<i32, &ProcessInfo> = census.iter().map(|p| (p.pid, p)).collect();
+    let sessions_of = |pids: &[i32]| -> HashSet<i32> {
+        pids.iter()
+            .flat_map(|pid| [Some(*pid), by_pid.get(pid).map(|p| p.session)])
+            .flatten()
+            .collect()
+    };
+    let next_sessions = sessions_of(&next.roots);
+    let held_sessions = sessions_of(held);
     // The process and its ancestors within the census, nearest first.
     let lineage = |process: &'a ProcessInfo| {
         let mut chain = vec![process];
@@ -491,13 +515,27 @@ pub fn earlier_processes<'a>(
         next.began_us
             .is_some_and(|began| basis.start_order(p.start_ticks, began) == StartOrder::AtOrAfter)
     };
+    let is_next = |process: &'a ProcessInfo| {
+        lineage(process).iter().any(|p| next.roots.contains(&p.pid))
+            || next_sessions.contains(&process.session)
+    };
+    // Sessions of processes that started before `next` began and are not its: what else is in
+    // them is ours too.
+    let earlier_sessions: HashSet<i32> = census
+        .iter()
+        .filter(|p| !began_after(p) && !is_next(p))
+        .map(|p| p.session)
+        .collect();
     let earlier = |process: &'a ProcessInfo| {
-        let chain = lineage(process);
-        if chain.iter().any(|p| next.roots.contains(&p.pid)) {
+        if is_next(process) {
             return false;
         }
+        let chain = lineage(process);
         chain.iter().any(|p| held.contains(&p.pid))
+            || held_sessions.contains(&process.session)
+            || earlier_sessions.contains(&process.session)
             || chain.iter().skip(1).any(|p| !began_after(p))
+            || (process.session != process.pid && !by_pid.contains_key(&process.session))
             || !began_after(process)
     };
     census.iter().filter(|p| earlier(p)).collect()
@@ -540,6 +578,8 @@ fn read_clock_ns(clock: ClockId, name: &'static str) -> Result<i128, ProcsError>
 pub struct ProcessInfo {
     pub pid: i32,
     pub ppid: i32,
+    /// The session id, which an orphan keeps.
+    pub session: i32,
     /// Field 22 of `/proc/PID/stat`: clock ticks since boot, for [`ClockBasis::start_order`] and
     /// [`ProcessTracker::track`].
     pub start_ticks: u64,
@@ -620,6 +660,7 @@ fn walk(top: &Path, limits: WalkLimits) -> Result<Vec<ProcessInfo>, ProcsError> 
                 found.push(ProcessInfo {
                     pid,
                     ppid: stat.ppid,
+                    session: stat.session,
                     start_ticks: stat.start_ticks,
                     comm: stat.comm,
                     state: stat.state,
@@ -1121,6 +1162,7 @@ mod tests {
                 comm: b"sleep".to_vec(),
                 state: 'S',
                 ppid: 4200,
+                session: 4200,
                 start_ticks: 21220,
             })
         );
@@ -1295,6 +1337,7 @@ mod tests {
                 comm,
                 state: char::from(state),
                 ppid,
+                session: 1,
                 start_ticks: start,
             });
         }

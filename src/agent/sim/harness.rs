@@ -630,6 +630,7 @@ pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
         .map(|p| ProcessInfo {
             pid: p.pid as i32,
             ppid: p.ppid as i32,
+            session: p.session as i32,
             start_ticks: p.start_us / TICK_US,
             comm: format!("{:?}", p.role).into_bytes(),
             state: 'S',

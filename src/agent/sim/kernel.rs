@@ -39,6 +39,9 @@ pub(crate) struct Proc {
     pub pid: Pid,
     /// The process that forked it, or [`MANAGER`] once that one died.
     pub ppid: Pid,
+    /// Its session: systemd starts main and control processes in a session of their own, and
+    /// a child keeps its parent's, orphaned or not.
+    pub session: Pid,
     /// When it was forked (virtual CLOCK_MONOTONIC, µs).
     pub start_us: u64,
     pub cgroup: String,
@@ -143,9 +146,14 @@ impl Kernel {
     ) -> Pid {
         self.mkdir(cgroup);
         self.next_pid += 1;
+        let session = match role {
+            Role::Child => self.procs.get(&parent).map_or(self.next_pid, |p| p.session),
+            Role::Main | Role::Control => self.next_pid,
+        };
         let proc = Proc {
             pid: self.next_pid,
             ppid: parent,
+            session,
             start_us,
             cgroup: cgroup.to_owned(),
             invocation,
