@@ -219,6 +219,19 @@ impl Core {
                 watch.reads.again = true;
             }
         }
+        // What systemd said of the unit holds for every watch of it (an alias and its unit):
+        // one that has not heard it yet must not act on what it heard before.
+        if snapshot.loaded {
+            for other in self.by_path.get(&snapshot.path) {
+                if let Some(sibling) = self.units.get_mut(&other)
+                    && other != key
+                    && sibling.proof.is_some()
+                {
+                    sibling.facts.apply_snapshot(&snapshot);
+                    self.feed_state(other, now);
+                }
+            }
+        }
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
