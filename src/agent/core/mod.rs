@@ -399,8 +399,14 @@ impl Core {
                 if let Some(watch) = self.units.get_mut(&key)
                     && watch.leftovers.remove(&pid)
                 {
-                    let count = watch.leftovers.len();
-                    self.feed(key, ProofInput::Leftovers(Ok(count)), now);
+                    if watch.leftovers.is_empty() {
+                        // What it forked since the last count may be left: count again, with
+                        // it still counted as ours so its children are too.
+                        self.count_leftovers(key, &[pid], now);
+                    } else {
+                        let count = watch.leftovers.len();
+                        self.feed(key, ProofInput::Leftovers(Ok(count)), now);
+                    }
                 }
             }
         }
@@ -622,7 +628,7 @@ impl Core {
     }
 
     /// Asks for the unit's leftovers to be counted and followed. A unit with no cgroup has none.
-    fn count_leftovers(&mut self, key: UnitKey, now: Instant) {
+    fn count_leftovers(&mut self, key: UnitKey, gone: &[i32], now: Instant) {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
@@ -632,7 +638,7 @@ impl Core {
         }
         let cgroup = watch.control_group.clone();
         let next = watch.facts.next_invocation();
-        let held = watch.leftovers.iter().copied().collect();
+        let held = watch.leftovers.iter().chain(gone).copied().collect();
         self.outputs.push_back(Output::CountLeftovers {
             key,
             cgroup,
@@ -711,7 +717,7 @@ impl Core {
             };
             match output {
                 ProofOutput::ReadCgroup => self.read_cgroup(key, now),
-                ProofOutput::CountLeftovers => self.count_leftovers(key, now),
+                ProofOutput::CountLeftovers => self.count_leftovers(key, &[], now),
                 ProofOutput::StopUnit(reason) => self.stop(key, StopKind::Proof(reason)),
                 ProofOutput::Log(level, line) => {
                     let line = format!("{}: {line}", watch.unit);

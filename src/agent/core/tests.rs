@@ -624,6 +624,8 @@ fn a_leftover_beside_the_next_invocation_blocks_replaced_after_stop_until_it_exi
         Phase::Stopping,
         "not a leftover of ours"
     );
+    // The last one exits: a count again finds none (it forked nothing meanwhile).
+    s.leftovers.remove("/app.slice/k.service");
     s.input(Input::LeftoverExited {
         key: UnitKey(0),
         pid: 41,
@@ -702,4 +704,26 @@ fn a_watch_is_answered_only_once_it_is_saved() {
         "{:?}",
         s.outputs
     );
+}
+
+#[test]
+fn the_last_leftover_exiting_is_counted_again_for_what_it_forked() {
+    let mut s = watching("f.service", "active");
+    s.request(r#"{"cmd":"stop","unit":"f.service"}"#);
+    s.changed("f.service", "inactive", A);
+    s.leftovers.insert("/app.slice/f.service".into(), vec![41]);
+    s.changed("f.service", "activating", B);
+    // 41 forked 42 after the count, then exited.
+    s.leftovers.insert("/app.slice/f.service".into(), vec![42]);
+    s.input(Input::LeftoverExited {
+        key: UnitKey(0),
+        pid: 41,
+    });
+    assert_eq!(s.phase("f.service"), Phase::Stopping, "42 is ours too");
+    s.leftovers.remove("/app.slice/f.service");
+    s.input(Input::LeftoverExited {
+        key: UnitKey(0),
+        pid: 42,
+    });
+    assert_eq!(s.phase("f.service"), Phase::Proven);
 }
