@@ -496,6 +496,14 @@ impl Core {
         .min()
     }
 
+    /// The invocation a watch owns once its first read is done (the simulator's oracle
+    /// asks, for a watch made without one).
+    #[cfg(test)]
+    pub(crate) fn adopted_invocation(&self, key: UnitKey) -> Option<&str> {
+        let watch = self.units.get(&key)?;
+        watch.proof.as_ref().map(crate::proof::UnitProof::invocation)
+    }
+
     /// How many units are watched, proven ones included.
     pub fn watch_count(&self) -> usize {
         self.units.len()

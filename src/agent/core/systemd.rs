@@ -180,11 +180,19 @@ impl Core {
         watch.reads.in_flight = false;
         watch.reads.answered = watch.reads.sent;
         let fresh = watch.reads.epoch == self.fact_epoch && !self.reloading;
+        if let Ok(snapshot) = &result
+            && snapshot.loaded
+            && (snapshot.id != watch.id || snapshot.path != watch.path)
+        {
+            self.follow_alias(key, snapshot, now);
+            return;
+        }
         if watch.event.is_some() {
             // Proven; read only for a stop decided while the bus was down.
             if let Ok(snapshot) = &result {
                 watch.facts.apply_snapshot(snapshot);
                 watch.stale &= !fresh;
+                self.share_snapshot(key, snapshot, now);
                 self.send_unsent_stop(key);
             }
             return;
@@ -204,34 +212,7 @@ impl Core {
             }
         };
         watch.facts.apply_snapshot(&snapshot);
-        if snapshot.loaded && (snapshot.id != watch.id || snapshot.path != watch.path) {
-            // An alias: systemd signals the unit under its own name and path.
-            let (old_id, old_path) = (watch.id.clone(), watch.path.clone());
-            watch.id = snapshot.id.clone();
-            watch.path = snapshot.path.clone();
-            self.by_id.remove(&old_id, key);
-            self.by_path.remove(&old_path, key);
-            self.by_id.insert(&snapshot.id, key);
-            self.by_path.insert(&snapshot.path, key);
-            // Signals under the unit's own path before now were not routed to this watch:
-            // read once more, so nothing they said is missed.
-            if let Some(watch) = self.units.get_mut(&key) {
-                watch.reads.again = true;
-            }
-        }
-        // What systemd said of the unit holds for every watch of it (an alias and its unit):
-        // one that has not heard it yet must not act on what it heard before.
-        if snapshot.loaded {
-            for other in self.by_path.get(&snapshot.path) {
-                if let Some(sibling) = self.units.get_mut(&other)
-                    && other != key
-                    && sibling.proof.is_some()
-                {
-                    sibling.facts.apply_snapshot(&snapshot);
-                    self.feed_state(other, now);
-                }
-            }
-        }
+        self.share_snapshot(key, &snapshot, now);
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
@@ -276,6 +257,47 @@ impl Core {
         self.feed_state(key, now);
         self.send_unsent_stop(key);
         self.rearm(key);
+    }
+
+    /// A read found the unit under another name (the watch was made with an alias, or the
+    /// alias was not loaded at the first read): systemd signals the unit under its own name
+    /// and path, so signals sent before now may not have reached this watch, and this read
+    /// may already be outdated by them. It only tells the name: the watch follows it and
+    /// decides nothing (no proof, no stop, no invocation adopted) until a read sent after.
+    fn follow_alias(&mut self, key: UnitKey, snapshot: &UnitSnapshot, now: Instant) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        watch.facts.apply_snapshot(snapshot);
+        watch.stale = true;
+        watch.reads.again = false;
+        let (old_id, old_path) = (watch.id.clone(), watch.path.clone());
+        watch.id = snapshot.id.clone();
+        watch.path = snapshot.path.clone();
+        self.by_id.remove(&old_id, key);
+        self.by_path.remove(&old_path, key);
+        self.by_id.insert(&snapshot.id, key);
+        self.by_path.insert(&snapshot.path, key);
+        self.share_snapshot(key, snapshot, now);
+        self.read_unit(key);
+    }
+
+    /// What systemd said of the unit holds for every watch of it (an alias and its unit, a
+    /// proven one included): one that has not heard it yet must not act on what it heard
+    /// before.
+    fn share_snapshot(&mut self, key: UnitKey, snapshot: &UnitSnapshot, now: Instant) {
+        if !snapshot.loaded {
+            return;
+        }
+        for other in self.by_path.get(&snapshot.path) {
+            if let Some(sibling) = self.units.get_mut(&other)
+                && other != key
+                && sibling.proof.is_some()
+            {
+                sibling.facts.apply_snapshot(snapshot);
+                self.feed_state(other, now);
+            }
+        }
     }
 
     /// The rest of a first read, once the cgroup is watched: decide, then answer the

@@ -353,14 +353,16 @@ fn an_alias_is_followed_under_the_units_own_name_and_reported_under_the_clients(
     s.request(r#"{"cmd":"watch","unit":"nick.service"}"#);
     s.cgroups
         .insert("/app.slice/real1.service".into(), CgroupReading::Populated);
-    s.answer_reads(|_| {
-        Ok(snapshot(
-            "real1.service",
-            "active",
-            A,
-            "/app.slice/real1.service",
-        ))
-    });
+    for _ in 0..2 {
+        s.answer_reads(|_| {
+            Ok(snapshot(
+                "real1.service",
+                "active",
+                A,
+                "/app.slice/real1.service",
+            ))
+        });
+    }
     s.cgroups
         .insert("/app.slice/real1.service".into(), CgroupReading::Empty);
     s.changed("real1.service", "failed", A);
@@ -369,6 +371,54 @@ fn an_alias_is_followed_under_the_units_own_name_and_reported_under_the_clients(
     let proofs = s.proofs();
     assert_eq!(proofs.len(), 1);
     assert_eq!(proofs[0].unit, "nick.service");
+}
+
+#[test]
+fn a_watch_made_with_an_alias_adopts_the_invocation_read_after_the_name_resolved() {
+    // Signals under the unit's own path were not routed to the watch before its first read
+    // named the unit: what that read says may be over already (found by the simulator).
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.cgroups
+        .insert("/app.slice/real1.service".into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"nick.service"}"#);
+    s.request(r#"{"cmd":"stop","unit":"nick.service"}"#);
+    let read = s.answer_reads(|_| {
+        Ok(snapshot(
+            "real1.service",
+            "inactive",
+            A,
+            "/app.slice/real1.service",
+        ))
+    });
+    assert_eq!(read, ["nick.service"]);
+    assert!(s.stops().is_empty(), "nothing is stopped on a name lookup");
+    let read = s.answer_reads(|_| {
+        Ok(snapshot(
+            "real1.service",
+            "active",
+            B,
+            "/app.slice/real1.service",
+        ))
+    });
+    assert_eq!(
+        read,
+        ["nick.service"],
+        "read again under the unit's own name"
+    );
+    let view = s
+        .list()
+        .into_iter()
+        .find(|v| v.unit == "nick.service")
+        .expect("listed");
+    assert_eq!(view.invocation.as_deref(), Some(B));
+    assert_eq!(
+        s.stops(),
+        [(
+            "real1.service".to_owned(),
+            StopKind::Proof(StopReason::Requested)
+        )]
+    );
 }
 
 #[test]

@@ -418,7 +418,12 @@ impl Sim {
             StopKind::Proof(StopReason::Foreign) => StopWhy::Foreign,
             StopKind::FinalGeneration => StopWhy::Final,
         };
-        let ours = self.key_invs.get(&key).copied().flatten();
+        // A watch made without an invocation owns the one it adopted (from a read of the
+        // unit under its own name, which for an alias is the second).
+        let ours = self.key_invs.get(&key).copied().flatten().or_else(|| {
+            let core = self.core.as_ref()?;
+            core.adopted_invocation(key).map(parse_inv)
+        });
         let seen = self
             .world
             .resolve(unit)
@@ -523,10 +528,6 @@ impl Sim {
                 {
                     let inv = parse_inv(&snapshot.invocation);
                     self.seen.entry(u).or_default().insert(inv);
-                    // An adopting watch takes the invocation of its first read.
-                    if let Some(slot @ None) = self.key_invs.get_mut(&key) {
-                        *slot = Some(inv);
-                    }
                 }
                 let result = result.map(to_unit_snapshot);
                 self.input(Input::UnitRead { key, result });
