@@ -53,6 +53,8 @@ fn newer(a: u32, b: u32) -> bool {
 /// The merged state of one unit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct UnitFacts {
+    /// systemd has the unit loaded (a signal about it says so too).
+    loaded: Stamped<bool>,
     active_state: Stamped<String>,
     sub_state: Stamped<String>,
     invocation: Stamped<String>,
@@ -71,6 +73,7 @@ impl UnitFacts {
     /// Applies a read. Returns true if the invocation changed.
     pub fn apply_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
         let before = self.invocation.value.clone();
+        self.loaded.offer(&snapshot.loaded, snapshot.serial);
         self.active_state
             .offer(&snapshot.active_state, snapshot.serial);
         self.sub_state.offer(&snapshot.sub_state, snapshot.serial);
@@ -94,6 +97,7 @@ impl UnitFacts {
 
     /// Applies a signal. Returns true if the invocation changed.
     pub fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
+        self.loaded.offer(&true, serial);
         self.active_state
             .offer_some(change.active_state.as_ref(), serial);
         self.sub_state.offer_some(change.sub_state.as_ref(), serial);
@@ -129,6 +133,11 @@ impl UnitFacts {
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
     pub fn clear(&mut self) {
         *self = UnitFacts::default();
+    }
+
+    /// Whether systemd had the unit loaded, as last said (`None`: not said yet).
+    pub fn loaded(&self) -> Option<bool> {
+        self.loaded.value
     }
 
     /// The state the proof is made from, once both of its fields are known.

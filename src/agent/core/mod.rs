@@ -501,7 +501,10 @@ impl Core {
     #[cfg(test)]
     pub(crate) fn adopted_invocation(&self, key: UnitKey) -> Option<&str> {
         let watch = self.units.get(&key)?;
-        watch.proof.as_ref().map(crate::proof::UnitProof::invocation)
+        watch
+            .proof
+            .as_ref()
+            .map(crate::proof::UnitProof::invocation)
     }
 
     /// How many units are watched, proven ones included.

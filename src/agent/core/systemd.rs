@@ -462,21 +462,26 @@ impl Core {
         self.dirty = true;
         let terminal = is_terminal(&state.active_state);
         let still_due = match kind {
-            StopKind::FinalGeneration => terminal,
+            // A unit systemd does not have loaded holds nothing to stop, and a StopUnit would
+            // load it under whatever name it goes by now (an alias of a unit started since).
+            StopKind::FinalGeneration => terminal && watch.facts.loaded() == Some(true),
             StopKind::Proof(_) => !terminal && state.invocation == target,
         };
         if still_due {
             self.send_stop(key, kind);
         } else {
+            let now_runs = if watch.facts.loaded() == Some(false) {
+                "not loaded".to_owned()
+            } else {
+                let invocation = match state.invocation.as_str() {
+                    "" => "none",
+                    id => id,
+                };
+                format!("{} with invocation {invocation}", state.active_state)
+            };
             let line = format!(
-                "{}: stop ({kind}) not sent: the unit is {} with invocation {} now",
-                watch.unit,
-                state.active_state,
-                if state.invocation.is_empty() {
-                    "none"
-                } else {
-                    &state.invocation
-                }
+                "{}: stop ({kind}) not sent: the unit is {now_runs} now",
+                watch.unit
             );
             self.log(log::Level::Info, line);
         }

@@ -467,6 +467,39 @@ fn replaced_after_stop_releases_no_generation_files() {
 }
 
 #[test]
+fn the_final_stop_waits_for_a_read_after_the_proof_and_reaches_only_a_loaded_unit() {
+    // An unloaded unit holds nothing to stop, and a StopUnit would load it under whatever
+    // name it goes by by then: an alias of a unit started since (found by the simulator).
+    for loaded in [true, false] {
+        let mut s = Script::new();
+        s.input(Input::BusUp);
+        s.cgroups
+            .insert("/app.slice/g.service".into(), CgroupReading::Populated);
+        s.request(r#"{"cmd":"watch","unit":"g.service","gen":3,"launch_file":"/run/g/launch-3"}"#);
+        s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/g.service")));
+        s.cgroups
+            .insert("/app.slice/g.service".into(), CgroupReading::Empty);
+        s.changed("g.service", "failed", A);
+        assert_eq!(s.phase("g.service"), Phase::Proven);
+        assert!(s.stops().is_empty(), "not before a read after the proof");
+        let read = s.answer_reads(|u| {
+            Ok(if loaded {
+                snapshot(u, "failed", A, "/app.slice/g.service")
+            } else {
+                unloaded(u)
+            })
+        });
+        assert_eq!(read, ["g.service"]);
+        let expected = if loaded {
+            vec![("g.service".to_owned(), StopKind::FinalGeneration)]
+        } else {
+            vec![]
+        };
+        assert_eq!(s.stops(), expected, "loaded: {loaded}");
+    }
+}
+
+#[test]
 fn a_failed_first_read_refuses_a_new_watch_and_keeps_its_generation_free() {
     let mut s = Script::new();
     s.input(Input::BusUp);
