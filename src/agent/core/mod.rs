@@ -555,6 +555,16 @@ impl Core {
         self.replies_when_saved.push((to, answer));
     }
 
+    /// Answers now if everything is saved, else once it is: an answer about a watch that
+    /// changed since the last save (one made this turn, say) must not outrun that save.
+    fn reply_saved(&mut self, to: ReplyTo, answer: Answer) {
+        if self.dirty {
+            self.replies_when_saved.push((to, answer));
+        } else {
+            self.reply(to, answer);
+        }
+    }
+
     /// Arms the unit's one timer at the earlier of its proof's deadline and its read retry.
     fn rearm(&mut self, key: UnitKey) {
         let Some(watch) = self.units.get_mut(&key) else {

@@ -104,7 +104,7 @@ impl Core {
                     // That invocation is proven over: say so, and start nothing that could
                     // take the unit's current invocation for a foreign one.
                     let view = Box::new(watch.view());
-                    self.reply(reply, Answer::Watch(view));
+                    self.reply_saved(reply, Answer::Watch(view));
                     return;
                 }
                 // A proven unit is watched afresh: its retained proof is replaced.
@@ -123,8 +123,9 @@ impl Core {
                 self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
                 return;
             } else if watch.proof.is_some() && watch.watch_replies.is_empty() {
+                // The same watch again: its first answer may still wait for the save.
                 let view = Box::new(watch.view());
-                self.reply(reply, Answer::Watch(view));
+                self.reply_saved(reply, Answer::Watch(view));
                 return;
             } else {
                 watch.watch_replies.push(reply);
