@@ -105,6 +105,8 @@ pub enum AgentError {
     Cgroup(CgroupError),
     Control(ControlError),
     State(StateError),
+    /// A save failed: nothing after it was carried out, so nobody was told anything it held.
+    Save(StateError),
 }
 
 impl fmt::Display for AgentError {
@@ -115,6 +117,11 @@ impl fmt::Display for AgentError {
             AgentError::Cgroup(e) => write!(f, "{e}"),
             AgentError::Control(e) => write!(f, "{e}"),
             AgentError::State(e) => write!(f, "{e}"),
+            AgentError::Save(e) => write!(
+                f,
+                "{e}: stopping before anything that save held is answered or released; a \
+                 restart resumes from the last saved state"
+            ),
         }
     }
 }
@@ -195,6 +202,9 @@ struct Agent {
     signals: SignalFd,
     /// Where the watch set is kept across restarts; `None` keeps it in memory only.
     state_file: Option<StateFile>,
+    /// A save that failed. The outputs after it (answers and releases that promise it is
+    /// durable) are never carried out; the loop stops with it.
+    save_failed: Option<StateError>,
     /// systemd's notify socket, when started by systemd (`Type=notify`).
     notifier: Option<Notifier>,
     /// The next watchdog keep-alive, sent from the loop itself so a wedged loop is restarted.
@@ -287,6 +297,7 @@ impl Agent {
             server,
             signals,
             state_file,
+            save_failed: None,
             notifier: Notifier::from_env(),
             next_ping: None,
         };
@@ -294,6 +305,9 @@ impl Agent {
         agent.on_connected(conn, subscription);
         agent.core.save_now(Instant::now());
         agent.carry_out();
+        if let Some(e) = agent.save_failed.take() {
+            return Err(AgentError::Save(e));
+        }
         if let Some(notifier) = &agent.notifier {
             // The bus, the subscription and inotify are up and the state is re-adopted.
             if let Err(e) = notifier.ready() {
@@ -336,7 +350,10 @@ impl Agent {
                             }
                             self.core.save_now(Instant::now());
                             self.carry_out();
-                            return Ok(());
+                            return match self.save_failed.take() {
+                                Some(e) => Err(AgentError::Save(e)),
+                                None => Ok(()),
+                            };
                         }
                     }
                     _ => self
@@ -364,6 +381,9 @@ impl Agent {
             self.core.handle_timeout(now);
             self.core.end_turn(now);
             self.carry_out();
+            if let Some(e) = self.save_failed.take() {
+                return Err(AgentError::Save(e));
+            }
         }
     }
 
@@ -391,9 +411,12 @@ impl Agent {
     }
 
     /// Drains the core's outputs. The synchronous ones are answered at once, so their answer
-    /// reaches the core before any other input.
+    /// reaches the core before any other input. After a failed save nothing more is carried
+    /// out: what follows a save may promise that it is durable.
     fn carry_out(&mut self) {
-        while let Some(output) = self.core.poll_output() {
+        while self.save_failed.is_none()
+            && let Some(output) = self.core.poll_output()
+        {
             match output {
                 Output::ReadUnit { key, unit } => self.read_unit(key, unit),
                 Output::StopUnit { key, unit, kind } => self.stop_unit(key, unit, kind),
@@ -458,10 +481,16 @@ impl Agent {
                 },
                 Output::Log { level, line } => log::log!(level, "{line}"),
                 Output::Save(state) => {
-                    if let Some(file) = &self.state_file
-                        && let Err(e) = file.save(&state)
-                    {
-                        log::error!("{e}: the watch set would not survive a restart");
+                    if let Some(file) = &self.state_file {
+                        let started = Instant::now();
+                        match file.save(&state) {
+                            Ok(bytes) => log::debug!(
+                                "saved {} watches ({bytes} bytes) in {} us",
+                                state.watches.len(),
+                                started.elapsed().as_micros()
+                            ),
+                            Err(e) => self.save_failed = Some(e),
+                        }
                     }
                 }
             }

@@ -254,8 +254,8 @@ impl StateFile {
     /// through a symlink, mode 0600 whatever the umask), which is synced and renamed over
     /// `state.json` (replacing a symlink there rather than writing through it); then the
     /// directory is synced. On failure the temporary file is removed and the old `state.json`
-    /// is intact. The directory is created (mode 0700) if missing.
-    pub fn save(&self, state: &AgentState) -> Result<(), StateError> {
+    /// is intact. The directory is created (mode 0700) if missing. Returns the bytes written.
+    pub fn save(&self, state: &AgentState) -> Result<usize, StateError> {
         // Compact: with 10,000 watches this is 2-4 MB, written on every change.
         let mut contents = serde_json::to_vec(state)
             .map_err(|error| io_error(&self.path, "encode the state for", error))?;
@@ -275,7 +275,8 @@ impl StateFile {
             &contents,
             FILE_MODE,
         )
-        .map_err(|e| io_error(&e.path, e.action, e.source))
+        .map_err(|e| io_error(&e.path, e.action, e.source))?;
+        Ok(contents.len())
     }
 
     /// Reads what is at the state file's name, without following a symlink there and without

@@ -35,6 +35,10 @@ pub const TESTS: &[Test] = &[
         a_corrupt_state_file_is_moved_aside_loudly,
     ),
     (
+        "a_watch_whose_save_fails_is_never_answered_and_the_agent_stops",
+        a_watch_whose_save_fails_is_never_answered_and_the_agent_stops,
+    ),
+    (
         "a_killed_dbus_daemon_loses_no_proof_and_makes_none_early",
         a_killed_dbus_daemon_loses_no_proof_and_makes_none_early,
     ),
@@ -354,6 +358,31 @@ fn a_corrupt_state_file_is_moved_aside_loudly() {
         })
         .collect();
     assert_eq!(aside.len(), 1, "moved aside, not deleted");
+}
+
+fn a_watch_whose_save_fails_is_never_answered_and_the_agent_stops() {
+    let sandbox = Sandbox::start("save-fails");
+    sandbox.install_unit("held.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    sandbox.systemctl_ok(&["start", "held.service"]);
+    let mut agent = Agent::start(&sandbox);
+    // A directory at the state file's name makes the save's rename fail (as root, a
+    // read-only directory would not).
+    let state_file = sandbox
+        .host_path(crate::support::agent::STATE_DIR)
+        .join("state.json");
+    std::fs::create_dir_all(&state_file).unwrap();
+    let mut conn = agent.connect();
+    conn.send_raw(b"{\"id\":1,\"cmd\":\"watch\",\"unit\":\"held.service\"}\n");
+    let answer = conn.read_unless_closed();
+    assert_eq!(answer, None, "a watch answered though its save failed");
+    let status = agent.wait();
+    assert_eq!(status.code(), Some(1), "{status}");
+    let log = agent.log_text();
+    assert!(
+        log.contains("rename a temporary file to")
+            && log.contains("stopping before anything that save held is answered"),
+        "{log}"
+    );
 }
 
 fn the_agent_runs_as_a_notify_service_with_a_watchdog() {

@@ -42,6 +42,12 @@ impl Agent {
 
     /// Starts the agent with `extra` arguments after the usual ones.
     pub fn start_with(sandbox: &Sandbox, extra: &[&str]) -> Agent {
+        Agent::start_in(sandbox, STATE_DIR, extra)
+    }
+
+    /// Starts the agent keeping its watch set in `state_dir` (a path inside the sandbox), with
+    /// `extra` arguments after the usual ones.
+    pub fn start_in(sandbox: &Sandbox, state_dir: &str, extra: &[&str]) -> Agent {
         static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = sandbox.host_path(&format!(
@@ -60,7 +66,7 @@ impl Agent {
                 "--socket",
                 SOCKET,
                 "--state-dir",
-                STATE_DIR,
+                state_dir,
             ])
             .args(extra)
             .env("RUST_LOG", "debug")
@@ -104,6 +110,11 @@ impl Agent {
     pub fn kill_hard(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+
+    /// Waits for the agent to exit on its own and returns how it exited.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
+        self.child.wait().expect("wait for the agent")
     }
 
     /// Whether the agent process is still running.
@@ -262,13 +273,18 @@ impl Connection {
 
     /// Reads one response line.
     pub fn read(&mut self) -> Value {
+        self.read_unless_closed()
+            .expect("the agent closed the connection")
+    }
+
+    /// Reads one response line, or `None` if the agent closed the connection first.
+    pub fn read_unless_closed(&mut self) -> Option<Value> {
         let mut line = String::new();
         let n = self
             .reader
             .read_line(&mut line)
             .expect("read from the agent");
-        assert!(n > 0, "the agent closed the connection");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+        (n > 0).then(|| serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}")))
     }
 
     /// Sends one request and reads one response.

@@ -14,6 +14,10 @@
 //! [`Input::CgroupRead`], [`Input::Leftovers`], [`Input::ExitRecord`]) before any other input,
 //! so a reading is never older than the state that asked for it.
 //!
+//! Driver contract for saves: [`Output::Save`] is durable before the next output is carried
+//! out, or nothing after it is carried out at all (the real driver stops; a restart resumes
+//! from the last save).
+//!
 //! Driver contract for the bus: [`Input::BusUp`] after every (re)connection and subscription;
 //! [`Input::BusLost`] when the connection or systemd behind it goes away (a new owner of
 //! systemd's name); and never a read reply of a connection older than the last `BusUp`.
@@ -227,7 +231,9 @@ pub enum Output {
         level: log::Level,
         line: String,
     },
-    /// Write this state to the state file.
+    /// Write this state to the state file, durably, before carrying out any output after it:
+    /// those may promise that it is saved (answers to `watch` and `unwatch`, the release of a
+    /// proven generation). A driver that cannot save must carry out nothing after it.
     Save(Box<AgentState>),
 }
 

@@ -837,3 +837,39 @@ fn the_last_leftover_exiting_is_counted_again_for_what_it_forked() {
     });
     assert_eq!(s.phase("f.service"), Phase::Proven);
 }
+
+#[test]
+fn a_generations_proof_is_saved_before_its_files_go_and_anyone_is_told() {
+    // The driver carries out nothing after a save that failed, so what follows the save may
+    // rely on it: an agent stopped there releases nothing and tells nobody.
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.cgroups
+        .insert("/app.slice/g.service".into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"g.service","gen":3,"launch_file":"/run/g/launch-3"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/g.service")));
+    s.request(r#"{"cmd":"wait","unit":"g.service"}"#);
+    s.take();
+    s.cgroups
+        .insert("/app.slice/g.service".into(), CgroupReading::Gone);
+    s.changed("g.service", "inactive", A);
+    let position = |found: fn(&Output) -> bool| s.outputs.iter().position(found);
+    let saved = position(
+        |o| matches!(o, Output::Save(state) if state.watches.iter().any(|w| w.proof.is_some())),
+    );
+    let removed = position(|o| matches!(o, Output::RemoveLaunchFile { .. }));
+    let told = position(|o| {
+        matches!(
+            o,
+            Output::Reply {
+                answer: Answer::Event(_),
+                ..
+            }
+        )
+    });
+    assert!(
+        saved.is_some() && saved < removed && removed < told,
+        "{:?}",
+        s.outputs
+    );
+}

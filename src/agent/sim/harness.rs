@@ -17,7 +17,9 @@ use super::oracle::{Oracle, StopWhy, parse_inv};
 use super::rng::Rng;
 use super::tenant::Tenant;
 use super::world::World;
-use crate::agent::core::{AgentState, Answer, Core, CoreConfig, Input, Output, StopKind, UnitKey};
+use crate::agent::core::{
+    AgentState, Answer, Core, CoreConfig, Input, Output, ProofEvent, StopKind, UnitKey,
+};
 use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::RequestId;
@@ -62,6 +64,11 @@ pub(crate) struct Sim {
     seen: BTreeMap<usize, BTreeSet<Inv>>,
     /// Outputs of the drain under way, for the launch-file rule.
     drained: Vec<Output>,
+    /// Whether the agent may die at a save (a failed save, or a SIGKILL right after one).
+    pub deaths_at_saves: bool,
+    /// The agent dies at the save just carried out (before or after it was durable): nothing
+    /// after that save is carried out.
+    dies_at_save: bool,
     pub restarts: u32,
     /// Leftover counts answered, and how many of them held a process of the invocation the
     /// unit runs now (which only delays a proof).
@@ -109,6 +116,8 @@ impl Sim {
             connected: false,
             seen: BTreeMap::new(),
             drained: Vec::new(),
+            deaths_at_saves: true,
+            dies_at_save: false,
             restarts: 0,
             counts: 0,
             counts_holding_current: 0,
@@ -229,9 +238,15 @@ impl Sim {
         while let Some(output) = self.core.as_mut().and_then(Core::poll_output) {
             self.drained.push(output.clone());
             self.carry_out(output);
+            if self.dies_at_save {
+                break;
+            }
         }
         self.check_launch_files();
         self.drained.clear();
+        if std::mem::take(&mut self.dies_at_save) {
+            self.kill_agent();
+        }
     }
 
     fn carry_out(&mut self, output: Output) {
@@ -312,7 +327,43 @@ impl Sim {
                         .on_proof(&self.world, u, inv, event.cause, asked);
                 }
             }
-            Output::Save(state) => self.saved = *state,
+            // The real driver stops at a save that fails, before carrying out anything after
+            // it; and a SIGKILL may come right after a save, before what follows it.
+            Output::Save(state) => {
+                if self.deaths_at_saves && self.rng.percent(1) {
+                    self.log(|| "driver: the save fails; the agent stops".into());
+                    self.dies_at_save = true;
+                } else {
+                    self.saved = *state;
+                    self.saved_proofs();
+                    if self.deaths_at_saves && self.rng.percent(1) {
+                        self.log(|| "driver: killed right after the save".into());
+                        self.dies_at_save = true;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A proof is made once it is saved, told or not: an agent killed right after the save
+    /// never broadcasts it, and lists it from the saved state after its restart.
+    fn saved_proofs(&mut self) {
+        for record in &self.saved.watches {
+            let Some(event) = record
+                .proof
+                .clone()
+                .and_then(|proof| serde_json::from_value::<ProofEvent>(proof).ok())
+            else {
+                continue;
+            };
+            let inv = parse_inv(&event.invocation);
+            if let Some(u) = self.world.resolve(&event.unit)
+                && !self.oracle.is_proven(u, inv)
+            {
+                let asked = self.tenant.stop_requested(&event.unit);
+                self.oracle
+                    .on_proof(&self.world, u, inv, event.cause, asked);
+            }
         }
     }
 

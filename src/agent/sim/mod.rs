@@ -188,6 +188,8 @@ fn run(seed: u64, traced: bool) -> Outcome {
     for step in 0..total {
         let chaos = step < chaos_steps;
         sim.log(|| format!("#{step}{}", if chaos { "" } else { " (quiet)" }));
+        // The agent dies at a save only while faults happen: the quiet phase has none.
+        sim.deaths_at_saves = chaos;
         if chaos {
             sim.chaos_step();
         } else {
