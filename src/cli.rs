@@ -13,10 +13,9 @@ use clap::{Args, Parser, Subcommand};
 use serde_json::{Value, json};
 
 use crate::agent::{self, AgentConfig, Bus};
-use crate::bench::{self, run::BenchConfig};
 use crate::control::client::Client;
 use crate::control::protocol::parse_invocation_id;
-use crate::duration::parse_duration;
+use crate::duration::{parse_duration, parse_interval};
 use crate::exit::write::{default_record_name, record_from_env, write_record};
 use crate::unit_name::{self, UnitName};
 
@@ -149,25 +148,6 @@ enum Cmd {
         #[arg(long, value_parser = parse_duration)]
         timeout: Option<Duration>,
     },
-    /// Benchmark termination latency against the systemd manager on the bus: exitproof's
-    /// agent, the polling design it replaces, and systemd's own signal, on the same units.
-    Bench {
-        /// Transient units started and killed per round.
-        #[arg(long, default_value_t = 100)]
-        units: usize,
-        /// Kill rounds.
-        #[arg(long, default_value_t = 3)]
-        rounds: u32,
-        /// The polling contender's interval (the replaced design polled every second).
-        #[arg(long, default_value = "1s", value_parser = parse_duration)]
-        poll_interval: Duration,
-        /// The idle window, all units watched, over which idle CPU is measured.
-        #[arg(long, default_value = "10s", value_parser = parse_duration)]
-        idle: Duration,
-        /// Where bench.json, bench.md and latency.svg are written.
-        #[arg(long, default_value = ".")]
-        out: PathBuf,
-    },
     /// Stop watching a unit.
     Unwatch {
         #[arg(value_parser = parse_unit)]
@@ -185,14 +165,6 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok()
         .filter(|m| *m <= 0o777)
         .ok_or_else(|| format!("{s:?} is not an octal mode such as 600"))
-}
-
-/// A duration, or `0` for "never" (zero).
-fn parse_interval(s: &str) -> Result<Duration, crate::duration::DurationError> {
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    parse_duration(s)
 }
 
 fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
@@ -272,38 +244,6 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         }
         Cmd::Wait { unit, timeout } => wait_like("wait", &unit, timeout, &socket),
         Cmd::Stop { unit, timeout } => wait_like("stop", &unit, timeout, &socket),
-        Cmd::Bench {
-            units,
-            rounds,
-            poll_interval,
-            idle,
-            out,
-        } => {
-            let work_dir =
-                std::env::temp_dir().join(format!("exitproof-bench-{}", std::process::id()));
-            let config = BenchConfig {
-                bus: socket.bus(),
-                units,
-                rounds,
-                poll_interval,
-                idle,
-                // This very binary, by a path that works even where its own path is hidden
-                // (a mount namespace with another /tmp): the child's /proc/self/exe is ours.
-                agent_binary: PathBuf::from("/proc/self/exe"),
-                work_dir: work_dir.clone(),
-            };
-            let run = bench::run::run(&config).map_err(|e| {
-                format!("{e} (agent log: {})", work_dir.join("agent.log").display())
-            })?;
-            bench::report::write_reports(&out, &run).map_err(|e| e.to_string())?;
-            let _ = std::fs::remove_dir_all(&work_dir);
-            print_line(&bench::run::summary_value(&run))?;
-            eprintln!(
-                "exitproof: wrote bench.json, bench.md and latency.svg in {}",
-                out.display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
         Cmd::Record { dir, name } => {
             let (record, invocation) =
                 record_from_env(|var| std::env::var(var).ok()).map_err(|e| e.to_string())?;

@@ -83,6 +83,14 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     }
 }
 
+/// A duration as [`parse_duration`] reads it, or a bare `0` for zero ("never", "at once").
+pub fn parse_interval(text: &str) -> Result<Duration, DurationError> {
+    if text == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_duration(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -146,6 +154,20 @@ mod tests {
         for (text, expected) in cases {
             assert_eq!(parse_duration(text), Err(expected), "{text:?}");
         }
+    }
+
+    #[test]
+    fn an_interval_may_be_a_bare_zero() {
+        assert_eq!(parse_interval("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_interval("20ms"), Ok(Duration::from_millis(20)));
+        assert_eq!(
+            parse_interval("5"),
+            Err(DurationError::MissingUnit("5".to_owned()))
+        );
+        assert_eq!(
+            parse_interval("abc"),
+            Err(DurationError::MissingNumber("abc".to_owned()))
+        );
     }
 
     #[test]

@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod atomic_file;
+#[cfg(feature = "bench")]
 pub mod bench;
 pub mod cgroup;
 pub mod cli;
@@ -17,6 +18,8 @@ pub mod control;
 pub mod duration;
 pub mod exit;
 pub mod proof;
+#[cfg(any(test, feature = "bench"))]
+mod rng;
 pub mod service;
 pub mod systemd;
 pub mod unit_name;

@@ -1,16 +1,21 @@
 //! The termination-latency benchmark: exitproof's agent, the polling design it replaces, and
-//! systemd's own signal, side by side on the same units.
+//! systemd's own signal, on the same kill schedule.
 //!
-//! `run` drives a run, `observer` is the independent referee (its own D-Bus connection and
-//! inotify), `poll` is the polling baseline, `stats` and `report` turn samples into bench.json,
-//! bench.md and latency.svg. Unlike the agent, the bench may use threads and sleep: it is a
-//! measuring harness, not the thing measured.
+//! It is built only with the `bench` feature, as the `exitproof-bench` binary, so the agent's
+//! binary carries none of it. `cli` is that binary's command line, `run` drives a run in
+//! phases, `schedule` says when each unit is killed, `observer` is the independent referee (a
+//! process of its own, with its own D-Bus connection and inotify), `poll` is the polling
+//! baseline, `stats` and `report` turn samples into bench.json, bench.md and latency.svg.
+//! Unlike the agent, the bench may use threads and sleep: it is a measuring harness, not the
+//! thing measured.
 
+pub mod cli;
 pub mod observer;
 pub mod poll;
 pub mod report;
 pub mod run;
 pub mod sample;
+pub mod schedule;
 pub mod stats;
 
 use std::fmt;
@@ -46,6 +51,17 @@ impl fmt::Display for BenchError {
 }
 
 impl std::error::Error for BenchError {}
+
+/// Waits a few seconds for `child`, asked to end, to exit; kills it if it has not.
+fn reap(child: &mut std::process::Child) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // The bench may sleep: it measures, it is not measured.
+    while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
 
 /// Time on CPU from a `schedstat` file (its first field, in nanoseconds).
 fn schedstat_ns(path: &str) -> Option<u64> {

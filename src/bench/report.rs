@@ -14,7 +14,7 @@ use plotters::prelude::*;
 use plotters::style::text_anchor;
 use serde::Serialize;
 
-use super::sample::BenchRun;
+use super::sample::{BenchRun, Mode};
 use super::stats::{self, Contender, ContenderSummary, Latency, Summary};
 
 /// What went wrong while producing a report.
@@ -101,8 +101,10 @@ pub fn render_markdown(run: &BenchRun, summary: &Summary) -> String {
     markdown_row(&mut md, Contender::Systemd, &summary.systemd, None);
     let _ = writeln!(
         md,
-        "\n{NONE}: not measured, or not applicable. *e2e*: from the write to the unit's \
-         `cgroup.kill` to the contender's proof. *overhead*: from the later of the bench's own \
+        "\n{NONE}: not measured, or not applicable. *proven*, *missing*: of the units the \
+         contender watched (in separate phases, each watched its own; systemd's signal is \
+         observed on all). *e2e*: from the write to the unit's `cgroup.kill` to the \
+         contender's proof. *overhead*: from the later of the bench's own \
          two observations (its inotify on `cgroup.events` and its D-Bus signal) to the \
          contender's proof; negative when the contender read the cgroup before the bench's \
          inotify fired. Quantiles are nearest-rank."
@@ -142,15 +144,42 @@ pub fn render_markdown(run: &BenchRun, summary: &Summary) -> String {
     );
     let _ = writeln!(md, "- median end-to-end latency: {p50_ratio}");
     let _ = writeln!(md, "- CPU while idle: {idle_ratio}");
+    let floor_ratio = summary.ratios.p50_e2e_event_over_systemd.map_or_else(
+        || "n/a (no proof, or no signal, on the agent's units)".to_owned(),
+        fmt_ratio,
+    );
+    let _ = writeln!(
+        md,
+        "\n## event over systemd's own signal, on the agent's units\n\n- median end-to-end \
+         latency: {floor_ratio}"
+    );
 
     let _ = writeln!(md, "\n## run\n");
     let _ = writeln!(md, "- units: {}", run.units);
     let _ = writeln!(md, "- rounds: {}", run.rounds);
+    let _ = writeln!(md, "- mode: {}", mode_words(run));
+    let _ = writeln!(md, "- kills: {} (seed {})", kill_words(run), run.seed);
     let _ = writeln!(md, "- poll interval: {} ms", run.poll_interval_ms);
     let _ = writeln!(md, "- idle window: {} ms", run.idle_ms);
     let _ = writeln!(md, "- machine: {}", run.machine);
     let _ = writeln!(md, "- date: {}", run.date);
     md
+}
+
+/// How the contenders shared the run, in words.
+fn mode_words(run: &BenchRun) -> &'static str {
+    match run.mode {
+        Mode::Separate => "separate phases",
+        Mode::Together => "together",
+    }
+}
+
+/// The kill schedule, in words.
+fn kill_words(run: &BenchRun) -> String {
+    match run.kill_interval_ms {
+        0 => "all at once".to_owned(),
+        ms => format!("one every {ms} ms"),
+    }
 }
 
 /// One contender's table row; `costs` is `None` for systemd, which has no proof of its own.
@@ -213,6 +242,8 @@ struct Curve {
     contender: Contender,
     /// Proven samples, including those not drawn.
     proven: usize,
+    /// Samples of the contender's phases.
+    watched: usize,
     /// The drawable points `(latency ms > 0, fraction of all samples proven by then)`.
     points: Vec<(f64, f64)>,
     /// The fraction proven at latencies <= 0 ms, which a log axis cannot show.
@@ -222,21 +253,21 @@ struct Curve {
 /// `latency.svg`: the cumulative distribution of end-to-end latency per contender, on a log
 /// x axis in ms.
 ///
-/// The y value at latency `x` is the fraction of ALL samples (the units killed, over every
-/// round) that the contender had proved gone within `x`, so a contender that missed units
-/// never reaches 1. Contenders with no samples are left out and named in the subtitle; so is
+/// The y value at latency `x` is the fraction of ALL the contender's samples (the units
+/// killed in its phases, over every round) that it had proved gone within `x`, so a contender
+/// that missed units never reaches 1. Contenders with no samples are left out and named in the subtitle; so is
 /// the count of latencies <= 0 ms, which a log axis cannot draw. The x axis runs from half
 /// the smallest drawn latency to twice the largest, widened down to a power of ten if it held
 /// none, so that the axis always has a labelled tick.
 pub fn render_svg(run: &BenchRun) -> Result<String, ReportError> {
-    let total = run.samples.len();
     let mut curves = Vec::new();
     let mut not_plotted = Vec::new();
     let mut non_positive = 0;
     for contender in Contender::ALL {
         let e2e = stats::e2e_ms(&run.samples, contender);
-        // Scaling the CDF by proven / total turns it into the fraction of all samples.
-        let scale = e2e.len() as f64 / total.max(1) as f64;
+        let watched = stats::watched_count(&run.samples, contender);
+        // Scaling the CDF by proven / watched turns it into the fraction of all its samples.
+        let scale = e2e.len() as f64 / watched.max(1) as f64;
         let (before, points): (Vec<_>, Vec<_>) = stats::cdf_points(&e2e)
             .into_iter()
             .map(|(ms, fraction)| (ms, fraction * scale))
@@ -249,6 +280,7 @@ pub fn render_svg(run: &BenchRun) -> Result<String, ReportError> {
         curves.push(Curve {
             contender,
             proven: e2e.len(),
+            watched,
             points,
             fraction_before: before.last().map_or(0.0, |&(_, fraction)| fraction),
         });
@@ -269,12 +301,15 @@ pub fn render_svg(run: &BenchRun) -> Result<String, ReportError> {
         ));
     }
     let title = format!(
-        "time to prove a killed unit gone: {} units × {} rounds",
-        run.units, run.rounds
+        "time to prove a killed unit gone: {} units × {} rounds, {}, {}",
+        run.units,
+        run.rounds,
+        mode_words(run),
+        kill_words(run)
     );
 
     let mut svg = String::new();
-    draw_cdf(&mut svg, &title, &notes.join("; "), &curves, total)?;
+    draw_cdf(&mut svg, &title, &notes.join("; "), &curves)?;
     Ok(svg)
 }
 
@@ -290,7 +325,6 @@ fn draw_cdf(
     title: &str,
     notes: &str,
     curves: &[Curve],
-    total: usize,
 ) -> Result<(), ReportError> {
     let root = SVGBackend::with_string(svg, SVG_SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(plot_error)?;
@@ -348,9 +382,10 @@ fn draw_cdf(
                 .map_err(plot_error)?;
         }
         let label = format!(
-            "{} ({} of {total} proven)",
+            "{} ({} of {} proven)",
             curve_name(curve.contender),
-            curve.proven
+            curve.proven,
+            curve.watched
         );
         legend_area
             .draw(&Text::new(label, (LEGEND_LEFT + 46, y), &label_style))
@@ -448,7 +483,7 @@ pub fn write_reports(dir: &Path, run: &BenchRun) -> Result<(), ReportError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bench::sample::{Resources, UnitSample};
+    use crate::bench::sample::{Phase, Resources, UnitSample};
 
     const MS: u64 = 1_000_000;
 
@@ -475,6 +510,7 @@ mod tests {
                 let poll = cgroup + ((1000.0 * noise()) * MS as f64) as u64;
                 let when = |contender, at| keep(contender, index).then_some(at);
                 samples.push(UnitSample {
+                    phase: Phase::Together,
                     round,
                     unit: format!("bench-{unit}.service"),
                     t_kill_ns: kill,
@@ -488,6 +524,9 @@ mod tests {
         BenchRun {
             units,
             rounds,
+            mode: Mode::Together,
+            kill_interval_ms: 0,
+            seed: 3,
             poll_interval_ms: 1000,
             idle_ms: 10_000,
             machine: "test box, 2 cores".to_owned(),
@@ -554,6 +593,9 @@ mod tests {
             "5000.0 ms over the idle window".to_owned(),
             "- units: 10".to_owned(),
             "- rounds: 2".to_owned(),
+            "- mode: together".to_owned(),
+            "- kills: all at once (seed 3)".to_owned(),
+            "## event over systemd's own signal, on the agent's units".to_owned(),
             "- poll interval: 1000 ms".to_owned(),
             "- idle window: 10000 ms".to_owned(),
             "- machine: test box, 2 cores".to_owned(),
@@ -606,6 +648,16 @@ mod tests {
             .collect()
     }
 
+    /// Fails unless `texts` has every one of `wanted`.
+    fn assert_draws(texts: &[String], wanted: &[&str]) {
+        for wanted in wanted {
+            assert!(
+                texts.iter().any(|text| text == wanted),
+                "no {wanted:?} in {texts:?}"
+            );
+        }
+    }
+
     #[test]
     fn svg_is_well_formed_with_axes_title_and_legend() {
         let svg = render_svg(&run(100, 5, everything)).expect("the plot draws");
@@ -613,17 +665,12 @@ mod tests {
         let wanted = [
             "end-to-end latency (ms, log scale)",
             "fraction of units proven",
-            "time to prove a killed unit gone: 100 units × 5 rounds",
+            "time to prove a killed unit gone: 100 units × 5 rounds, together, all at once",
             "event: exitproof agent (500 of 500 proven)",
             "poll: systemctl show per unit per interval (500 of 500 proven)",
             "systemd: systemd's D-Bus signal (500 of 500 proven)",
         ];
-        for wanted in wanted {
-            assert!(
-                texts.iter().any(|text| text == wanted),
-                "no {wanted:?} in {texts:?}"
-            );
-        }
+        assert_draws(&texts, &wanted);
         assert!(
             texts.iter().any(|text| text == "1"),
             "no 1 ms tick in {texts:?}"
@@ -633,6 +680,33 @@ mod tests {
                 .iter()
                 .any(|text| text.contains("not drawn") || text.contains("no latency"))
         );
+    }
+
+    #[test]
+    fn in_separate_phases_each_contender_is_drawn_over_its_own_units() {
+        let mut run = run(4, 1, everything);
+        run.mode = Mode::Separate;
+        run.kill_interval_ms = 20;
+        for (index, sample) in run.samples.iter_mut().enumerate() {
+            sample.phase = if index < 3 { Phase::Event } else { Phase::Poll };
+        }
+        let texts = svg_texts(&render_svg(&run).expect("the plot draws"));
+        let wanted = [
+            "time to prove a killed unit gone: 4 units × 1 rounds, separate phases, one every 20 ms",
+            "event: exitproof agent (3 of 3 proven)",
+            "poll: systemctl show per unit per interval (1 of 1 proven)",
+            "systemd: systemd's D-Bus signal (4 of 4 proven)",
+        ];
+        assert_draws(&texts, &wanted);
+        let md = render_markdown(&run, &stats::summarize(&run));
+        for wanted in [
+            "| event | 3 | 0 |",
+            "| poll | 1 | 0 |",
+            "- mode: separate phases",
+            "- kills: one every 20 ms (seed 3)",
+        ] {
+            assert!(md.contains(wanted), "no {wanted:?} in:\n{md}");
+        }
     }
 
     #[test]
@@ -667,6 +741,7 @@ mod tests {
         let curve = |points: Vec<(f64, f64)>| Curve {
             contender: Contender::Event,
             proven: points.len(),
+            watched: points.len(),
             points,
             fraction_before: 0.0,
         };
@@ -693,7 +768,11 @@ mod tests {
             &std::fs::read_to_string(reports.join("bench.json")).expect("bench.json"),
         )
         .expect("bench.json is JSON");
-        assert_eq!(json, summary_json(&run));
+        // Compared as parsed back from text: serde_json's parser may differ from the float it
+        // printed in the last bit.
+        let expected: serde_json::Value =
+            serde_json::from_str(&summary_json(&run).to_string()).expect("JSON");
+        assert_eq!(json, expected);
         assert_eq!(json.pointer("/summary/event/proven"), Some(&15.into()));
         let samples = json.pointer("/run/samples").and_then(|s| s.as_array());
         assert_eq!(samples.map(Vec::len), Some(15));

@@ -1,5 +1,6 @@
-//! One benchmark run: start N transient units, have every contender watch them, measure an
-//! idle window, kill them through `cgroup.kill`, and collect who knew when.
+//! One benchmark run: in each phase, start the phase's contenders, then per round start N
+//! transient units, have the contenders watch them, measure an idle window (first round), kill
+//! them through `cgroup.kill` on the kill schedule, and collect who knew when.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -10,10 +11,11 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::observer::Observer;
+use super::observer::{Arm, Observer};
 use super::poll::Poller;
-use super::sample::{BenchRun, Resources, UnitSample};
-use super::{BenchError, METHOD_TIMEOUT, children_cpu_ns, schedstat_ns};
+use super::sample::{BenchRun, Mode, Phase, Resources, UnitSample};
+use super::schedule::kill_offsets;
+use super::{BenchError, METHOD_TIMEOUT, children_cpu_ns, reap, schedstat_ns};
 use crate::agent::monotonic_ns;
 use crate::cgroup::cgroup2_mount;
 use crate::control::client::Client;
@@ -28,14 +30,23 @@ pub struct BenchConfig {
     pub units: usize,
     pub rounds: u32,
     pub poll_interval: Duration,
+    /// The idle window (zero: none).
     pub idle: Duration,
+    /// One unit killed every `kill_interval`, at a random instant within it (zero: all at once).
+    pub kill_interval: Duration,
+    /// The seed of the kill instants' jitter.
+    pub seed: u64,
+    pub mode: Mode,
     /// The exitproof binary that runs the agent contender.
     pub agent_binary: PathBuf,
+    /// The bench's own binary, run again as the observer.
+    pub bench_binary: PathBuf,
     /// Where the agent's socket and log go.
     pub work_dir: PathBuf,
 }
 
-/// How long a round may take before the missing proofs are recorded as missing.
+/// How long a round may take, once every kill is done, before the missing proofs are recorded
+/// as missing.
 fn round_timeout(config: &BenchConfig) -> Duration {
     Duration::from_secs(60).max(config.poll_interval * 10)
 }
@@ -107,12 +118,7 @@ impl Drop for AgentChild {
     fn drop(&mut self) {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while matches!(self.child.try_wait(), Ok(None)) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        reap(&mut self.child);
     }
 }
 
@@ -145,6 +151,114 @@ fn follow_events(socket: &Path) -> Result<Arc<Mutex<HashMap<String, u64>>>, Benc
     Ok(proven)
 }
 
+/// The agent with its control connection and what its event stream said.
+struct AgentContender {
+    child: AgentChild,
+    client: Client,
+    proven: Arc<Mutex<HashMap<String, u64>>>,
+}
+
+impl AgentContender {
+    fn start(config: &BenchConfig) -> Result<AgentContender, BenchError> {
+        let child = AgentChild::start(config)?;
+        let proven = follow_events(&child.socket)?;
+        let client = Client::connect(&child.socket).map_err(BenchError::Control)?;
+        Ok(AgentContender {
+            child,
+            client,
+            proven,
+        })
+    }
+
+    fn watch(&mut self, units: &[StartedUnit]) -> Result<(), BenchError> {
+        for unit in units {
+            self.client
+                .send(&json!({"cmd": "watch", "unit": unit.name}))
+                .map_err(BenchError::Control)?;
+        }
+        for _ in units {
+            let reply = self.client.next_line().map_err(BenchError::Control)?;
+            if reply.as_ref().map(|r| r["ok"] == true) != Some(true) {
+                return Err(BenchError::Failed(format!(
+                    "the agent refused a watch: {reply:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn proven(&self) -> HashMap<String, u64> {
+        self.proven
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Keeps the agent's list to the units of the round under way.
+    fn unwatch(&mut self, unit: &str) {
+        let _ = self
+            .client
+            .request(&json!({"cmd": "unwatch", "unit": unit}));
+    }
+}
+
+/// The contenders of one phase: the agent, the poller, or both.
+struct Contenders {
+    agent: Option<AgentContender>,
+    poller: Option<Poller>,
+}
+
+impl Contenders {
+    fn start(phase: Phase, config: &BenchConfig) -> Result<Contenders, BenchError> {
+        let agent = phase
+            .has_agent()
+            .then(|| AgentContender::start(config))
+            .transpose()?;
+        let poller = phase
+            .has_poller()
+            .then(|| Poller::start(config.bus, config.poll_interval))
+            .transpose()?;
+        Ok(Contenders { agent, poller })
+    }
+
+    fn watch(&mut self, units: &[StartedUnit], cgroup_root: &Path) -> Result<(), BenchError> {
+        if let Some(agent) = &mut self.agent {
+            agent.watch(units)?;
+        }
+        if let Some(poller) = &self.poller {
+            poller.watch(
+                units
+                    .iter()
+                    .map(|u| {
+                        (
+                            u.name.clone(),
+                            u.invocation.clone(),
+                            cgroup_root.join(u.cgroup.trim_start_matches('/')),
+                        )
+                    })
+                    .collect(),
+            );
+        }
+        Ok(())
+    }
+
+    fn cpu(&self) -> CpuMark {
+        CpuMark {
+            agent_ns: self.agent.as_ref().map_or(0, |a| a.child.cpu_ns()),
+            poll_thread_ns: self.poller.as_ref().map_or(0, Poller::thread_cpu_ns),
+            children_ns: children_cpu_ns(),
+        }
+    }
+}
+
+/// A unit started for a round, active, as systemd reported it.
+struct StartedUnit {
+    name: String,
+    invocation: String,
+    /// Its ControlGroup, as systemd names it.
+    cgroup: String,
+}
+
 /// CPU used by the contenders between two instants.
 #[derive(Clone, Copy, Default)]
 struct CpuMark {
@@ -154,14 +268,6 @@ struct CpuMark {
 }
 
 impl CpuMark {
-    fn take(agent: &AgentChild, poller: &Poller) -> CpuMark {
-        CpuMark {
-            agent_ns: agent.cpu_ns(),
-            poll_thread_ns: poller.thread_cpu_ns(),
-            children_ns: children_cpu_ns(),
-        }
-    }
-
     fn since(self, start: CpuMark) -> CpuMark {
         CpuMark {
             agent_ns: self.agent_ns.saturating_sub(start.agent_ns),
@@ -169,10 +275,84 @@ impl CpuMark {
             children_ns: self.children_ns.saturating_sub(start.children_ns),
         }
     }
+
+    fn add(&mut self, other: CpuMark) {
+        self.agent_ns += other.agent_ns;
+        self.poll_thread_ns += other.poll_thread_ns;
+        self.children_ns += other.children_ns;
+    }
 }
 
 fn ms(ns: u64) -> f64 {
     ns as f64 / 1e6
+}
+
+fn ms_of(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The bench's own connection to systemd, to start units and read them.
+struct Manager {
+    poll: mio::Poll,
+    runtime: MioRuntime,
+    conn: zbus::Connection,
+}
+
+impl Manager {
+    fn connect(bus: Bus) -> Result<Manager, BenchError> {
+        let mut poll = mio::Poll::new().map_err(|e| BenchError::Io("create a poll".into(), e))?;
+        let runtime = MioRuntime::new(poll.registry(), mio::Token(0), 16..(1 << 20))
+            .map_err(|e| BenchError::Io("create a runtime".into(), e))?;
+        let (conn, subscription) =
+            connect(&runtime, &mut poll, bus, METHOD_TIMEOUT).map_err(BenchError::Connect)?;
+        // This connection only makes calls; undrained signal streams would stall its replies.
+        drop(subscription);
+        Ok(Manager {
+            poll,
+            runtime,
+            conn,
+        })
+    }
+
+    /// Starts `names` as transient `sleep` services and waits until every one is active.
+    fn start_units(&mut self, names: &[String]) -> Result<Vec<StartedUnit>, BenchError> {
+        let conn = &self.conn;
+        self.runtime
+            .block_on(&mut self.poll, async {
+                for name in names {
+                    start_transient_service(conn, name, &["/bin/sleep", "100000"]).await?;
+                }
+                Ok::<_, crate::systemd::manager::ManagerError>(())
+            })
+            .map_err(|e| BenchError::Io("run the bus".into(), e))?
+            .map_err(BenchError::Manager)?;
+        wait_active(&self.runtime, &mut self.poll, &self.conn, names)
+    }
+}
+
+/// Kills `units` through their `cgroup.kill`, unit `i` at `offsets[i]` from now; returns each
+/// unit's `t_kill` (taken just before its write).
+fn kill_on_schedule(
+    units: &[StartedUnit],
+    offsets: &[Duration],
+    cgroup_root: &Path,
+) -> Result<Vec<u64>, BenchError> {
+    let start = Instant::now();
+    let mut kills = Vec::with_capacity(units.len());
+    for (unit, offset) in units.iter().zip(offsets) {
+        let due = start + *offset;
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        let kill = cgroup_root
+            .join(unit.cgroup.trim_start_matches('/'))
+            .join("cgroup.kill");
+        kills.push(monotonic_ns());
+        std::fs::write(&kill, "1")
+            .map_err(|e| BenchError::Io(format!("write {}", kill.display()), e))?;
+    }
+    Ok(kills)
 }
 
 /// Runs the benchmark and returns everything it measured.
@@ -182,192 +362,193 @@ pub fn run(config: &BenchConfig) -> Result<BenchRun, BenchError> {
             "--units and --rounds must be at least 1".into(),
         ));
     }
-    let mut poll = mio::Poll::new().map_err(|e| BenchError::Io("create a poll".into(), e))?;
-    let runtime = MioRuntime::new(poll.registry(), mio::Token(0), 16..(1 << 20))
-        .map_err(|e| BenchError::Io("create a runtime".into(), e))?;
-    let (conn, subscription) =
-        connect(&runtime, &mut poll, config.bus, METHOD_TIMEOUT).map_err(BenchError::Connect)?;
-    // This connection only makes calls; undrained signal streams would stall its replies.
-    drop(subscription);
+    let machine = machine();
+    let mut manager = Manager::connect(config.bus)?;
     let cgroup_root = cgroup2_mount().map_err(|e| BenchError::Failed(e.to_string()))?;
-    let agent = AgentChild::start(config)?;
-    let agent_proven = follow_events(&agent.socket)?;
-    let mut agent_client = Client::connect(&agent.socket).map_err(BenchError::Control)?;
-    let observer = Observer::start(config.bus)?;
-    let poller = Poller::start(config.bus, config.poll_interval)?;
+    let offsets = kill_offsets(config.units, config.kill_interval, config.seed);
 
     let mut samples = Vec::new();
-    let mut idle = CpuMark::default();
-    let mut rounds_cpu = CpuMark::default();
-    for round in 1..=config.rounds {
-        let names: Vec<String> = (0..config.units)
-            .map(|i| {
-                format!(
-                    "exitproof-bench-{}-r{round}-{i}.service",
-                    std::process::id()
-                )
-            })
-            .collect();
-        progress(&format!(
-            "round {round}/{}: starting {} units",
-            config.rounds,
-            names.len()
-        ));
-        runtime
-            .block_on(&mut poll, async {
-                for name in &names {
-                    start_transient_service(&conn, name, &["/bin/sleep", "100000"]).await?;
-                }
-                Ok::<_, crate::systemd::manager::ManagerError>(())
-            })
-            .map_err(|e| BenchError::Io("run the bus".into(), e))?
-            .map_err(BenchError::Manager)?;
-        let units = wait_active(&runtime, &mut poll, &conn, &names)?;
-
-        for (name, _, _) in &units {
-            agent_client
-                .send(&json!({"cmd": "watch", "unit": name}))
-                .map_err(BenchError::Control)?;
-        }
-        for _ in &units {
-            let reply = agent_client.next_line().map_err(BenchError::Control)?;
-            if reply.as_ref().map(|r| r["ok"] == true) != Some(true) {
-                return Err(BenchError::Failed(format!(
-                    "the agent refused a watch: {reply:?}"
-                )));
-            }
-        }
-        poller.watch(
-            units
-                .iter()
-                .map(|(n, inv, cg)| {
-                    (
-                        n.clone(),
-                        inv.clone(),
-                        cgroup_root.join(cg.trim_start_matches('/')),
+    let mut event = Resources::default();
+    let mut poll = Resources::default();
+    for &phase in config.mode.phases() {
+        let mut contenders = Contenders::start(phase, config)?;
+        // An observer per phase, subscribed after the contenders and running at a higher
+        // priority (see `observer::observe`): started before them, it stamped systemd's signal
+        // after the agent's proof at the median (by 0.05 to 0.08 ms); started after, it did not.
+        let mut observer = Observer::start(&config.bench_binary, config.bus)?;
+        let mut idle = CpuMark::default();
+        let mut rounds_cpu = CpuMark::default();
+        for round in 1..=config.rounds {
+            let label = format!("{} round {round}/{}", phase.name(), config.rounds);
+            let names: Vec<String> = (0..config.units)
+                .map(|i| {
+                    format!(
+                        "exitproof-bench-{}-{}-r{round}-{i}.service",
+                        std::process::id(),
+                        phase.name()
                     )
                 })
-                .collect(),
-        );
-        observer.arm(
-            &units
+                .collect();
+            progress(&format!("{label}: starting {} units", names.len()));
+            let units = manager.start_units(&names)?;
+            contenders.watch(&units, &cgroup_root)?;
+            let arms: Vec<Arm> = units
                 .iter()
-                .map(|(n, _, cg)| (n.clone(), cg.clone()))
-                .collect::<Vec<_>>(),
-        )?;
-
-        if round == 1 {
-            progress(&format!(
-                "round 1/{}: idle window of {:?} with {} units watched",
-                config.rounds,
-                config.idle,
-                units.len()
-            ));
-            let start = CpuMark::take(&agent, &poller);
-            std::thread::sleep(config.idle);
-            idle = CpuMark::take(&agent, &poller).since(start);
-        }
-
-        let start = CpuMark::take(&agent, &poller);
-        let mut kills = Vec::with_capacity(units.len());
-        for (name, _, cg) in &units {
-            let t_kill = monotonic_ns();
-            let kill = cgroup_root
-                .join(cg.trim_start_matches('/'))
-                .join("cgroup.kill");
-            std::fs::write(&kill, "1")
-                .map_err(|e| BenchError::Io(format!("write {}", kill.display()), e))?;
-            kills.push((name.clone(), t_kill));
-        }
-        let deadline = Instant::now() + round_timeout(config);
-        loop {
-            let agent_done = {
-                let proven = agent_proven.lock().unwrap_or_else(PoisonError::into_inner);
-                kills.iter().filter(|(n, _)| proven.contains_key(n)).count()
-            };
-            let poll_done = kills
-                .iter()
-                .filter(|(n, _)| poller.proven(n).is_some())
-                .count();
-            let seen = kills
-                .iter()
-                .filter(|(n, _)| {
-                    let o = observer.observed(n);
-                    o.t_cgroup_ns.is_some() && o.t_signal_ns.is_some()
+                .map(|u| Arm {
+                    unit: u.name.clone(),
+                    cgroup: u.cgroup.clone(),
                 })
-                .count();
-            progress(&format!(
-                "round {round}/{}: proven by event {agent_done}/{n}, poll {poll_done}/{n}; observed {seen}/{n}",
-                config.rounds,
-                n = kills.len()
-            ));
-            let all = kills.len();
-            if (agent_done == all && poll_done == all && seen == all) || Instant::now() > deadline {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let spent = CpuMark::take(&agent, &poller).since(start);
-        rounds_cpu.agent_ns += spent.agent_ns;
-        rounds_cpu.poll_thread_ns += spent.poll_thread_ns;
-        rounds_cpu.children_ns += spent.children_ns;
+                .collect();
+            observer.arm(&arms)?;
 
-        let agent_proven_now = agent_proven
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        for (name, t_kill) in kills {
-            let observed = observer.observed(&name);
-            samples.push(UnitSample {
-                round,
-                t_kill_ns: t_kill,
-                t_cgroup_ns: observed.t_cgroup_ns,
-                t_signal_ns: observed.t_signal_ns,
-                t_event_ns: agent_proven_now.get(&name).copied(),
-                t_poll_ns: poller.proven(&name),
-                unit: name.clone(),
-            });
-            // Keep the agent's list to the units of the round under way.
-            let _ = agent_client.request(&json!({"cmd": "unwatch", "unit": name}));
+            if round == 1 && !config.idle.is_zero() {
+                progress(&format!(
+                    "{label}: idle window of {:?} with {} units watched",
+                    config.idle,
+                    units.len()
+                ));
+                let start = contenders.cpu();
+                std::thread::sleep(config.idle);
+                idle = contenders.cpu().since(start);
+            }
+
+            progress(&format!(
+                "{label}: killing {} units, one every {:?}",
+                units.len(),
+                config.kill_interval
+            ));
+            let start = contenders.cpu();
+            let kills = kill_on_schedule(&units, &offsets, &cgroup_root)?;
+            await_round(
+                &label,
+                &units,
+                &contenders,
+                &observer,
+                round_timeout(config),
+            );
+            rounds_cpu.add(contenders.cpu().since(start));
+
+            let agent_proven = contenders
+                .agent
+                .as_ref()
+                .map(AgentContender::proven)
+                .unwrap_or_default();
+            for (unit, t_kill_ns) in units.iter().zip(kills) {
+                let observed = observer.observed(&unit.name);
+                samples.push(UnitSample {
+                    phase,
+                    round,
+                    unit: unit.name.clone(),
+                    t_kill_ns,
+                    t_cgroup_ns: observed.t_cgroup_ns,
+                    t_signal_ns: observed.t_signal_ns,
+                    t_event_ns: agent_proven.get(&unit.name).copied(),
+                    t_poll_ns: contenders
+                        .poller
+                        .as_ref()
+                        .and_then(|p| p.proven(&unit.name)),
+                });
+                if let Some(agent) = &mut contenders.agent {
+                    agent.unwatch(&unit.name);
+                }
+            }
+        }
+        if let Some(agent) = &contenders.agent {
+            event = Resources {
+                idle_cpu_ms: ms(idle.agent_ns),
+                round_cpu_ms: ms(rounds_cpu.agent_ns),
+                rss_kib: agent.child.status_field("VmHWM:"),
+                threads: agent.child.status_field("Threads:"),
+                spawned_cpu_ms: None,
+            };
+        }
+        if contenders.poller.is_some() {
+            poll = Resources {
+                idle_cpu_ms: ms(idle.poll_thread_ns + idle.children_ns),
+                round_cpu_ms: ms(rounds_cpu.poll_thread_ns + rounds_cpu.children_ns),
+                rss_kib: None,
+                threads: Some(1),
+                spawned_cpu_ms: Some(ms(idle.children_ns + rounds_cpu.children_ns)),
+            };
         }
     }
     if std::io::stderr().is_terminal() {
         eprintln!();
     }
-    let event = Resources {
-        idle_cpu_ms: ms(idle.agent_ns),
-        round_cpu_ms: ms(rounds_cpu.agent_ns),
-        rss_kib: agent.status_field("VmHWM:"),
-        threads: agent.status_field("Threads:"),
-        spawned_cpu_ms: None,
-    };
-    let poll_resources = Resources {
-        idle_cpu_ms: ms(idle.poll_thread_ns + idle.children_ns),
-        round_cpu_ms: ms(rounds_cpu.poll_thread_ns + rounds_cpu.children_ns),
-        rss_kib: None,
-        threads: Some(1),
-        spawned_cpu_ms: Some(ms(idle.children_ns + rounds_cpu.children_ns)),
-    };
     Ok(BenchRun {
         units: config.units,
         rounds: config.rounds,
-        poll_interval_ms: u64::try_from(config.poll_interval.as_millis()).unwrap_or(u64::MAX),
-        idle_ms: u64::try_from(config.idle.as_millis()).unwrap_or(u64::MAX),
-        machine: machine(),
+        mode: config.mode,
+        kill_interval_ms: ms_of(config.kill_interval),
+        seed: config.seed,
+        poll_interval_ms: ms_of(config.poll_interval),
+        idle_ms: ms_of(config.idle),
+        machine,
         date: command_line("date", &["-u", "+%Y-%m-%dT%H:%M:%SZ"]),
         samples,
         event,
-        poll: poll_resources,
+        poll,
     })
 }
 
-/// Waits until every unit is active with a cgroup; returns (unit, invocation, cgroup).
+/// Waits until every contender of the phase has proved every unit and the observer has seen
+/// each one's signal and empty cgroup, or `timeout` has passed.
+fn await_round(
+    label: &str,
+    units: &[StartedUnit],
+    contenders: &Contenders,
+    observer: &Observer,
+    timeout: Duration,
+) {
+    let deadline = Instant::now() + timeout;
+    let all = units.len();
+    loop {
+        let agent_done = contenders.agent.as_ref().map(|agent| {
+            let proven = agent.proven.lock().unwrap_or_else(PoisonError::into_inner);
+            units
+                .iter()
+                .filter(|u| proven.contains_key(&u.name))
+                .count()
+        });
+        let poll_done = contenders.poller.as_ref().map(|poller| {
+            units
+                .iter()
+                .filter(|u| poller.proven(&u.name).is_some())
+                .count()
+        });
+        let seen = units
+            .iter()
+            .filter(|u| {
+                let o = observer.observed(&u.name);
+                o.t_cgroup_ns.is_some() && o.t_signal_ns.is_some()
+            })
+            .count();
+        let proven: Vec<String> = [("event", agent_done), ("poll", poll_done)]
+            .into_iter()
+            .filter_map(|(name, done)| Some(format!("{name} {}/{all}", done?)))
+            .collect();
+        progress(&format!(
+            "{label}: proven by {}; observed {seen}/{all}",
+            proven.join(", ")
+        ));
+        let finished = [agent_done, poll_done]
+            .into_iter()
+            .flatten()
+            .all(|d| d == all);
+        if (finished && seen == all) || Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until every unit is active with a cgroup.
 fn wait_active(
     runtime: &MioRuntime,
     poll: &mut mio::Poll,
     conn: &zbus::Connection,
     names: &[String],
-) -> Result<Vec<(String, String, String)>, BenchError> {
+) -> Result<Vec<StartedUnit>, BenchError> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut ready = Vec::with_capacity(names.len());
     for name in names {
@@ -377,7 +558,11 @@ fn wait_active(
                 .map_err(|e| BenchError::Io("run the bus".into(), e))?
                 .map_err(BenchError::Manager)?;
             if snapshot.active_state == "active" && !snapshot.control_group.is_empty() {
-                ready.push((name.clone(), snapshot.invocation, snapshot.control_group));
+                ready.push(StartedUnit {
+                    name: name.clone(),
+                    invocation: snapshot.invocation,
+                    cgroup: snapshot.control_group,
+                });
                 break;
             }
             if Instant::now() > deadline {
@@ -418,7 +603,8 @@ fn command_line(program: &str, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
-/// The machine, as a person would describe it: CPU model, cores, kernel.
+/// The machine, as a person would describe it: CPU model, cores, kernel, and how loaded it was
+/// as the run began (others' work skews the numbers).
 fn machine() -> String {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let model = cpuinfo
@@ -428,7 +614,12 @@ fn machine() -> String {
         .unwrap_or_else(|| "unknown CPU".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = command_line("uname", &["-r"]);
-    format!("{model}, {cores} cores, Linux {kernel}")
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "{model}, {cores} cores, Linux {kernel}, load average {} at start",
+        load.join(" ")
+    )
 }
 
 /// The JSON a caller may want besides the files: the summary only.

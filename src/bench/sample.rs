@@ -5,9 +5,73 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How the contenders share the run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Each contender in a phase of its own, on units of its own, with the same kill schedule:
+    /// neither loads the machine, systemd or the bus while the other is measured.
+    Separate,
+    /// Both contenders watch the same units at once.
+    Together,
+}
+
+impl Mode {
+    /// The phases a run of this mode goes through, in order.
+    pub fn phases(self) -> &'static [Phase] {
+        match self {
+            Mode::Separate => &[Phase::Event, Phase::Poll],
+            Mode::Together => &[Phase::Together],
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Separate => "separate",
+            Mode::Together => "together",
+        }
+    }
+}
+
+/// Which contenders watched a sample's unit (systemd's signal is observed in every phase).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Phase {
+    /// The agent and the poller, on the same units.
+    #[default]
+    Together,
+    /// The agent alone.
+    Event,
+    /// The poller alone.
+    Poll,
+}
+
+impl Phase {
+    /// Whether the agent watches this phase's units.
+    pub fn has_agent(self) -> bool {
+        matches!(self, Phase::Together | Phase::Event)
+    }
+
+    /// Whether the poller watches this phase's units.
+    pub fn has_poller(self) -> bool {
+        matches!(self, Phase::Together | Phase::Poll)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Together => "together",
+            Phase::Event => "event",
+            Phase::Poll => "poll",
+        }
+    }
+}
+
 /// The timestamps of one unit in one kill round.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct UnitSample {
+    /// Runs from before phases existed had every contender on every unit.
+    #[serde(default)]
+    pub phase: Phase,
     pub round: u32,
     pub unit: String,
     /// Just before the bench wrote `1` to the unit's `cgroup.kill`.
@@ -43,6 +107,16 @@ pub struct Resources {
 pub struct BenchRun {
     pub units: usize,
     pub rounds: u32,
+    /// Runs from before modes existed ran together, with every unit killed at once.
+    #[serde(default = "together")]
+    pub mode: Mode,
+    /// One unit killed every this many ms, at a seeded random instant within its slot; 0: all
+    /// at once.
+    #[serde(default)]
+    pub kill_interval_ms: u64,
+    /// The seed of the kill instants' jitter, to replay the schedule.
+    #[serde(default)]
+    pub seed: u64,
     pub poll_interval_ms: u64,
     pub idle_ms: u64,
     /// When and where it ran (free text: date, kernel, CPU, cores).
@@ -51,4 +125,8 @@ pub struct BenchRun {
     pub samples: Vec<UnitSample>,
     pub event: Resources,
     pub poll: Resources,
+}
+
+fn together() -> Mode {
+    Mode::Together
 }

@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::sample::{BenchRun, Resources, UnitSample};
+use super::sample::{BenchRun, Mode, Resources, UnitSample};
 
 /// Nanoseconds in a millisecond, for converting monotonic timestamp differences.
 const NS_PER_MS: f64 = 1_000_000.0;
@@ -111,7 +111,8 @@ pub struct Latency {
     pub e2e_ms: Option<Quantiles>,
     /// Samples with this contender's time.
     pub proven: usize,
-    /// Samples without it (the contender never proved that unit gone in that round).
+    /// Samples of its phases without it (the contender never proved that unit gone in that
+    /// round).
     pub missing: usize,
 }
 
@@ -160,6 +161,9 @@ pub struct Ratios {
     pub p50_e2e_poll_over_event: Option<f64>,
     /// Poller's idle-window CPU time (spawned processes included) over the agent's.
     pub idle_cpu_poll_over_event: Option<f64>,
+    /// The agent's median end-to-end latency over that of systemd's own signal, on the units the
+    /// agent watched: how far above the floor it proves.
+    pub p50_e2e_event_over_systemd: Option<f64>,
 }
 
 /// The summary of a benchmark run, as written under `"summary"` in `bench.json`.
@@ -167,6 +171,12 @@ pub struct Ratios {
 pub struct Summary {
     pub units: usize,
     pub rounds: u32,
+    /// Whether each contender ran in a phase of its own or both at once.
+    pub mode: Mode,
+    /// One unit killed every this many ms (0: all at once).
+    pub kill_interval_ms: u64,
+    /// The seed of the kill schedule's jitter.
+    pub seed: u64,
     /// exitproof's agent.
     pub event: ContenderSummary,
     /// The old design: one `systemctl show` per unit per poll interval.
@@ -200,6 +210,15 @@ impl Contender {
         }
     }
 
+    /// Whether this contender watched `sample`'s unit (systemd's signal is observed for all).
+    pub fn watched(self, sample: &UnitSample) -> bool {
+        match self {
+            Self::Event => sample.phase.has_agent(),
+            Self::Poll => sample.phase.has_poller(),
+            Self::Systemd => true,
+        }
+    }
+
     /// When this contender proved `sample`'s unit gone, if it did.
     pub fn proof_ns(self, sample: &UnitSample) -> Option<u64> {
         match self {
@@ -218,16 +237,24 @@ pub fn summarize(run: &BenchRun) -> Summary {
         spawned_cpu_ms: run.poll.spawned_cpu_ms,
     };
     let systemd = latency(&run.samples, Contender::Systemd);
+    let p50_ratio = |numerator: &Option<Quantiles>, denominator: &Option<Quantiles>| {
+        ratio(numerator.as_ref()?.p50, denominator.as_ref()?.p50)
+    };
+    let systemd_on_event_units = Quantiles::of(&e2e_of(
+        run.samples.iter().filter(|s| Contender::Event.watched(s)),
+        Contender::Systemd,
+    ));
     let ratios = Ratios {
-        p50_e2e_poll_over_event: match (&poll.contender.latency.e2e_ms, &event.latency.e2e_ms) {
-            (Some(poll_e2e), Some(event_e2e)) => ratio(poll_e2e.p50, event_e2e.p50),
-            _ => None,
-        },
+        p50_e2e_poll_over_event: p50_ratio(&poll.contender.latency.e2e_ms, &event.latency.e2e_ms),
         idle_cpu_poll_over_event: ratio(poll.contender.idle_cpu_ms, event.idle_cpu_ms),
+        p50_e2e_event_over_systemd: p50_ratio(&event.latency.e2e_ms, &systemd_on_event_units),
     };
     Summary {
         units: run.units,
         rounds: run.rounds,
+        mode: run.mode,
+        kill_interval_ms: run.kill_interval_ms,
+        seed: run.seed,
         event,
         poll,
         systemd,
@@ -235,10 +262,14 @@ pub fn summarize(run: &BenchRun) -> Summary {
     }
 }
 
-/// The end-to-end latencies (kill to proof) in ms of the samples `contender` proved.
+/// The end-to-end latencies (kill to proof) in ms of the samples `contender` watched and proved.
 pub fn e2e_ms(samples: &[UnitSample], contender: Contender) -> Vec<f64> {
+    e2e_of(samples.iter().filter(|s| contender.watched(s)), contender)
+}
+
+/// The end-to-end latencies in ms of those of `samples` that `contender` proved.
+fn e2e_of<'a>(samples: impl Iterator<Item = &'a UnitSample>, contender: Contender) -> Vec<f64> {
     samples
-        .iter()
         .filter_map(|sample| {
             let proved = contender.proof_ns(sample)?;
             Some(elapsed_ms(sample.t_kill_ns, proved))
@@ -246,13 +277,19 @@ pub fn e2e_ms(samples: &[UnitSample], contender: Contender) -> Vec<f64> {
         .collect()
 }
 
-/// The [`Latency`] of one contender over `samples`.
+/// How many of `samples` `contender` watched.
+pub fn watched_count(samples: &[UnitSample], contender: Contender) -> usize {
+    samples.iter().filter(|s| contender.watched(s)).count()
+}
+
+/// The [`Latency`] of one contender over the samples it watched.
 fn latency(samples: &[UnitSample], contender: Contender) -> Latency {
     let e2e = e2e_ms(samples, contender);
+    let watched = watched_count(samples, contender);
     Latency {
         e2e_ms: Quantiles::of(&e2e),
         proven: e2e.len(),
-        missing: samples.len() - e2e.len(),
+        missing: watched.saturating_sub(e2e.len()),
     }
 }
 
@@ -295,6 +332,7 @@ fn sorted_copy(values: &[f64]) -> Vec<f64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::sample::Phase;
 
     #[test]
     fn percentile_is_nearest_rank() {
@@ -398,6 +436,7 @@ mod tests {
     ) -> UnitSample {
         let after_kill = |ms: Option<u64>| ms.map(|ms| (kill_ms + ms) * MS);
         UnitSample {
+            phase: Phase::Together,
             round: 0,
             unit: unit.to_owned(),
             t_kill_ns: kill_ms * MS,
@@ -412,6 +451,9 @@ mod tests {
         BenchRun {
             units: 2,
             rounds: 2,
+            mode: Mode::Together,
+            kill_interval_ms: 0,
+            seed: 42,
             poll_interval_ms: 1000,
             idle_ms: 5000,
             machine: "test machine".to_owned(),
@@ -453,6 +495,9 @@ mod tests {
         let expected = serde_json::json!({
             "units": 2,
             "rounds": 2,
+            "mode": "together",
+            "kill_interval_ms": 0,
+            "seed": 42,
             "event": {
                 "e2e_ms": {"p50": 4.0, "p90": 7.0, "p99": 7.0, "max": 7.0},
                 "overhead_ms": {"p50": -1.0, "p99": 2.0, "max": 2.0},
@@ -482,6 +527,8 @@ mod tests {
             "ratios": {
                 "p50_e2e_poll_over_event": 175.0,
                 "idle_cpu_poll_over_event": 250.0,
+                // The agent's p50 (4 ms) over systemd's on the same units (3 ms).
+                "p50_e2e_event_over_systemd": 4.0 / 3.0,
             },
         });
         assert_eq!(json, expected);
@@ -512,10 +559,46 @@ mod tests {
             ("/systemd/missing", 2.into()),
             ("/ratios/p50_e2e_poll_over_event", serde_json::Value::Null),
             ("/ratios/idle_cpu_poll_over_event", serde_json::Value::Null),
+            (
+                "/ratios/p50_e2e_event_over_systemd",
+                serde_json::Value::Null,
+            ),
         ];
         for (pointer, expected) in cases {
             assert_eq!(json.pointer(pointer), Some(&expected), "{pointer}");
         }
+    }
+
+    #[test]
+    fn in_separate_phases_each_contender_counts_its_own_units() {
+        let in_phase = |phase, sample: UnitSample| UnitSample { phase, ..sample };
+        let samples = vec![
+            in_phase(
+                Phase::Event,
+                sample("a", 0, [Some(1), Some(2), Some(3), None]),
+            ),
+            in_phase(Phase::Event, sample("b", 0, [Some(1), Some(4), None, None])),
+            in_phase(
+                Phase::Poll,
+                sample("c", 0, [Some(8), Some(9), None, Some(400)]),
+            ),
+        ];
+        let summary = summarize(&BenchRun {
+            mode: Mode::Separate,
+            kill_interval_ms: 20,
+            ..run(samples, Resources::default(), Resources::default())
+        });
+        let counts = |latency: &Latency| (latency.proven, latency.missing);
+        assert_eq!(counts(&summary.event.latency), (1, 1));
+        assert_eq!(counts(&summary.poll.contender.latency), (1, 0));
+        assert_eq!(counts(&summary.systemd), (3, 0));
+        assert_eq!(summary.systemd.e2e_ms.map(|q| q.max), Some(9.0));
+        // systemd's floor under the agent comes from the agent's units alone (2 and 4 ms).
+        assert_eq!(summary.ratios.p50_e2e_event_over_systemd, Some(1.5));
+        assert_eq!(
+            (summary.mode, summary.kill_interval_ms),
+            (Mode::Separate, 20)
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@
 mod support;
 
 mod agent;
+#[cfg(feature = "bench")]
 mod bench;
 mod dynamics;
 mod faults;
@@ -26,10 +27,15 @@ const SUITES: &[(&str, &[Test])] = &[
     ("sandbox_smoke", sandbox_smoke::TESTS),
     ("agent", agent::TESTS),
     ("records", records::TESTS),
-    ("bench", bench::TESTS),
     ("faults", faults::TESTS),
     ("dynamics", dynamics::TESTS),
 ];
+
+/// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).
+#[cfg(feature = "bench")]
+const BENCH: &[(&str, &[Test])] = &[("bench", bench::TESTS)];
+#[cfg(not(feature = "bench"))]
+const BENCH: &[(&str, &[Test])] = &[];
 
 /// Suites too slow for every run: reported as ignored unless asked for with `--ignored`.
 const ON_REQUEST: &[(&str, &[Test])] = &[("scale", scale::TESTS)];
@@ -49,6 +55,7 @@ fn main() {
     let on_request = ON_REQUEST.iter().map(|suite| (suite, true));
     let trials = SUITES
         .iter()
+        .chain(BENCH)
         .map(|suite| (suite, false))
         .chain(on_request)
         .flat_map(|((suite, tests), slow)| {

@@ -1,23 +1,9 @@
-//! The simulator's only source of randomness: splitmix64 from one seed, so a run replays
-//! exactly from its seed and no dev-dependency is needed.
+//! The simulator's draws, on the crate's seeded generator (`crate::rng`), so a run replays
+//! exactly from its seed.
 
-/// A seeded pseudo-random generator (splitmix64).
-#[derive(Clone, Debug)]
-pub(crate) struct Rng(u64);
+pub(crate) use crate::rng::Rng;
 
 impl Rng {
-    pub(crate) fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
     /// A number in `0..n` (`n` > 0); the modulo bias is irrelevant at these sizes.
     pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n.max(1) as u64) as usize
