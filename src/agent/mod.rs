@@ -9,6 +9,7 @@
 
 mod bus;
 pub mod core;
+pub mod dirs;
 #[cfg(test)]
 mod sim;
 pub mod state;
@@ -42,6 +43,7 @@ use crate::systemd::ConnectError;
 use crate::systemd::manager::{self, ManagerError, Subscription, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
+use dirs::DirError;
 use state::{AgentState, StateError, StateFile};
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
@@ -105,6 +107,7 @@ pub enum AgentError {
     Cgroup(CgroupError),
     Control(ControlError),
     State(StateError),
+    Dir(DirError),
 }
 
 impl fmt::Display for AgentError {
@@ -115,6 +118,7 @@ impl fmt::Display for AgentError {
             AgentError::Cgroup(e) => write!(f, "{e}"),
             AgentError::Control(e) => write!(f, "{e}"),
             AgentError::State(e) => write!(f, "{e}"),
+            AgentError::Dir(e) => write!(f, "{e}"),
         }
     }
 }
@@ -203,6 +207,13 @@ struct Agent {
 
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        if let Some(dir) = &config.state_dir {
+            dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
+        }
+        if let Some(dir) = config.socket.parent() {
+            dirs::create_missing(dir, config.server.directory_mode(), "control socket")
+                .map_err(AgentError::Dir)?;
+        }
         let state_file = config.state_dir.clone().map(StateFile::new);
         let restored = match &state_file {
             Some(file) => match file.load() {
