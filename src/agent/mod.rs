@@ -679,6 +679,7 @@ fn answer_line(id: Option<crate::control::protocol::RequestId>, answer: Answer) 
         Answer::Watch(view) => ok(id, "watch", &view),
         Answer::Event(event) => ok(id, "event", &event),
         Answer::Units(views) => ok(id, "units", &views),
+        Answer::Version(version) => ok(id, "version", &version),
         Answer::Error(kind, message) => Response::error(id, kind, message).to_line(),
     }
 }

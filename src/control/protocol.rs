@@ -140,6 +140,8 @@ pub enum Command {
     List,
     /// Subscribe this connection to the event stream.
     Events,
+    /// Tell the protocol's and the agent's versions.
+    Version,
 }
 
 impl Command {
@@ -152,12 +154,34 @@ impl Command {
             Command::Unwatch(_) => "unwatch",
             Command::List => "list",
             Command::Events => "events",
+            Command::Version => "version",
         }
     }
 }
 
 // Each argument struct is decoded by serde with `deny_unknown_fields`, so adding a request field is
 // one declaration here.
+
+/// The protocol's version, answered by `version`. It goes up when a change could make a client
+/// written for the previous one misread the agent; docs/protocol.md says which changes do.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What `version` answers: `{"protocol":N,"agent":"x.y.z"}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Version {
+    /// [`PROTOCOL_VERSION`].
+    pub protocol: u32,
+    /// The agent's own version (the crate's).
+    pub agent: &'static str,
+}
+
+impl Version {
+    /// This build's versions.
+    pub const CURRENT: Version = Version {
+        protocol: PROTOCOL_VERSION,
+        agent: env!("CARGO_PKG_VERSION"),
+    };
+}
 
 /// Arguments of `watch`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -418,12 +442,14 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
         "unwatch" => args(fields).map(Command::Unwatch),
         "list" => args::<NoArgs>(fields).map(|NoArgs {}| Command::List),
         "events" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Events),
+        "version" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Version),
         other => {
             let quoted: String = other.chars().take(64).collect();
             Err((
                 ErrorKind::UnknownCommand,
                 format!(
-                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list or events)",
+                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events or \
+                     version)",
                     quoted.escape_debug()
                 ),
             ))
@@ -872,6 +898,13 @@ mod tests {
                     command: Command::Events,
                 },
             ),
+            (
+                r#"{"id":"v","cmd":"version"}"#.to_owned(),
+                Request {
+                    id: Some(RequestId::Text("v".to_owned())),
+                    command: Command::Version,
+                },
+            ),
         ];
         for (line, expected) in cases {
             assert_eq!(parse_request(line.as_bytes()), Ok(expected), "{line}");
@@ -908,6 +941,7 @@ mod tests {
             (br#"{"id":1e400,"cmd":"list"}"#, None, BadJson, "out of range"),
             (br#"{"id":"q","cmd":"list","unit":"x.service"}"#, text_id(), BadRequest, "unknown field `unit`"),
             (br#"{"cmd":"events","x":1}"#, None, BadRequest, "unknown field `x`"),
+            (br#"{"cmd":"version","protocol":1}"#, None, BadRequest, "unknown field `protocol`"),
             (br#"{"id":"q","cmd":"watch"}"#, text_id(), BadRequest, "missing field `unit`"),
             (br#"{"cmd":"watch","unit":"x.service","unti":"y"}"#, None, BadRequest, "unknown field `unti`"),
             (br#"{"cmd":"watch","unit":5}"#, None, BadRequest, "unit name"),
@@ -963,6 +997,16 @@ mod tests {
             let err = parse_request(line).expect_err("documented failure");
             assert_eq!(Response::from(err).to_line(), expected);
         }
+    }
+
+    #[test]
+    fn version_answer_line() {
+        let line = Response::ok(number_id(1), json!({ "version": Version::CURRENT })).to_line();
+        let expected = format!(
+            r#"{{"id":1,"ok":true,"version":{{"agent":"{}","protocol":1}}}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(line, expected);
     }
 
     #[test]

@@ -56,6 +56,7 @@ pub const TESTS: &[Test] = &[
         "cli_watch_unwatch_and_the_event_stream",
         cli_watch_unwatch_and_the_event_stream,
     ),
+    ("cli_version_tells_both_sides", cli_version_tells_both_sides),
     (
         "missing_socket_and_state_directories_are_created",
         missing_socket_and_state_directories_are_created,
@@ -486,6 +487,26 @@ fn cli_usage_errors_exit_2() {
         .output()
         .expect("run the CLI");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no agent listening"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+fn cli_version_tells_both_sides() {
+    let sandbox = Sandbox::start("version");
+    let agent = Agent::start(&sandbox);
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        agent.one(&["version"]),
+        json!({"cli": version, "agent": {"protocol": 1, "agent": version}})
+    );
+    let out = std::process::Command::new(crate::support::agent::binary())
+        .args(["--socket", "/nonexistent/exitproof.sock", "version"])
+        .output()
+        .expect("run the CLI");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(stdout, json!({"cli": version, "agent": null}));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no agent listening"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

@@ -837,3 +837,18 @@ fn the_last_leftover_exiting_is_counted_again_for_what_it_forked() {
     });
     assert_eq!(s.phase("f.service"), Phase::Proven);
 }
+
+#[test]
+fn version_is_answered_at_once_with_the_build_versions() {
+    let mut s = Script::new();
+    s.request(r#"{"id":3,"cmd":"version"}"#);
+    let outputs = s.take();
+    assert!(
+        matches!(
+            outputs.as_slice(),
+            [Output::Reply { to, answer: Answer::Version(version) }]
+                if to.id == Some(RequestId::Number(3.into())) && *version == Version::CURRENT
+        ),
+        "{outputs:?}"
+    );
+}
