@@ -157,6 +157,8 @@ enum Cmd {
     List,
     /// Print every event as a JSON line until interrupted.
     Events,
+    /// Print this CLI's version and the running agent's (its version and protocol version).
+    Version,
 }
 
 /// Permission bits in octal, such as `600` or `0660`.
@@ -280,6 +282,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 print_line(&line["event"])?;
             }
             Err("the agent closed the connection".into())
+        }
+        Cmd::Version => {
+            let agent = call(&socket, &json!({"cmd": "version"}))
+                .map(|response| response["version"].clone());
+            // The CLI's own version is worth printing even when the agent cannot be asked.
+            print_line(&json!({"cli": env!("CARGO_PKG_VERSION"), "agent": agent.as_ref().ok()}))?;
+            agent?;
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use exitproof::control::ControlError;
-use exitproof::control::protocol::{Command, RequestId, Response, event_line, list_reply};
+use exitproof::control::protocol::{Command, RequestId, Response, Version, event_line, list_reply};
 use exitproof::control::server::{
     ClientId, ControlServer, MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions,
 };
@@ -235,6 +235,21 @@ fn requests_round_trip() {
     assert_eq!(client.line(&mut h), json!({"id": "two", "ok": true}));
     assert_eq!(h.server.client_count(), 1);
     assert_eq!(h.server.queued_bytes(), 0);
+}
+
+#[test]
+fn version_reaches_the_agent_and_its_answer_the_client() {
+    let mut h = Harness::new(ServerOptions::default());
+    let mut client = h.connect();
+    client.write(b"{\"id\":\"v\",\"cmd\":\"version\"}\n");
+    let (id, request) = h.next_request();
+    assert_eq!(request.command, Command::Version);
+    let answer = Response::ok(request.id, json!({ "version": Version::CURRENT }));
+    assert!(h.send(id, &answer.to_line()));
+    assert_eq!(
+        client.line(&mut h),
+        json!({"id": "v", "ok": true, "version": {"protocol": 1, "agent": env!("CARGO_PKG_VERSION")}})
+    );
 }
 
 #[test]

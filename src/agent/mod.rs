@@ -9,6 +9,7 @@
 
 mod bus;
 pub mod core;
+pub mod dirs;
 #[cfg(test)]
 mod sim;
 pub mod state;
@@ -42,6 +43,7 @@ use crate::systemd::ConnectError;
 use crate::systemd::manager::{self, ManagerError, Subscription, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
+use dirs::DirError;
 use state::{AgentState, StateError, StateFile};
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
@@ -107,6 +109,7 @@ pub enum AgentError {
     State(StateError),
     /// A save failed: nothing after it was carried out, so nobody was told anything it held.
     Save(StateError),
+    Dir(DirError),
 }
 
 impl fmt::Display for AgentError {
@@ -122,6 +125,7 @@ impl fmt::Display for AgentError {
                 "{e}: stopping before anything that save held is answered or released; a \
                  restart resumes from the last saved state"
             ),
+            AgentError::Dir(e) => write!(f, "{e}"),
         }
     }
 }
@@ -213,6 +217,13 @@ struct Agent {
 
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        if let Some(dir) = &config.state_dir {
+            dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
+        }
+        if let Some(dir) = config.socket.parent() {
+            dirs::create_missing(dir, config.server.directory_mode(), "control socket")
+                .map_err(AgentError::Dir)?;
+        }
         let state_file = config.state_dir.clone().map(StateFile::new);
         let restored = match &state_file {
             Some(file) => match file.load() {
@@ -697,6 +708,7 @@ fn answer_line(id: Option<crate::control::protocol::RequestId>, answer: Answer) 
         Answer::Watch(view) => ok(id, "watch", &view),
         Answer::Event(event) => ok(id, "event", &event),
         Answer::Units(views) => ok(id, "units", &views),
+        Answer::Version(version) => ok(id, "version", &version),
         Answer::Error(kind, message) => Response::error(id, kind, message).to_line(),
     }
 }

@@ -46,7 +46,7 @@ const TEMP_SUFFIX: &str = ".tmp";
 const FILE_MODE: u32 = 0o600;
 
 /// The mode of a state directory this module creates.
-const DIR_MODE: u32 = 0o700;
+pub(crate) const DIR_MODE: u32 = 0o700;
 
 /// How many names `state.json.corrupt-<seconds>[.<n>]` are tried before giving up on moving a
 /// corrupt file aside; far more than can collide in one second.

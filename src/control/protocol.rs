@@ -2,81 +2,9 @@
 //! and event lines. This is the only module that knows the JSON shapes; it does no I/O and never panics
 //! on input.
 //!
-//! # Protocol
-//!
-//! The agent listens on a Unix stream socket (mode 0600 by default). Each side sends JSON lines: one JSON
-//! object per line, UTF-8, terminated by `\n`. A client may send several requests without waiting; every
-//! request gets exactly one response line, but not necessarily in request order (`wait` and `stop`
-//! answer only once their unit's processes are gone, and malformed lines are answered at once), so give
-//! each request an `id` to match them up. Empty lines are ignored. A line longer than the server's limit
-//! (64 KiB by default) is answered with a `line-too-long` error and discarded. A client that shuts down
-//! its writing side still receives the responses to the requests it sent.
-//!
-//! ## Requests
-//!
-//! A request is a JSON object with a `cmd` field and an optional `id`. The `id` is a JSON string or an
-//! integer (between -2^63 and 2^64-1); it is echoed unchanged in the response. Any other `id` (null, a
-//! fraction, an object...) is a `bad-request`. Fields a command does not know are an error naming the
-//! field.
-//!
-//! | `cmd` | fields | meaning |
-//! | --- | --- | --- |
-//! | `watch` | `unit`, `invocation`? | start watching `unit`; `invocation` is the systemd invocation ID (32 hex digits, any case) to track, absent = adopt the unit's current invocation |
-//! | `wait` | `unit`, `timeout_ms`? | answer once all processes of the watched `unit` are gone; absent `timeout_ms` = no timeout |
-//! | `stop` | `unit`, `timeout_ms`? | stop the watched `unit` and answer once all its processes are gone |
-//! | `unwatch` | `unit` | stop watching `unit` |
-//! | `list` | | list the watched units |
-//! | `events` | | subscribe: after the `ok` response, every event is sent to this connection |
-//!
-//! Unit names must be valid systemd unit names of units that can exist (`foo.service`,
-//! `getty@tty1.service`; not the bare template `getty@.service`). `timeout_ms` is a non-negative integer
-//! number of milliseconds.
-//!
-//! ```text
-//! {"id":1,"cmd":"watch","unit":"backup.service"}
-//! {"id":2,"cmd":"watch","unit":"backup.service","invocation":"5f0e1c2b3a4d4e6f8a9b0c1d2e3f4a5b"}
-//! {"id":"w","cmd":"wait","unit":"backup.service","timeout_ms":30000}
-//! {"cmd":"stop","unit":"backup.service"}
-//! {"cmd":"unwatch","unit":"backup.service"}
-//! {"cmd":"list"}
-//! {"cmd":"events"}
-//! ```
-//!
-//! ## Responses
-//!
-//! Success: `"ok": true` plus the command's own fields. Failure: `"ok": false` and an `error` object with
-//! a machine-readable `kind` and a human-readable `message`. The `id` is present exactly when the request
-//! carried a valid one.
-//!
-//! Requests (`>`) and their responses (`<`); the payload fields of a success (`watch`, `event`,
-//! `units`) are the agent's and are described in README.md; these errors come from here:
-//!
-//! ```text
-//! > {"cmd":"list"
-//! < {"ok":false,"error":{"kind":"bad-json","message":"request is not valid JSON: EOF while parsing an object at line 1 column 13"}}
-//! > {"id":7,"cmd":"watch","unti":"backup.service"}
-//! < {"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected one of `unit`, `invocation`, `run_dir`, `record`, `gen`, `launch_file`"}}
-//! ```
-//!
-//! Error kinds: `bad-json` (not UTF-8 or not JSON), `bad-request` (JSON but not a valid request: missing
-//! or unknown field, wrong type, bad `id`), `unknown-command`, `invalid-unit`, `line-too-long`,
-//! `not-watched`, `still-running` (a timeout expired while the unit still had processes), `busy` (too
-//! many clients, and the server closes the connection after this line; or too many `list` replies
-//! under way on the connection, see below), `internal`.
-//!
-//! ## Events
-//!
-//! After `{"cmd":"events"}` is answered with `ok`, the connection receives one line per event, each
-//! `{"event":{...}}` with the event object defined by the agent. A subscriber that does not read its
-//! events is disconnected once its unsent output exceeds the server's limit (1 MiB by default).
-//!
-//! ## Large replies
-//!
-//! The `list` response is one line however many units there are (tens of MB at 100,000 units). The
-//! agent produces it as the client reads it, so it is not held against the 1 MiB limit; a client may
-//! read it as slowly as it likes. Lines for the same connection that come after it (events, other
-//! responses) wait until it is complete and do count toward the limit. At most 2 such replies are
-//! under way per connection; a further `list` is answered with a `busy` error.
+//! The protocol itself (framing, every request and answer, error kinds, the event stream, ordering,
+//! durability and limits) is specified in `docs/protocol.md`; the framing and the limits are
+//! [`super::server`]'s, the answers' payloads the agent's.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -140,6 +68,8 @@ pub enum Command {
     List,
     /// Subscribe this connection to the event stream.
     Events,
+    /// Tell the protocol's and the agent's versions.
+    Version,
 }
 
 impl Command {
@@ -152,12 +82,34 @@ impl Command {
             Command::Unwatch(_) => "unwatch",
             Command::List => "list",
             Command::Events => "events",
+            Command::Version => "version",
         }
     }
 }
 
 // Each argument struct is decoded by serde with `deny_unknown_fields`, so adding a request field is
 // one declaration here.
+
+/// The protocol's version, answered by `version`. It goes up when a change could make a client
+/// written for the previous one misread the agent; docs/protocol.md says which changes do.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// What `version` answers: `{"protocol":N,"agent":"x.y.z"}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Version {
+    /// [`PROTOCOL_VERSION`].
+    pub protocol: u32,
+    /// The agent's own version (the crate's).
+    pub agent: &'static str,
+}
+
+impl Version {
+    /// This build's versions.
+    pub const CURRENT: Version = Version {
+        protocol: PROTOCOL_VERSION,
+        agent: env!("CARGO_PKG_VERSION"),
+    };
+}
 
 /// Arguments of `watch`.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -418,12 +370,14 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
         "unwatch" => args(fields).map(Command::Unwatch),
         "list" => args::<NoArgs>(fields).map(|NoArgs {}| Command::List),
         "events" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Events),
+        "version" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Version),
         other => {
             let quoted: String = other.chars().take(64).collect();
             Err((
                 ErrorKind::UnknownCommand,
                 format!(
-                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list or events)",
+                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events or \
+                     version)",
                     quoted.escape_debug()
                 ),
             ))
@@ -872,6 +826,13 @@ mod tests {
                     command: Command::Events,
                 },
             ),
+            (
+                r#"{"id":"v","cmd":"version"}"#.to_owned(),
+                Request {
+                    id: Some(RequestId::Text("v".to_owned())),
+                    command: Command::Version,
+                },
+            ),
         ];
         for (line, expected) in cases {
             assert_eq!(parse_request(line.as_bytes()), Ok(expected), "{line}");
@@ -908,6 +869,7 @@ mod tests {
             (br#"{"id":1e400,"cmd":"list"}"#, None, BadJson, "out of range"),
             (br#"{"id":"q","cmd":"list","unit":"x.service"}"#, text_id(), BadRequest, "unknown field `unit`"),
             (br#"{"cmd":"events","x":1}"#, None, BadRequest, "unknown field `x`"),
+            (br#"{"cmd":"version","protocol":1}"#, None, BadRequest, "unknown field `protocol`"),
             (br#"{"id":"q","cmd":"watch"}"#, text_id(), BadRequest, "missing field `unit`"),
             (br#"{"cmd":"watch","unit":"x.service","unti":"y"}"#, None, BadRequest, "unknown field `unti`"),
             (br#"{"cmd":"watch","unit":5}"#, None, BadRequest, "unit name"),
@@ -946,23 +908,39 @@ mod tests {
         }
     }
 
-    /// The module docs (copied into the README) quote these exact lines.
+    /// docs/protocol.md quotes these exact lines: the errors this module makes on its own.
     #[test]
     fn documented_error_examples_are_accurate() {
-        let cases: [(&[u8], &str); 2] = [
-            (
-                br#"{"cmd":"list""#,
-                r#"{"ok":false,"error":{"kind":"bad-json","message":"request is not valid JSON: EOF while parsing an object at line 1 column 13"}}"#,
-            ),
-            (
-                br#"{"id":7,"cmd":"watch","unti":"backup.service"}"#,
-                r#"{"id":7,"ok":false,"error":{"kind":"bad-request","message":"unknown field `unti`, expected one of `unit`, `invocation`, `run_dir`, `record`, `gen`, `launch_file`"}}"#,
-            ),
+        let spec = include_str!("../../docs/protocol.md");
+        let cases: [&[u8]; 8] = [
+            br#"{"cmd":"list""#,
+            br#"[1,2]"#,
+            br#"{"id":null,"cmd":"list"}"#,
+            br#"{"id":7,"cmd":"watch","unti":"backup.service"}"#,
+            br#"{"id":12,"cmd":"frob"}"#,
+            br#"{"id":13,"cmd":"watch","unit":"../etc.service"}"#,
+            br#"{"id":14,"cmd":"watch","unit":"x.service","invocation":"abc"}"#,
+            br#"{"id":15,"cmd":"wait","unit":"x.service","timeout_ms":-1}"#,
         ];
-        for (line, expected) in cases {
-            let err = parse_request(line).expect_err("documented failure");
-            assert_eq!(Response::from(err).to_line(), expected);
+        for line in cases {
+            let request = String::from_utf8_lossy(line);
+            let answer = Response::from(parse_request(line).expect_err("documented failure"));
+            let exchange = format!("> {request}\n< {}\n", answer.to_line());
+            assert!(
+                spec.contains(&exchange),
+                "not in docs/protocol.md:\n{exchange}"
+            );
         }
+    }
+
+    #[test]
+    fn version_answer_line() {
+        let line = Response::ok(number_id(1), json!({ "version": Version::CURRENT })).to_line();
+        let expected = format!(
+            r#"{{"id":1,"ok":true,"version":{{"agent":"{}","protocol":1}}}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(line, expected);
     }
 
     #[test]

@@ -75,6 +75,17 @@ impl ServerOptions {
     fn allows(&self, own_euid: u32, uid: u32, gid: u32) -> bool {
         uid == own_euid || self.allowed_uids.contains(&uid) || self.allowed_gids.contains(&gid)
     }
+
+    /// The mode of a directory the agent creates to hold the socket: connecting needs search
+    /// permission on it, which only the agent's own uid needs unless others are allowed; they
+    /// then get search alone (0711), never a listing, and `mode` and `allows` still decide.
+    pub fn directory_mode(&self) -> u32 {
+        if self.allowed_uids.is_empty() && self.allowed_gids.is_empty() {
+            0o700
+        } else {
+            0o711
+        }
+    }
 }
 
 impl Default for ServerOptions {
@@ -1095,6 +1106,17 @@ mod tests {
                 "{options:?} {uid} {gid}"
             );
         }
+    }
+
+    #[test]
+    fn the_socket_directory_is_searchable_only_when_others_are_allowed() {
+        let mut options = ServerOptions::default();
+        assert_eq!(options.directory_mode(), 0o700);
+        options.allowed_gids = vec![50];
+        assert_eq!(options.directory_mode(), 0o711);
+        options.allowed_gids.clear();
+        options.allowed_uids = vec![65534];
+        assert_eq!(options.directory_mode(), 0o711);
     }
 
     proptest::proptest! {

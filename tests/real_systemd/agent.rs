@@ -56,6 +56,11 @@ pub const TESTS: &[Test] = &[
         "cli_watch_unwatch_and_the_event_stream",
         cli_watch_unwatch_and_the_event_stream,
     ),
+    ("cli_version_tells_both_sides", cli_version_tells_both_sides),
+    (
+        "missing_socket_and_state_directories_are_created",
+        missing_socket_and_state_directories_are_created,
+    ),
 ];
 
 /// Starts a transient service running `command` (with extra `systemd-run` options).
@@ -487,6 +492,26 @@ fn cli_usage_errors_exit_2() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
 }
 
+fn cli_version_tells_both_sides() {
+    let sandbox = Sandbox::start("version");
+    let agent = Agent::start(&sandbox);
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        agent.one(&["version"]),
+        json!({"cli": version, "agent": {"protocol": 1, "agent": version}})
+    );
+    let out = std::process::Command::new(crate::support::agent::binary())
+        .args(["--socket", "/nonexistent/exitproof.sock", "version"])
+        .output()
+        .expect("run the CLI");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stdout: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
+    assert_eq!(stdout, json!({"cli": version, "agent": null}));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("no agent listening"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
 fn cli_watch_unwatch_and_the_event_stream() {
     let sandbox = Sandbox::start("clistream");
     let agent = Agent::start(&sandbox);
@@ -578,4 +603,94 @@ fn cli_watch_unwatch_and_the_event_stream() {
     let _ = events.wait();
     let _ = reader.join();
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "dropped.service"]);
+}
+
+fn mode(sandbox: &Sandbox, inner: &str) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    let metadata =
+        std::fs::metadata(sandbox.host_path(inner)).unwrap_or_else(|e| panic!("stat {inner}: {e}"));
+    assert!(metadata.is_dir(), "{inner} is a directory");
+    metadata.permissions().mode() & 0o7777
+}
+
+fn missing_socket_and_state_directories_are_created() {
+    let sandbox = Sandbox::start("mkdirs");
+    // An existing directory is used as it is; only what is missing is created.
+    let existing = sandbox.host_path("/run/ep-existing");
+    std::fs::create_dir(&existing).expect("create the existing directory");
+    std::fs::set_permissions(
+        &existing,
+        std::os::unix::fs::PermissionsExt::from_mode(0o750),
+    )
+    .expect("set its mode");
+    let agent = Agent::start_at(
+        &sandbox,
+        "/run/ep-existing/shared/sock/agent.sock",
+        "/run/ep-state/a/state",
+        &["--allow-gid", "65534"],
+    );
+    // Others are allowed, so they may search (not list) the socket's directories.
+    assert_eq!(mode(&sandbox, "/run/ep-existing"), 0o750);
+    assert_eq!(mode(&sandbox, "/run/ep-existing/shared"), 0o711);
+    assert_eq!(mode(&sandbox, "/run/ep-existing/shared/sock"), 0o711);
+    for dir in ["/run/ep-state", "/run/ep-state/a", "/run/ep-state/a/state"] {
+        assert_eq!(mode(&sandbox, dir), 0o700, "{dir}");
+    }
+    let log = agent.log_text();
+    for line in [
+        "created directory /run/ep-existing/shared (mode 0711) for the control socket",
+        "created directory /run/ep-existing/shared/sock (mode 0711) for the control socket",
+        "created directory /run/ep-state (mode 0700) for the state",
+        "created directory /run/ep-state/a/state (mode 0700) for the state",
+    ] {
+        assert!(log.contains(line), "{line:?} not in the log:\n{log}");
+    }
+    assert!(
+        !log.contains("created directory /run/ep-existing "),
+        "{log}"
+    );
+    // It serves, and saves its state there.
+    agent.barrier();
+    assert!(
+        sandbox
+            .host_path("/run/ep-state/a/state/state.json")
+            .is_file()
+    );
+    drop(agent);
+
+    // Only the agent's own uid may connect: its socket's directory is private.
+    let private = Agent::start_at(
+        &sandbox,
+        "/run/ep-private/agent.sock",
+        "/run/ep-state/a/state",
+        &[],
+    );
+    assert_eq!(mode(&sandbox, "/run/ep-private"), 0o700);
+    assert!(private.list().is_empty());
+    drop(private);
+
+    // A path component that is a file is refused at start, by name.
+    std::fs::write(sandbox.host_path("/run/ep-file"), "").expect("write the file");
+    let binary = crate::support::agent::binary_in_sandbox();
+    let out = sandbox.run(
+        "timeout",
+        &[
+            "60",
+            &binary,
+            "agent",
+            "--user",
+            "--socket",
+            "/run/ep-file/agent.sock",
+            "--state-dir",
+            "/run/ep-state/a/state",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "/run/ep-file exists and is not a directory, so it cannot hold the control socket"
+        ),
+        "{stderr}"
+    );
 }

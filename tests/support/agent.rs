@@ -34,6 +34,13 @@ pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_exitproof")
 }
 
+/// The agent binary under test, as a process inside a sandbox reaches it. The sandbox mounts its
+/// own /tmp, where a checkout (and so the binary) may live; the test process's root, seen through
+/// /proc from inside, still shows the host's files.
+pub fn binary_in_sandbox() -> String {
+    format!("/proc/{}/root{}", std::process::id(), binary())
+}
+
 impl Agent {
     /// Starts the agent inside `sandbox` on its session bus and waits until it answers.
     pub fn start(sandbox: &Sandbox) -> Agent {
@@ -42,12 +49,18 @@ impl Agent {
 
     /// Starts the agent with `extra` arguments after the usual ones.
     pub fn start_with(sandbox: &Sandbox, extra: &[&str]) -> Agent {
-        Agent::start_in(sandbox, STATE_DIR, extra)
+        Agent::start_at(sandbox, SOCKET, STATE_DIR, extra)
     }
 
     /// Starts the agent keeping its watch set in `state_dir` (a path inside the sandbox), with
     /// `extra` arguments after the usual ones.
     pub fn start_in(sandbox: &Sandbox, state_dir: &str, extra: &[&str]) -> Agent {
+        Agent::start_at(sandbox, SOCKET, state_dir, extra)
+    }
+
+    /// Starts the agent with its socket at `socket` and its state in `state_dir` (paths inside
+    /// the sandbox), with `extra` arguments after the usual ones.
+    pub fn start_at(sandbox: &Sandbox, socket: &str, state_dir: &str, extra: &[&str]) -> Agent {
         static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = sandbox.host_path(&format!(
@@ -55,16 +68,13 @@ impl Agent {
             std::process::id()
         ));
         let log_file = File::create(&log).expect("create the agent's log file");
-        // The sandbox mounts its own /tmp, where a checkout (and so the binary) may live; the
-        // test process's root, seen through /proc from inside, still shows the host's files.
-        let binary = format!("/proc/{}/root{}", std::process::id(), binary());
         let child = sandbox
-            .command(&binary)
+            .command(&binary_in_sandbox())
             .args([
                 "agent",
                 "--user",
                 "--socket",
-                SOCKET,
+                socket,
                 "--state-dir",
                 state_dir,
             ])
@@ -77,7 +87,7 @@ impl Agent {
             .expect("spawn the agent");
         let mut agent = Agent {
             child,
-            socket: sandbox.host_path(SOCKET),
+            socket: sandbox.host_path(socket),
             log,
         };
         let deadline = Instant::now() + START_TIMEOUT;

@@ -43,7 +43,7 @@ use waiters::Waiters;
 use watch::Watch;
 
 use crate::cgroup::CgroupReading;
-use crate::control::protocol::{ErrorKind, Request, RequestId};
+use crate::control::protocol::{ErrorKind, Request, RequestId, Version};
 use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
 use crate::proof::{Input as ProofInput, StopReason};
@@ -94,6 +94,8 @@ pub enum Answer {
     Event(Box<ProofEvent>),
     /// Every watch, sorted by unit (`list`).
     Units(Vec<WatchView>),
+    /// The protocol's and the agent's versions (`version`).
+    Version(Version),
     Error(ErrorKind, String),
 }
 

@@ -1,10 +1,12 @@
-//! The request rules: watch, wait, stop, unwatch, list, events.
+//! The request rules: watch, wait, stop, unwatch, list, events, version.
 
 use std::time::Instant;
 
 use super::watch::{Watch, WatchSpec};
 use super::{Answer, Core, ReplyTo, UnitKey};
-use crate::control::protocol::{Command, ErrorKind, Request, UnwatchArgs, WaitArgs, WatchArgs};
+use crate::control::protocol::{
+    Command, ErrorKind, Request, UnwatchArgs, Version, WaitArgs, WatchArgs,
+};
 use crate::control::server::ClientId;
 use crate::proof::Input as ProofInput;
 use crate::unit_name::UnitName;
@@ -75,6 +77,7 @@ impl Core {
                 self.subscribers.insert(client);
                 self.reply(reply, Answer::Done);
             }
+            Command::Version => self.reply(reply, Answer::Version(Version::CURRENT)),
         }
     }
 

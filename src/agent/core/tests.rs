@@ -873,3 +873,18 @@ fn a_generations_proof_is_saved_before_its_files_go_and_anyone_is_told() {
         s.outputs
     );
 }
+
+#[test]
+fn version_is_answered_at_once_with_the_build_versions() {
+    let mut s = Script::new();
+    s.request(r#"{"id":3,"cmd":"version"}"#);
+    let outputs = s.take();
+    assert!(
+        matches!(
+            outputs.as_slice(),
+            [Output::Reply { to, answer: Answer::Version(version) }]
+                if to.id == Some(RequestId::Number(3.into())) && *version == Version::CURRENT
+        ),
+        "{outputs:?}"
+    );
+}
