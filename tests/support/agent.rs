@@ -42,6 +42,12 @@ impl Agent {
 
     /// Starts the agent with `extra` arguments after the usual ones.
     pub fn start_with(sandbox: &Sandbox, extra: &[&str]) -> Agent {
+        Agent::start_with_env(sandbox, extra, &[])
+    }
+
+    /// Starts the agent with `extra` arguments and `env` variables (`NAME=value`) besides the
+    /// usual ones.
+    pub fn start_with_env(sandbox: &Sandbox, extra: &[&str], env: &[String]) -> Agent {
         static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = sandbox.host_path(&format!(
@@ -53,7 +59,7 @@ impl Agent {
         // test process's root, seen through /proc from inside, still shows the host's files.
         let binary = format!("/proc/{}/root{}", std::process::id(), binary());
         let child = sandbox
-            .command(&binary)
+            .command_with_env(&binary, env)
             .args([
                 "agent",
                 "--user",
