@@ -16,6 +16,7 @@ pub mod cli;
 pub mod control;
 pub mod duration;
 pub mod exit;
+pub mod memory;
 pub mod proof;
 pub mod service;
 pub mod systemd;

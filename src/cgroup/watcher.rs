@@ -13,7 +13,7 @@
 //! held until its keys are unwatched, and a slice re-created meanwhile is a new inode that the old watch
 //! does not see: the caller must call [`CgroupWatcher::watch`] again when systemd reports the unit anew.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::hash::Hash;
@@ -26,6 +26,7 @@ use nix::errno::Errno;
 
 use super::CgroupError;
 use super::events::{CgroupReading, parse_populated};
+use crate::memory::shrink_when_sparse;
 
 /// The file of a cgroup whose `populated` key says whether any process is left in it or below it.
 const EVENTS_FILE: &str = "cgroup.events";
@@ -72,9 +73,20 @@ impl Unit {
 #[derive(Debug)]
 enum Target<K> {
     /// A `cgroup.events` file, used by every key that watches that cgroup.
-    Events(HashSet<K>),
+    Events(Keys<K>),
     /// A parent directory: the name of each watched child directory, and the keys watching it.
-    Parent(HashMap<OsString, HashSet<K>>),
+    Parent(HashMap<OsString, Keys<K>>),
+}
+
+/// The keys that use one watch or one child directory, each once: almost always a single one
+/// (an alias and its unit may share a cgroup), so a short list; a hash set would cost a table
+/// for each.
+type Keys<K> = Vec<K>;
+
+fn add_key<K: PartialEq>(keys: &mut Keys<K>, key: K) {
+    if !keys.contains(&key) {
+        keys.push(key);
+    }
 }
 
 /// The part a key plays in a watch, naming the child directory for a parent watch.
@@ -158,6 +170,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Stops watching `key`, removing every watch no other key uses. Unknown keys are ignored.
     pub fn unwatch(&mut self, key: K) {
         if let Some(unit) = self.units.remove(&key) {
+            shrink_when_sparse(&mut self.units);
             self.release(key, &unit);
         }
     }
@@ -262,14 +275,14 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             descriptor,
             path: path.to_owned(),
             target: match role {
-                Role::Events => Target::Events(HashSet::new()),
+                Role::Events => Target::Events(Keys::new()),
                 Role::Parent(_) => Target::Parent(HashMap::new()),
             },
         });
         match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => keys.insert(key),
+            (Target::Events(keys), Role::Events) => add_key(keys, key),
             (Target::Parent(children), Role::Parent(name)) => {
-                children.entry(name.to_owned()).or_default().insert(key)
+                add_key(children.entry(name.to_owned()).or_default(), key)
             }
             _ => {
                 return Err(CgroupError::WatchClash {
@@ -287,14 +300,15 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         };
         let unused = match (&mut watch.target, role) {
             (Target::Events(keys), Role::Events) => {
-                keys.remove(&key);
+                keys.retain(|k| *k != key);
                 keys.is_empty()
             }
             (Target::Parent(children), Role::Parent(name)) => {
                 if let Some(keys) = children.get_mut(name) {
-                    keys.remove(&key);
+                    keys.retain(|k| *k != key);
                     if keys.is_empty() {
                         children.remove(name);
+                        shrink_when_sparse(children);
                     }
                 }
                 children.is_empty()
@@ -302,6 +316,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             _ => false,
         };
         if unused && let Some(watch) = self.watches.remove(&wd) {
+            shrink_when_sparse(&mut self.watches);
             self.remove_kernel_watch(watch);
         }
     }
@@ -371,11 +386,11 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         };
         let keys: Vec<K> = match &watch.target {
             Target::Events(keys) if event.mask.contains(EventMask::MODIFY) => {
-                keys.iter().copied().collect()
+                keys.to_vec()
             }
             Target::Events(_) => Vec::new(),
             Target::Parent(children) => match event.name.and_then(|name| children.get(name)) {
-                Some(keys) => keys.iter().copied().collect(),
+                Some(keys) => keys.to_vec(),
                 None => Vec::new(),
             },
         };
@@ -401,7 +416,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             return;
         };
         let keys: Vec<K> = match watch.target {
-            Target::Events(keys) => keys.into_iter().collect(),
+            Target::Events(keys) => keys,
             Target::Parent(children) => children.into_values().flatten().collect(),
         };
         for key in keys {

@@ -36,12 +36,13 @@ use std::time::{Duration, Instant};
 pub use crate::cgroup::procs::NextInvocation;
 pub use event::{ProofEvent, WatchView};
 use waiters::Waiters;
-use watch::Watch;
+use watch::{Watch, Watches};
 
 use crate::cgroup::CgroupReading;
 use crate::control::protocol::{ErrorKind, Request, RequestId};
 use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
+use crate::memory::shrink_when_sparse;
 use crate::proof::{Input as ProofInput, StopReason};
 use crate::systemd::manager::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
@@ -261,7 +262,7 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 pub struct Core {
     config: CoreConfig,
     outputs: VecDeque<Output>,
-    units: HashMap<UnitKey, Watch>,
+    units: Watches,
     /// Watches by the name the client used.
     by_name: HashMap<String, UnitKey>,
     /// Watches by systemd's own name for the unit (differs from the client's for an alias).
@@ -310,6 +311,7 @@ impl Index {
             keys.retain(|k| *k != key);
             if keys.is_empty() {
                 self.0.remove(name);
+                shrink_when_sparse(&mut self.0);
             }
         }
     }
@@ -327,7 +329,7 @@ impl Core {
         let mut core = Core {
             config,
             outputs: VecDeque::new(),
-            units: HashMap::new(),
+            units: Watches::default(),
             by_name: HashMap::new(),
             by_id: Index::default(),
             by_path: Index::default(),
@@ -761,6 +763,7 @@ impl Core {
         }
         if self.by_name.get(watch.unit.as_str()) == Some(&key) {
             self.by_name.remove(watch.unit.as_str());
+            shrink_when_sparse(&mut self.by_name);
         }
         self.by_id.remove(&watch.id, key);
         self.by_path.remove(&watch.path, key);

@@ -169,7 +169,7 @@ impl Core {
         };
         match &watch.event {
             Some(event) => {
-                let event = Box::new(event.clone());
+                let event = event.clone();
                 self.reply(reply, Answer::Event(event));
             }
             None => {
