@@ -20,6 +20,7 @@ use std::hash::Hash;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use nix::errno::Errno;
@@ -53,8 +54,9 @@ pub enum Notice<K> {
 /// The cgroup of one watched unit, and the watches it holds.
 #[derive(Debug)]
 struct Unit {
-    /// The directory that holds the unit's cgroup directory.
-    parent: PathBuf,
+    /// The directory that holds the unit's cgroup directory, shared with its parent watch and
+    /// so with every sibling (all services of a slice).
+    parent: Rc<Path>,
     /// The name of the unit's cgroup directory inside `parent`.
     name: OsString,
     /// The descriptor of the watch on `parent`, if the directory existed.
@@ -74,8 +76,16 @@ impl Unit {
 enum Target<K> {
     /// A `cgroup.events` file, used by every key that watches that cgroup.
     Events(Keys<K>),
-    /// A parent directory: the name of each watched child directory, and the keys watching it.
-    Parent(HashMap<OsString, Keys<K>>),
+    /// A parent directory, boxed: there are few of them, and every watch would be its size.
+    Parent(Box<ParentDir<K>>),
+}
+
+/// A watched parent directory.
+#[derive(Debug)]
+struct ParentDir<K> {
+    path: Rc<Path>,
+    /// The name of each watched child directory, and the keys watching it.
+    children: HashMap<OsString, Keys<K>>,
 }
 
 /// The keys that use one watch or one child directory, each once: almost always a single one
@@ -96,11 +106,11 @@ enum Role<'a> {
     Parent(&'a OsStr),
 }
 
-/// One inotify watch held by the watcher.
+/// One inotify watch held by the watcher. A `cgroup.events` watch keeps no path: one a unit is
+/// a hundred bytes, and the unit's own entry tells it.
 #[derive(Debug)]
 struct Watch<K> {
     descriptor: WatchDescriptor,
-    path: PathBuf,
     target: Target<K>,
 }
 
@@ -150,7 +160,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let (parent, name) = locate(&self.root, cgroup)?;
         self.unwatch(key);
         let mut unit = Unit {
-            parent,
+            parent: Rc::from(parent),
             name,
             parent_wd: None,
             events_wd: None,
@@ -235,9 +245,13 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let Some(descriptor) = self.add_watch(&unit.parent, parent_mask)? else {
             return Ok(());
         };
-        let parent = unit.parent.clone();
-        let name = unit.name.clone();
-        unit.parent_wd = Some(self.attach(key, descriptor, &parent, Role::Parent(&name))?);
+        let wd = self.attach(key, descriptor, &unit.parent, Role::Parent(&unit.name))?;
+        unit.parent_wd = Some(wd);
+        if let Some(Target::Parent(dir)) = self.watches.get(&wd).map(|watch| &watch.target)
+            && dir.path == unit.parent
+        {
+            unit.parent = Rc::clone(&dir.path);
+        }
         self.add_events_watch(key, unit)
     }
 
@@ -273,16 +287,18 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let wd = descriptor.get_watch_descriptor_id();
         let watch = self.watches.entry(wd).or_insert_with(|| Watch {
             descriptor,
-            path: path.to_owned(),
             target: match role {
                 Role::Events => Target::Events(Keys::new()),
-                Role::Parent(_) => Target::Parent(HashMap::new()),
+                Role::Parent(_) => Target::Parent(Box::new(ParentDir {
+                    path: Rc::from(path),
+                    children: HashMap::new(),
+                })),
             },
         });
         match (&mut watch.target, role) {
             (Target::Events(keys), Role::Events) => add_key(keys, key),
-            (Target::Parent(children), Role::Parent(name)) => {
-                add_key(children.entry(name.to_owned()).or_default(), key)
+            (Target::Parent(dir), Role::Parent(name)) => {
+                add_key(dir.children.entry(name.to_owned()).or_default(), key)
             }
             _ => {
                 return Err(CgroupError::WatchClash {
@@ -303,15 +319,15 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
                 keys.retain(|k| *k != key);
                 keys.is_empty()
             }
-            (Target::Parent(children), Role::Parent(name)) => {
-                if let Some(keys) = children.get_mut(name) {
+            (Target::Parent(dir), Role::Parent(name)) => {
+                if let Some(keys) = dir.children.get_mut(name) {
                     keys.retain(|k| *k != key);
                     if keys.is_empty() {
-                        children.remove(name);
-                        shrink_when_sparse(children);
+                        dir.children.remove(name);
+                        shrink_when_sparse(&mut dir.children);
                     }
                 }
-                children.is_empty()
+                dir.children.is_empty()
             }
             _ => false,
         };
@@ -323,14 +339,20 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
 
     /// Removes a watch from the kernel.
     fn remove_kernel_watch(&mut self, watch: Watch<K>) {
+        let wd = watch.descriptor.get_watch_descriptor_id();
         match self.inotify.watches().remove(watch.descriptor) {
             Ok(()) => {}
             // The kernel already dropped the watch because its inode went away.
             Err(error) if error.raw_os_error() == Some(Errno::EINVAL as i32) => {}
-            Err(error) => log::warn!(
-                "cannot remove inotify watch on {}: {error}",
-                watch.path.display()
-            ),
+            Err(error) => match &watch.target {
+                Target::Parent(dir) => log::warn!(
+                    "cannot remove inotify watch on {}: {error}",
+                    dir.path.display()
+                ),
+                Target::Events(_) => {
+                    log::warn!("cannot remove inotify watch {wd} on a cgroup.events: {error}")
+                }
+            },
         }
     }
 
@@ -385,11 +407,9 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             return Ok(());
         };
         let keys: Vec<K> = match &watch.target {
-            Target::Events(keys) if event.mask.contains(EventMask::MODIFY) => {
-                keys.to_vec()
-            }
+            Target::Events(keys) if event.mask.contains(EventMask::MODIFY) => keys.to_vec(),
             Target::Events(_) => Vec::new(),
-            Target::Parent(children) => match event.name.and_then(|name| children.get(name)) {
+            Target::Parent(dir) => match event.name.and_then(|name| dir.children.get(name)) {
                 Some(keys) => keys.to_vec(),
                 None => Vec::new(),
             },
@@ -417,7 +437,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         };
         let keys: Vec<K> = match watch.target {
             Target::Events(keys) => keys,
-            Target::Parent(children) => children.into_values().flatten().collect(),
+            Target::Parent(dir) => dir.children.into_values().flatten().collect(),
         };
         for key in keys {
             if let Some(unit) = self.units.get_mut(&key) {
