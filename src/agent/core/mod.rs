@@ -294,30 +294,61 @@ pub struct Core {
     replies_when_saved: Vec<(ReplyTo, Answer)>,
 }
 
-/// Keys by a string, several per string (an alias and its unit may both be watched).
+/// Keys by a string, several per string (an alias and its unit may both be watched), in the
+/// order they came. Almost every string has one key, so the first is held alone and only the
+/// others in a list: a list for each would cost an allocation a watch.
 #[derive(Debug, Default)]
-struct Index(HashMap<String, Vec<UnitKey>>);
+struct Index {
+    first: HashMap<String, UnitKey>,
+    others: HashMap<String, Vec<UnitKey>>,
+}
 
 impl Index {
     fn insert(&mut self, name: &str, key: UnitKey) {
-        let keys = self.0.entry(name.to_owned()).or_default();
-        if !keys.contains(&key) {
-            keys.push(key);
+        match self.first.get(name) {
+            None => {
+                self.first.insert(name.to_owned(), key);
+            }
+            Some(first) if *first == key => {}
+            Some(_) => {
+                let others = self.others.entry(name.to_owned()).or_default();
+                if !others.contains(&key) {
+                    others.push(key);
+                }
+            }
         }
     }
 
     fn remove(&mut self, name: &str, key: UnitKey) {
-        if let Some(keys) = self.0.get_mut(name) {
-            keys.retain(|k| *k != key);
-            if keys.is_empty() {
-                self.0.remove(name);
-                shrink_when_sparse(&mut self.0);
+        if self.first.get(name) == Some(&key) {
+            match self.others.get_mut(name) {
+                Some(others) => {
+                    self.first.insert(name.to_owned(), others.remove(0));
+                    if others.is_empty() {
+                        self.others.remove(name);
+                    }
+                }
+                None => {
+                    self.first.remove(name);
+                    shrink_when_sparse(&mut self.first);
+                }
+            }
+        } else if let Some(others) = self.others.get_mut(name) {
+            others.retain(|k| *k != key);
+            if others.is_empty() {
+                self.others.remove(name);
             }
         }
     }
 
     fn get(&self, name: &str) -> Vec<UnitKey> {
-        self.0.get(name).cloned().unwrap_or_default()
+        let others = self.others.get(name).into_iter().flatten();
+        self.first
+            .get(name)
+            .into_iter()
+            .chain(others)
+            .copied()
+            .collect()
     }
 }
 

@@ -118,7 +118,7 @@ impl Core {
                 };
                 self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
                 return;
-            } else if spec != WatchSpec::default() && spec != watch.spec {
+            } else if spec != WatchSpec::default() && spec != *watch.spec {
                 let message = format!("{unit} is already watched with other options");
                 self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
                 return;

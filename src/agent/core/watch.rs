@@ -25,6 +25,33 @@ pub struct WatchSpec {
     pub launch_file: Option<PathBuf>,
 }
 
+/// A watch's options, boxed only when it has any: most watches have none, and inline they are
+/// 88 bytes of every watch. Reads as a [`WatchSpec`].
+#[derive(Debug, Default)]
+pub struct SpecIfAny(Option<Box<WatchSpec>>);
+
+/// What a watch without options reads as.
+static NO_SPEC: WatchSpec = WatchSpec {
+    run_dir: None,
+    record: None,
+    generation: None,
+    launch_file: None,
+};
+
+impl SpecIfAny {
+    fn new(spec: WatchSpec) -> SpecIfAny {
+        SpecIfAny((spec != NO_SPEC).then(|| Box::new(spec)))
+    }
+}
+
+impl std::ops::Deref for SpecIfAny {
+    type Target = WatchSpec;
+
+    fn deref(&self) -> &WatchSpec {
+        self.0.as_deref().unwrap_or(&NO_SPEC)
+    }
+}
+
 /// Where the unit's reads stand.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Reads {
@@ -103,7 +130,7 @@ pub struct Watch {
     /// A proof waiting for its exit record before it is told.
     pub proof_pending: Option<Box<Proof>>,
     pub event: Option<Box<ProofEvent>>,
-    pub spec: WatchSpec,
+    pub spec: SpecIfAny,
     /// A generation's files to release after the proof; `None` for a watch without `gen`.
     pub release: Option<Release>,
 }
@@ -134,7 +161,7 @@ impl Watch {
             release: spec
                 .generation
                 .map(|_| Release::new(spec.launch_file.is_some())),
-            spec,
+            spec: SpecIfAny::new(spec),
         }
     }
 
