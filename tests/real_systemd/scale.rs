@@ -198,9 +198,14 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
         conn.send_raw(format!("{}\n", json!({"cmd": "unwatch", "unit": name})).as_bytes());
     }
     for _ in &names {
+        // Past the retention limit (1024 proven units) the oldest proofs are already gone.
         let reply = conn.read();
-        assert_eq!(reply["ok"], true, "{reply}");
+        assert!(
+            reply["ok"] == true || reply["error"]["kind"] == "not-watched",
+            "{reply}"
+        );
     }
+    assert_eq!(conn.request(&json!({"cmd": "list"}))["units"], json!([]));
     std::thread::sleep(SETTLE);
     let unwatched = memory(pid);
     snapshot("unwatched");
