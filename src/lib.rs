@@ -17,6 +17,7 @@ pub mod cli;
 pub mod control;
 pub mod duration;
 pub mod exit;
+pub mod memory;
 pub mod proof;
 #[cfg(any(test, feature = "bench"))]
 mod rng;

@@ -51,6 +51,9 @@ use state::{AgentState, StateError, StateFile};
 const MAX_READS_IN_FLIGHT: usize = 32;
 
 /// Where the kernel says which boot this is.
+/// How long after the loop had something to do the heap's free pages are given back: once per
+/// burst, not once per turn, and never while the agent idles.
+const RELEASE_HEAP_AFTER: Duration = Duration::from_secs(1);
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 
 const WAKER: Token = Token(0);
@@ -213,6 +216,8 @@ struct Agent {
     notifier: Option<Notifier>,
     /// The next watchdog keep-alive, sent from the loop itself so a wedged loop is restarted.
     next_ping: Option<Instant>,
+    /// When to give the heap's free pages back, set by the first event after the last time.
+    release_heap: Option<Instant>,
 }
 
 impl Agent {
@@ -311,6 +316,7 @@ impl Agent {
             save_failed: None,
             notifier: Notifier::from_env(),
             next_ping: None,
+            release_heap: None,
         };
         agent.carry_out();
         agent.on_connected(conn, subscription);
@@ -340,6 +346,9 @@ impl Agent {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_error("wait for events")(e)),
+            }
+            if !events.is_empty() && self.release_heap.is_none() {
+                self.release_heap = Some(Instant::now() + RELEASE_HEAP_AFTER);
             }
             let mut cgroups_ready = false;
             for event in events.iter() {
@@ -404,6 +413,7 @@ impl Agent {
             self.core.poll_timeout(),
             self.reconnect.map(|(at, _)| at),
             self.next_ping,
+            self.release_heap,
         ]
         .into_iter()
         .flatten()
@@ -678,6 +688,10 @@ impl Agent {
                 log::warn!("{e}");
             }
             self.next_ping = notifier.watchdog_interval().map(|every| now + every);
+        }
+        if self.release_heap.is_some_and(|at| at <= now) {
+            self.release_heap = None;
+            crate::memory::release_free_heap();
         }
     }
 }

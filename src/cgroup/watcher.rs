@@ -13,19 +13,21 @@
 //! held until its keys are unwatched, and a slice re-created meanwhile is a new inode that the old watch
 //! does not see: the caller must call [`CgroupWatcher::watch`] again when systemd reports the unit anew.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::hash::Hash;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use nix::errno::Errno;
 
 use super::CgroupError;
 use super::events::{CgroupReading, parse_populated};
+use crate::memory::shrink_when_sparse;
 
 /// The file of a cgroup whose `populated` key says whether any process is left in it or below it.
 const EVENTS_FILE: &str = "cgroup.events";
@@ -52,8 +54,9 @@ pub enum Notice<K> {
 /// The cgroup of one watched unit, and the watches it holds.
 #[derive(Debug)]
 struct Unit {
-    /// The directory that holds the unit's cgroup directory.
-    parent: PathBuf,
+    /// The directory that holds the unit's cgroup directory, shared with its parent watch and
+    /// so with every sibling (all services of a slice).
+    parent: Rc<Path>,
     /// The name of the unit's cgroup directory inside `parent`.
     name: OsString,
     /// The descriptor of the watch on `parent`, if the directory existed.
@@ -72,9 +75,28 @@ impl Unit {
 #[derive(Debug)]
 enum Target<K> {
     /// A `cgroup.events` file, used by every key that watches that cgroup.
-    Events(HashSet<K>),
-    /// A parent directory: the name of each watched child directory, and the keys watching it.
-    Parent(HashMap<OsString, HashSet<K>>),
+    Events(Keys<K>),
+    /// A parent directory, boxed: there are few of them, and every watch would be its size.
+    Parent(Box<ParentDir<K>>),
+}
+
+/// A watched parent directory.
+#[derive(Debug)]
+struct ParentDir<K> {
+    path: Rc<Path>,
+    /// The name of each watched child directory, and the keys watching it.
+    children: HashMap<OsString, Keys<K>>,
+}
+
+/// The keys that use one watch or one child directory, each once: almost always a single one
+/// (an alias and its unit may share a cgroup), so a short list; a hash set would cost a table
+/// for each.
+type Keys<K> = Vec<K>;
+
+fn add_key<K: PartialEq>(keys: &mut Keys<K>, key: K) {
+    if !keys.contains(&key) {
+        keys.push(key);
+    }
 }
 
 /// The part a key plays in a watch, naming the child directory for a parent watch.
@@ -84,11 +106,11 @@ enum Role<'a> {
     Parent(&'a OsStr),
 }
 
-/// One inotify watch held by the watcher.
+/// One inotify watch held by the watcher. A `cgroup.events` watch keeps no path: one a unit is
+/// a hundred bytes, and the unit's own entry tells it.
 #[derive(Debug)]
 struct Watch<K> {
     descriptor: WatchDescriptor,
-    path: PathBuf,
     target: Target<K>,
 }
 
@@ -138,7 +160,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let (parent, name) = locate(&self.root, cgroup)?;
         self.unwatch(key);
         let mut unit = Unit {
-            parent,
+            parent: Rc::from(parent),
             name,
             parent_wd: None,
             events_wd: None,
@@ -158,6 +180,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Stops watching `key`, removing every watch no other key uses. Unknown keys are ignored.
     pub fn unwatch(&mut self, key: K) {
         if let Some(unit) = self.units.remove(&key) {
+            shrink_when_sparse(&mut self.units);
             self.release(key, &unit);
         }
     }
@@ -222,9 +245,13 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let Some(descriptor) = self.add_watch(&unit.parent, parent_mask)? else {
             return Ok(());
         };
-        let parent = unit.parent.clone();
-        let name = unit.name.clone();
-        unit.parent_wd = Some(self.attach(key, descriptor, &parent, Role::Parent(&name))?);
+        let wd = self.attach(key, descriptor, &unit.parent, Role::Parent(&unit.name))?;
+        unit.parent_wd = Some(wd);
+        if let Some(Target::Parent(dir)) = self.watches.get(&wd).map(|watch| &watch.target)
+            && dir.path == unit.parent
+        {
+            unit.parent = Rc::clone(&dir.path);
+        }
         self.add_events_watch(key, unit)
     }
 
@@ -260,16 +287,18 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let wd = descriptor.get_watch_descriptor_id();
         let watch = self.watches.entry(wd).or_insert_with(|| Watch {
             descriptor,
-            path: path.to_owned(),
             target: match role {
-                Role::Events => Target::Events(HashSet::new()),
-                Role::Parent(_) => Target::Parent(HashMap::new()),
+                Role::Events => Target::Events(Keys::new()),
+                Role::Parent(_) => Target::Parent(Box::new(ParentDir {
+                    path: Rc::from(path),
+                    children: HashMap::new(),
+                })),
             },
         });
         match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => keys.insert(key),
-            (Target::Parent(children), Role::Parent(name)) => {
-                children.entry(name.to_owned()).or_default().insert(key)
+            (Target::Events(keys), Role::Events) => add_key(keys, key),
+            (Target::Parent(dir), Role::Parent(name)) => {
+                add_key(dir.children.entry(name.to_owned()).or_default(), key)
             }
             _ => {
                 return Err(CgroupError::WatchClash {
@@ -287,35 +316,43 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         };
         let unused = match (&mut watch.target, role) {
             (Target::Events(keys), Role::Events) => {
-                keys.remove(&key);
+                keys.retain(|k| *k != key);
                 keys.is_empty()
             }
-            (Target::Parent(children), Role::Parent(name)) => {
-                if let Some(keys) = children.get_mut(name) {
-                    keys.remove(&key);
+            (Target::Parent(dir), Role::Parent(name)) => {
+                if let Some(keys) = dir.children.get_mut(name) {
+                    keys.retain(|k| *k != key);
                     if keys.is_empty() {
-                        children.remove(name);
+                        dir.children.remove(name);
+                        shrink_when_sparse(&mut dir.children);
                     }
                 }
-                children.is_empty()
+                dir.children.is_empty()
             }
             _ => false,
         };
         if unused && let Some(watch) = self.watches.remove(&wd) {
+            shrink_when_sparse(&mut self.watches);
             self.remove_kernel_watch(watch);
         }
     }
 
     /// Removes a watch from the kernel.
     fn remove_kernel_watch(&mut self, watch: Watch<K>) {
+        let wd = watch.descriptor.get_watch_descriptor_id();
         match self.inotify.watches().remove(watch.descriptor) {
             Ok(()) => {}
             // The kernel already dropped the watch because its inode went away.
             Err(error) if error.raw_os_error() == Some(Errno::EINVAL as i32) => {}
-            Err(error) => log::warn!(
-                "cannot remove inotify watch on {}: {error}",
-                watch.path.display()
-            ),
+            Err(error) => match &watch.target {
+                Target::Parent(dir) => log::warn!(
+                    "cannot remove inotify watch on {}: {error}",
+                    dir.path.display()
+                ),
+                Target::Events(_) => {
+                    log::warn!("cannot remove inotify watch {wd} on a cgroup.events: {error}")
+                }
+            },
         }
     }
 
@@ -370,12 +407,10 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             return Ok(());
         };
         let keys: Vec<K> = match &watch.target {
-            Target::Events(keys) if event.mask.contains(EventMask::MODIFY) => {
-                keys.iter().copied().collect()
-            }
+            Target::Events(keys) if event.mask.contains(EventMask::MODIFY) => keys.to_vec(),
             Target::Events(_) => Vec::new(),
-            Target::Parent(children) => match event.name.and_then(|name| children.get(name)) {
-                Some(keys) => keys.iter().copied().collect(),
+            Target::Parent(dir) => match event.name.and_then(|name| dir.children.get(name)) {
+                Some(keys) => keys.to_vec(),
                 None => Vec::new(),
             },
         };
@@ -401,8 +436,8 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             return;
         };
         let keys: Vec<K> = match watch.target {
-            Target::Events(keys) => keys.into_iter().collect(),
-            Target::Parent(children) => children.into_values().flatten().collect(),
+            Target::Events(keys) => keys,
+            Target::Parent(dir) => dir.children.into_values().flatten().collect(),
         };
         for key in keys {
             if let Some(unit) = self.units.get_mut(&key) {

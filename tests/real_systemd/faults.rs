@@ -122,10 +122,14 @@ fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
     // run in six the manager itself does not answer that request for 90 s (systemctl then
     // fails with "Transport endpoint is not connected"), so a failed wake is only retried, and
     // this wait outlasts the manager's stall.
-    sandbox.wait_until("the agent is back on the bus", MANAGER_STALL + PATIENCE, || {
-        sandbox.systemctl(&["show", "-p", "ActiveState", "dbus.service"]);
-        agent.log_text().contains("back on the bus")
-    });
+    sandbox.wait_until(
+        "the agent is back on the bus",
+        MANAGER_STALL + PATIENCE,
+        || {
+            sandbox.systemctl(&["show", "-p", "ActiveState", "dbus.service"]);
+            agent.log_text().contains("back on the bus")
+        },
+    );
     // The bus comes back when something connects to its socket (systemd socket-activates it),
     // and the agent's reconnect is such a thing.
     let event = one(

@@ -1,16 +1,25 @@
 //! 10,000 watched units (`EXITPROOF_SCALE_UNITS` to change it): bounded memory, no inotify
 //! watch leak, every unit proven after a mass kill. Starting that many units takes minutes, so
 //! this suite is marked ignored and runs on request:
-//! `cargo test --release --test real_systemd -- --ignored scale`. It prints what it measured.
+//! `cargo test --release --test real_systemd -- --ignored scale`. It prints what it measured:
+//! resident memory split into anonymous (heap) and file-backed (binary, libraries) pages, and
+//! the largest mappings, while watching, once all are proven, and once all are unwatched.
+//!
+//! `EXITPROOF_SCALE_HEAPTRACK=DIR` (a directory outside `/tmp`, which the sandbox replaces)
+//! runs the agent under heaptrack's preloaded library and writes `DIR/{watching,proven,
+//! unwatched}.heaptrack`: what was allocated up to each point, with what was still live
+//! reported as leaked (`heaptrack_print --print-leaks 1 DIR/watching.heaptrack`).
 
 use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 
 use crate::Test;
 use crate::support::Sandbox;
-use crate::support::agent::Agent;
+use crate::support::agent::{Agent, SOCKET, STATE_DIR};
 
 pub const TESTS: &[Test] = &[(
     "ten_thousand_units_are_watched_and_proven_with_no_leak",
@@ -37,6 +46,69 @@ fn status(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
         .unwrap_or(0)
 }
+
+/// The agent's resident memory split by what backs it (`/proc/PID/status`: anonymous is the
+/// heap and stacks, file is the binary's and libraries' pages), and where it lies: each
+/// mapping's resident size from `/proc/PID/smaps`, summed by name (`[anon]` for the unnamed),
+/// largest first.
+fn memory(pid: u32) -> String {
+    let mut by_name: Vec<(String, u64)> = Vec::new();
+    let mut name = String::new();
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or_default();
+        if first == "Rss:" {
+            let kib: u64 = fields.next().and_then(|k| k.parse().ok()).unwrap_or(0);
+            match by_name.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, total)) => *total += kib,
+                None => by_name.push((name.clone(), kib)),
+            }
+        } else if first.contains('-') && !first.ends_with(':') {
+            let path = line.split_whitespace().nth(5).unwrap_or("[anon]");
+            name = path.rsplit('/').next().unwrap_or(path).to_owned();
+        }
+    }
+    by_name.sort_by_key(|(_, kib)| std::cmp::Reverse(*kib));
+    let largest: Vec<String> = by_name
+        .iter()
+        .take(6)
+        .map(|(name, kib)| format!("{name} {kib}"))
+        .collect();
+    format!(
+        "RSS {} KiB (anon {}, file {}; largest mappings, KiB: {})",
+        status(pid, "VmRSS:"),
+        status(pid, "RssAnon:"),
+        status(pid, "RssFile:"),
+        largest.join(", ")
+    )
+}
+
+/// heaptrack's preloaded library, which records every allocation to a file as it happens.
+const HEAPTRACK_PRELOAD: &str = "/usr/lib/heaptrack/libheaptrack_preload.so";
+const HEAPTRACK_INTERPRET: &str = "/usr/lib/heaptrack/libexec/heaptrack_interpret";
+
+/// Turns what heaptrack recorded so far into `dir/phase.heaptrack`. The raw record is taken
+/// up to now and interpreted while the agent's binary is still reachable by the path it was
+/// run from (through this process's `/proc/PID/root`).
+fn heap_snapshot(dir: &Path, phase: &str) {
+    let raw = dir.join(format!("{phase}.raw"));
+    std::fs::copy(dir.join("agent.raw"), &raw).expect("copy heaptrack's record");
+    let output = std::fs::File::create(dir.join(format!("{phase}.heaptrack")))
+        .expect("create the heap profile");
+    let status = Command::new(HEAPTRACK_INTERPRET)
+        .stdin(std::fs::File::open(&raw).expect("open the copied record"))
+        .stdout(output)
+        .stderr(Stdio::inherit())
+        .status()
+        .expect("run heaptrack_interpret");
+    assert!(status.success(), "heaptrack_interpret: {status}");
+    std::fs::remove_file(raw).expect("remove the copied record");
+}
+
+/// Long enough for the agent to give back the memory of a burst, which it does once a second
+/// after the loop had something to do.
+const SETTLE: Duration = Duration::from_secs(3);
 
 fn schedstat_ns(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/schedstat"))
@@ -89,9 +161,27 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
             .tempdir_in(base)
             .expect("a state directory under EXITPROOF_SCALE_STATE_DIR")
     });
-    let agent = match &disk_state {
-        Some(dir) => Agent::start_in(&sandbox, &dir.path().to_string_lossy(), &[]),
-        None => Agent::start(&sandbox),
+    let state_dir = match &disk_state {
+        Some(dir) => dir.path().to_string_lossy().into_owned(),
+        None => STATE_DIR.to_owned(),
+    };
+    let heap_dir = std::env::var_os("EXITPROOF_SCALE_HEAPTRACK").map(PathBuf::from);
+    let env = match &heap_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).expect("create the heap profile directory");
+            let record = dir.join("agent.raw");
+            vec![
+                format!("LD_PRELOAD={HEAPTRACK_PRELOAD}"),
+                format!("DUMP_HEAPTRACK_OUTPUT={}", record.display()),
+            ]
+        }
+        None => Vec::new(),
+    };
+    let agent = Agent::start_with_env(&sandbox, SOCKET, &state_dir, &[], &env);
+    let snapshot = |phase: &str| {
+        if let Some(dir) = &heap_dir {
+            heap_snapshot(dir, phase);
+        }
     };
     let mut conn = agent.connect();
     // Pipelined: another thread writes every request without waiting for an answer, while
@@ -127,12 +217,15 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
         watches > units && watches <= units + 2,
         "{watches} inotify watches"
     );
-    assert_eq!(status(pid, "Threads:"), 1);
+    // heaptrack's library runs a thread of its own.
+    if heap_dir.is_none() {
+        assert_eq!(status(pid, "Threads:"), 1);
+    }
     let before = schedstat_ns(pid);
     std::thread::sleep(Duration::from_secs(60));
     let idle_ns = schedstat_ns(pid) - before;
-    let rss = status(pid, "VmRSS:");
-    let hwm = status(pid, "VmHWM:");
+    let watching = memory(pid);
+    snapshot("watching");
 
     let mut events = agent.connect();
     assert_eq!(events.request(&json!({"cmd": "events"}))["ok"], true);
@@ -151,9 +244,28 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
         Duration::from_secs(60),
         || inotify_watches(pid) == 0,
     );
+    std::thread::sleep(SETTLE);
+    let proven = memory(pid);
+    snapshot("proven");
+    for name in &names {
+        conn.send_raw(format!("{}\n", json!({"cmd": "unwatch", "unit": name})).as_bytes());
+    }
+    for _ in &names {
+        // Past the retention limit (1024 proven units) the oldest proofs are already gone.
+        let reply = conn.read();
+        assert!(
+            reply["ok"] == true || reply["error"]["kind"] == "not-watched",
+            "{reply}"
+        );
+    }
+    assert_eq!(conn.request(&json!({"cmd": "list"}))["units"], json!([]));
+    std::thread::sleep(SETTLE);
+    let unwatched = memory(pid);
+    snapshot("unwatched");
     eprintln!(
-        "scale: {units} units; RSS {rss} KiB watching, peak {hwm} KiB (after the kill {} KiB); \
-         idle CPU {idle_ns} ns over 60 s; {watches} inotify watches, 0 after the proofs",
+        "scale: {units} units; idle CPU {idle_ns} ns over 60 s; {watches} inotify watches, 0 \
+         after the proofs; peak RSS {} KiB\n  watching: {watching}\n  proven: {proven}\n  \
+         unwatched: {unwatched}",
         status(pid, "VmHWM:")
     );
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 use super::Sandbox;
 
 /// Where the agent's socket is inside the sandbox.
-const SOCKET: &str = "/run/exitproof-test.sock";
+pub const SOCKET: &str = "/run/exitproof-test.sock";
 /// Where the agent keeps its watch set inside the sandbox (a tmpfs that goes with it).
 pub const STATE_DIR: &str = "/run/exitproof-state";
 /// Generous: the agent starts in milliseconds, but CI machines are loaded.
@@ -52,15 +52,20 @@ impl Agent {
         Agent::start_at(sandbox, SOCKET, STATE_DIR, extra)
     }
 
-    /// Starts the agent keeping its watch set in `state_dir` (a path inside the sandbox), with
-    /// `extra` arguments after the usual ones.
-    pub fn start_in(sandbox: &Sandbox, state_dir: &str, extra: &[&str]) -> Agent {
-        Agent::start_at(sandbox, SOCKET, state_dir, extra)
-    }
-
     /// Starts the agent with its socket at `socket` and its state in `state_dir` (paths inside
     /// the sandbox), with `extra` arguments after the usual ones.
     pub fn start_at(sandbox: &Sandbox, socket: &str, state_dir: &str, extra: &[&str]) -> Agent {
+        Agent::start_with_env(sandbox, socket, state_dir, extra, &[])
+    }
+
+    /// As [`Agent::start_at`], with `env` variables (`NAME=value`) for the agent alone.
+    pub fn start_with_env(
+        sandbox: &Sandbox,
+        socket: &str,
+        state_dir: &str,
+        extra: &[&str],
+        env: &[String],
+    ) -> Agent {
         static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = sandbox.host_path(&format!(
@@ -69,7 +74,7 @@ impl Agent {
         ));
         let log_file = File::create(&log).expect("create the agent's log file");
         let child = sandbox
-            .command(&binary_in_sandbox())
+            .command_with_env(&binary_in_sandbox(), env)
             .args([
                 "agent",
                 "--user",

@@ -97,10 +97,17 @@ impl Sandbox {
     /// A command that runs `program` inside the sandbox's mount namespace, with the
     /// environment that finds its manager and bus.
     pub fn command(&self, program: &str) -> Command {
+        self.command_with_env(program, &[])
+    }
+
+    /// A command as [`Sandbox::command`], with `env` (`NAME=value`) set for `program` alone: not
+    /// for `nsenter`, which a preloaded library (a profiler's) could break.
+    pub fn command_with_env(&self, program: &str, env: &[String]) -> Command {
         let mut command = Command::new("nsenter");
         command
             .args(["-t", &self.pid.to_string(), "-m", "env"])
             .args(INNER_ENV)
+            .args(env)
             .arg(program);
         command
     }

@@ -40,12 +40,13 @@ use std::time::{Duration, Instant};
 pub use crate::cgroup::procs::NextInvocation;
 pub use event::{ProofEvent, WatchView};
 use waiters::Waiters;
-use watch::Watch;
+use watch::{Watch, Watches};
 
 use crate::cgroup::CgroupReading;
 use crate::control::protocol::{ErrorKind, Request, RequestId, Version};
 use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
+use crate::memory::shrink_when_sparse;
 use crate::proof::{Input as ProofInput, StopReason};
 use crate::systemd::manager::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
@@ -269,7 +270,7 @@ const RETRY_MAX: Duration = Duration::from_secs(5);
 pub struct Core {
     config: CoreConfig,
     outputs: VecDeque<Output>,
-    units: HashMap<UnitKey, Watch>,
+    units: Watches,
     /// Watches by the name the client used.
     by_name: HashMap<String, UnitKey>,
     /// Watches by systemd's own name for the unit (differs from the client's for an alias).
@@ -301,29 +302,61 @@ pub struct Core {
     replies_when_saved: Vec<(ReplyTo, Answer)>,
 }
 
-/// Keys by a string, several per string (an alias and its unit may both be watched).
+/// Keys by a string, several per string (an alias and its unit may both be watched), in the
+/// order they came. Almost every string has one key, so the first is held alone and only the
+/// others in a list: a list for each would cost an allocation a watch.
 #[derive(Debug, Default)]
-struct Index(HashMap<String, Vec<UnitKey>>);
+struct Index {
+    first: HashMap<String, UnitKey>,
+    others: HashMap<String, Vec<UnitKey>>,
+}
 
 impl Index {
     fn insert(&mut self, name: &str, key: UnitKey) {
-        let keys = self.0.entry(name.to_owned()).or_default();
-        if !keys.contains(&key) {
-            keys.push(key);
+        match self.first.get(name) {
+            None => {
+                self.first.insert(name.to_owned(), key);
+            }
+            Some(first) if *first == key => {}
+            Some(_) => {
+                let others = self.others.entry(name.to_owned()).or_default();
+                if !others.contains(&key) {
+                    others.push(key);
+                }
+            }
         }
     }
 
     fn remove(&mut self, name: &str, key: UnitKey) {
-        if let Some(keys) = self.0.get_mut(name) {
-            keys.retain(|k| *k != key);
-            if keys.is_empty() {
-                self.0.remove(name);
+        if self.first.get(name) == Some(&key) {
+            match self.others.get_mut(name) {
+                Some(others) => {
+                    self.first.insert(name.to_owned(), others.remove(0));
+                    if others.is_empty() {
+                        self.others.remove(name);
+                    }
+                }
+                None => {
+                    self.first.remove(name);
+                    shrink_when_sparse(&mut self.first);
+                }
+            }
+        } else if let Some(others) = self.others.get_mut(name) {
+            others.retain(|k| *k != key);
+            if others.is_empty() {
+                self.others.remove(name);
             }
         }
     }
 
     fn get(&self, name: &str) -> Vec<UnitKey> {
-        self.0.get(name).cloned().unwrap_or_default()
+        let others = self.others.get(name).into_iter().flatten();
+        self.first
+            .get(name)
+            .into_iter()
+            .chain(others)
+            .copied()
+            .collect()
     }
 }
 
@@ -335,7 +368,7 @@ impl Core {
         let mut core = Core {
             config,
             outputs: VecDeque::new(),
-            units: HashMap::new(),
+            units: Watches::default(),
             by_name: HashMap::new(),
             by_id: Index::default(),
             by_path: Index::default(),
@@ -769,6 +802,7 @@ impl Core {
         }
         if self.by_name.get(watch.unit.as_str()) == Some(&key) {
             self.by_name.remove(watch.unit.as_str());
+            shrink_when_sparse(&mut self.by_name);
         }
         self.by_id.remove(&watch.id, key);
         self.by_path.remove(&watch.path, key);

@@ -57,7 +57,7 @@ impl Core {
                     Ok(event) => {
                         let key = self.new_key();
                         self.by_name.insert(unit.to_string(), key);
-                        watch.event = Some(event);
+                        watch.event = Some(Box::new(event));
                         self.units.insert(key, watch);
                         self.proven_order.push_back((now, key));
                     }
@@ -72,11 +72,11 @@ impl Core {
                 stop_requested: record.stop_requested,
             };
             if record.stop_unsent && !rebooted {
-                watch.unsent_stop = Some(UnsentStop {
+                watch.unsent_stop = Some(Box::new(UnsentStop {
                     kind: StopKind::Proof(StopReason::Requested),
                     target: record.invocation.clone(),
                     first_read: 0,
-                });
+                }));
             }
             let key = self.new_key();
             self.by_name.insert(unit.to_string(), key);

@@ -19,7 +19,7 @@ impl Core {
         if proof.cause == Cause::Exited
             && let (Some(run_dir), Some(name)) = (watch.spec.run_dir.clone(), watch.record_name())
         {
-            watch.proof_pending = Some(proof);
+            watch.proof_pending = Some(Box::new(proof));
             self.outputs
                 .push_back(Output::TakeExitRecord { key, run_dir, name });
             return;
@@ -40,7 +40,7 @@ impl Core {
         else {
             return;
         };
-        self.proven(key, proof, record, now);
+        self.proven(key, *proof, record, now);
     }
 
     fn proven(&mut self, key: UnitKey, proof: Proof, record: Option<ExitRecord>, now: Instant) {
@@ -81,7 +81,7 @@ impl Core {
         // killed in between does not prove it again after its restart and release twice (a
         // launch file of the same path may by then belong to the next generation).
         if let Some(watch) = self.units.get_mut(&key) {
-            watch.event = Some(event.clone());
+            watch.event = Some(Box::new(event.clone()));
             if watch.release.is_some() {
                 self.dirty = true;
                 self.save_now(now);

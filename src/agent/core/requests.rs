@@ -121,7 +121,7 @@ impl Core {
                 };
                 self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
                 return;
-            } else if spec != WatchSpec::default() && spec != watch.spec {
+            } else if spec != WatchSpec::default() && spec != *watch.spec {
                 let message = format!("{unit} is already watched with other options");
                 self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
                 return;
@@ -172,7 +172,7 @@ impl Core {
         };
         match &watch.event {
             Some(event) => {
-                let event = Box::new(event.clone());
+                let event = event.clone();
                 self.reply(reply, Answer::Event(event));
             }
             None => {

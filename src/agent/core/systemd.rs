@@ -409,11 +409,11 @@ impl Core {
                 watch.unit
             );
             let first_read = if final_stop { watch.reads.sent + 1 } else { 0 };
-            watch.unsent_stop = Some(UnsentStop {
+            watch.unsent_stop = Some(Box::new(UnsentStop {
                 kind,
                 target,
                 first_read,
-            });
+            }));
             self.dirty = true;
             self.log(log::Level::Info, line);
             if final_stop {
@@ -456,7 +456,8 @@ impl Core {
         let Some(state) = watch.facts.state() else {
             return;
         };
-        let Some(UnsentStop { kind, target, .. }) = watch.unsent_stop.take() else {
+        let Some(UnsentStop { kind, target, .. }) = watch.unsent_stop.take().map(|stop| *stop)
+        else {
             return;
         };
         self.dirty = true;
