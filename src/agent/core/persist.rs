@@ -12,7 +12,7 @@ use std::time::Instant;
 use super::event::ProofEvent;
 use super::watch::{UnsentStop, Watch, WatchSpec};
 use super::{AgentState, Core, StopKind};
-use crate::agent::state::WatchRecord;
+use crate::agent::state::{ProofJson, WatchRecord};
 use crate::proof::release::Release;
 use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
 use crate::unit_name;
@@ -53,7 +53,7 @@ impl Core {
                 watch.release = Some(Release::resume(has_launch_file, record.stop_succeeded));
             }
             if let Some(proof) = record.proof {
-                match serde_json::from_value::<ProofEvent>(proof) {
+                match proof.decode::<ProofEvent>() {
                     Ok(event) => {
                         let key = self.new_key();
                         self.by_name.insert(unit.to_string(), key);
@@ -144,7 +144,7 @@ fn record_of(watch: &Watch) -> Option<WatchRecord> {
         proof: watch
             .event
             .as_ref()
-            .and_then(|event| serde_json::to_value(event).ok()),
+            .and_then(|event| ProofJson::encode(event).ok()),
         control_group: (!watch.control_group.is_empty()).then(|| watch.control_group.clone()),
         stop_unsent: watch
             .unsent_stop

@@ -351,8 +351,8 @@ impl Sim {
         for record in &self.saved.watches {
             let Some(event) = record
                 .proof
-                .clone()
-                .and_then(|proof| serde_json::from_value::<ProofEvent>(proof).ok())
+                .as_ref()
+                .and_then(|proof| proof.decode::<ProofEvent>().ok())
             else {
                 continue;
             };
