@@ -159,6 +159,12 @@ enum Cmd {
     Events,
     /// Print this CLI's version and the running agent's (its version and protocol version).
     Version,
+    /// Print the completion script for a shell, generated from this command line's definition.
+    #[cfg(feature = "docs")]
+    Completions { shell: clap_complete::Shell },
+    /// Print the man page (roff), generated from this command line's definition.
+    #[cfg(feature = "docs")]
+    Man,
 }
 
 /// Permission bits in octal, such as `600` or `0660`.
@@ -291,7 +297,33 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             agent?;
             Ok(ExitCode::SUCCESS)
         }
+        #[cfg(feature = "docs")]
+        Cmd::Completions { shell } => {
+            // Into a buffer first: clap_complete panics on a failed write, and a closed pipe
+            // (`exitproof completions bash | head`) deserves an error message, not a panic.
+            let mut script = Vec::new();
+            let mut cli = <Cli as clap::CommandFactory>::command();
+            clap_complete::generate(shell, &mut cli, "exitproof", &mut script);
+            write_stdout(&script)
+        }
+        #[cfg(feature = "docs")]
+        Cmd::Man => {
+            let mut page = Vec::new();
+            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
+                .render(&mut page)
+                .map_err(|e| format!("render the man page: {e}"))?;
+            write_stdout(&page)
+        }
     }
+}
+
+#[cfg(feature = "docs")]
+fn write_stdout(bytes: &[u8]) -> Result<ExitCode, String> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(bytes)
+        .and_then(|()| out.flush())
+        .map_err(|e| format!("write to stdout: {e}"))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn wait_like(
