@@ -13,6 +13,7 @@ pub mod atomic_file;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod cgroup;
+#[cfg(feature = "cli")]
 pub mod cli;
 pub mod control;
 pub mod duration;

@@ -10,13 +10,17 @@ use std::env;
 use std::ffi::OsString;
 use std::fmt;
 use std::fs;
+#[cfg(feature = "cli")]
 use std::io::{self, Write};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+#[cfg(feature = "cli")]
+use std::os::fd::AsFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use nix::errno::Errno;
+#[cfg(feature = "cli")]
 use nix::libc::{dev_t, ino_t};
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, UnixAddr, sendto, socket};
 
@@ -345,6 +349,7 @@ fn is_single_threaded() -> bool {
 /// stderr is the journal stream systemd named in `JOURNAL_STREAM`, each line starts with its syslog
 /// priority (see [`journal_prefix`]) and carries no timestamp, since the journal adds its own;
 /// otherwise lines have env_logger's usual format. A second call keeps the first logger.
+#[cfg(feature = "cli")]
 pub fn init_logging() {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
@@ -374,6 +379,7 @@ pub fn journal_prefix(level: log::Level) -> &'static str {
 
 /// Formats one log record for the journal: `<P>target: message`, with every further line of the
 /// message prefixed too, since the journal makes each line its own entry.
+#[cfg(feature = "cli")]
 fn journal_lines(level: log::Level, target: &str, message: &str) -> String {
     let prefix = journal_prefix(level);
     let mut text = format!("{prefix}{target}: ");
@@ -388,6 +394,7 @@ fn journal_lines(level: log::Level, target: &str, message: &str) -> String {
 }
 
 /// Parses `JOURNAL_STREAM`, `device:inode` in decimal.
+#[cfg(feature = "cli")]
 fn parse_journal_stream(value: &str) -> Option<(dev_t, ino_t)> {
     let (device, inode) = value.split_once(':')?;
     Some((device.parse().ok()?, inode.parse().ok()?))
@@ -395,11 +402,13 @@ fn parse_journal_stream(value: &str) -> Option<(dev_t, ino_t)> {
 
 /// Whether stderr is the journal stream systemd connected: `JOURNAL_STREAM` alone is not enough,
 /// since a child of a service inherits it even when its stderr goes elsewhere.
+#[cfg(feature = "cli")]
 fn stderr_is_journal() -> bool {
     is_journal_stream(env::var("JOURNAL_STREAM").ok().as_deref(), io::stderr())
 }
 
 /// Whether `file` is the stream a `JOURNAL_STREAM` value of `value` names.
+#[cfg(feature = "cli")]
 fn is_journal_stream(value: Option<&str>, file: impl AsFd) -> bool {
     let Some(expected) = value.and_then(parse_journal_stream) else {
         return false;
@@ -604,6 +613,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn journal_lines_prefix_every_line() {
         let cases = [
@@ -623,6 +633,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn journal_stream_values() {
         let cases = [
@@ -639,6 +650,7 @@ mod tests {
         }
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn journal_stream_must_name_the_file_itself() {
         let file = tempfile::tempfile().expect("create temporary file");
