@@ -4,6 +4,10 @@
 //! Exit codes: 0 proven or done, 75 still running when the timeout passed, 2 usage error,
 //! 1 any other error (with a one-line message on stderr).
 
+// The doc comments of the command line are clap's help text, plain text where `<invocation>`
+// is no HTML tag.
+#![allow(rustdoc::invalid_html_tags)]
+
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;

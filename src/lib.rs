@@ -8,20 +8,25 @@
 //! machine, [`proof::UnitProof`]; the [`agent`] is one single-threaded mio loop that feeds it.
 //! See ARCHITECTURE.md for the map.
 
+#![warn(missing_docs)]
+
 pub mod agent;
-pub mod atomic_file;
+pub(crate) mod atomic_file;
+// The binaries' own code, public only so that `src/main.rs` and `src/bin/` can call it: not API.
 #[cfg(feature = "bench")]
+#[doc(hidden)]
 pub mod bench;
-pub mod cgroup;
+pub(crate) mod cgroup;
 #[cfg(feature = "cli")]
+#[doc(hidden)]
 pub mod cli;
 pub mod control;
-pub mod duration;
+pub(crate) mod duration;
 pub mod exit;
-pub mod memory;
+pub(crate) mod memory;
 pub mod proof;
 #[cfg(any(test, feature = "bench"))]
 mod rng;
-pub mod service;
+pub(crate) mod service;
 pub mod systemd;
 pub mod unit_name;

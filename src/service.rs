@@ -219,6 +219,7 @@ impl Notifier {
         self.send("STOPPING", "STOPPING=1")
     }
 
+    #[cfg(test)]
     /// Sets the one-line status `systemctl status` shows (`STATUS=...`); see [`status_message`].
     pub fn status(&self, text: &str) -> Result<(), NotifyError> {
         self.send("STATUS", &status_message(text))
@@ -233,11 +234,6 @@ impl Notifier {
     /// `None` when no watchdog is armed for this process.
     pub fn watchdog_interval(&self) -> Option<Duration> {
         self.watchdog.map(|timeout| timeout / 2)
-    }
-
-    /// Where notifications go.
-    pub fn address(&self) -> &NotifyAddress {
-        &self.address
     }
 
     fn send(&self, variable: &'static str, message: &str) -> Result<(), NotifyError> {
@@ -304,6 +300,7 @@ pub fn parse_watchdog(
     Ok(Some(Duration::from_micros(micros)))
 }
 
+#[cfg(test)]
 /// The `STATUS=` notification for `text`. Newlines and NUL bytes become spaces: a newline would
 /// start another assignment, and the manager ignores a datagram containing NUL.
 pub fn status_message(text: &str) -> String {

@@ -1,4 +1,4 @@
-//! The agent's driver: one single-threaded mio loop around the pure [`core::Core`].
+//! The agent's driver: one single-threaded mio loop around the pure `core::Core`.
 //!
 //! The core holds every rule; this module only turns OS events into the core's inputs (D-Bus
 //! signals and replies, inotify notices, control requests, signals, the clock) and carries out
@@ -8,11 +8,11 @@
 //! runtime's own timers, a reconnect or a watchdog keep-alive.
 
 mod bus;
-pub mod core;
-pub mod dirs;
+pub(crate) mod core;
+pub(crate) mod dirs;
 #[cfg(test)]
 mod sim;
-pub mod state;
+pub(crate) mod state;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -67,8 +67,11 @@ pub use crate::systemd::Bus;
 /// How the agent runs.
 #[derive(Clone, Debug)]
 pub struct AgentConfig {
+    /// Where systemd is reached: the system bus or the session bus.
     pub bus: Bus,
+    /// The control socket's path.
     pub socket: PathBuf,
+    /// Who may use the control socket, its mode and its limits.
     pub server: ServerOptions,
     /// The deadline of every D-Bus call, StopUnit included.
     pub method_timeout: Duration,
@@ -102,16 +105,24 @@ impl AgentConfig {
 /// Why the agent could not start or had to stop.
 #[derive(Debug)]
 pub enum AgentError {
+    /// A system call of the loop failed.
     Io {
+        /// What was being done.
         what: &'static str,
+        /// The error.
         source: io::Error,
     },
+    /// systemd could not be reached at start.
     Connect(crate::systemd::ConnectError),
+    /// The cgroup v2 mount or the inotify watcher could not be set up.
     Cgroup(CgroupError),
+    /// The control socket could not be set up.
     Control(ControlError),
+    /// The state file could not be read at start.
     State(StateError),
     /// A save failed: nothing after it was carried out, so nobody was told anything it held.
     Save(StateError),
+    /// A missing directory of the socket or the state could not be created.
     Dir(DirError),
 }
 

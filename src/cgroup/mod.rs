@@ -12,8 +12,8 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-pub use events::{CgroupReading, EventsParseError, parse_populated};
-pub use mount::{cgroup2_mount, find_cgroup2_mount};
+pub use events::{CgroupReading, parse_populated};
+pub use mount::cgroup2_mount;
 pub use watcher::{CgroupWatcher, Notice};
 
 /// Where the kernel's limit on inotify watches per user is set; named in [`CgroupError::WatchLimit`].

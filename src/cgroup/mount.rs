@@ -27,6 +27,7 @@ pub fn cgroup2_mount_candidates(mountinfo: &str) -> Vec<PathBuf> {
         .collect()
 }
 
+#[cfg(test)]
 /// The best cgroup v2 mount point listed in `mountinfo`, if any.
 pub fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     cgroup2_mount_candidates(mountinfo).into_iter().next()

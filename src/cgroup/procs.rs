@@ -387,6 +387,7 @@ pub enum StartOrder {
 }
 
 impl StartOrder {
+    #[cfg(test)]
     /// Whether a process with this order must be counted as started before the threshold: unless it
     /// certainly started at or after it, it is.
     pub fn counts_as_before(self) -> bool {
@@ -930,6 +931,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
         }
     }
 
+    #[cfg(test)]
     /// The pids tracked for `key`, in no order.
     pub fn tracked(&self, key: K) -> impl Iterator<Item = i32> + '_ {
         self.by_key
@@ -938,16 +940,19 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
             .flat_map(|pids| pids.keys().copied())
     }
 
+    #[cfg(test)]
     /// How many processes are tracked for `key`.
     pub fn tracked_count(&self, key: K) -> usize {
         self.by_key.get(&key).map_or(0, HashMap::len)
     }
 
+    #[cfg(test)]
     /// How many pidfds are held for all keys.
     pub fn len(&self) -> usize {
         self.watched.len()
     }
 
+    #[cfg(test)]
     /// Whether no pidfd is held.
     pub fn is_empty(&self) -> bool {
         self.watched.is_empty()

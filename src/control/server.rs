@@ -290,7 +290,7 @@ impl ControlServer {
     /// `busy` error with its id is queued instead. Returns false exactly as [`ControlServer::send`]
     /// does; a client dropped later, mid-reply, is reported as `Closed` and its reply dropped.
     ///
-    /// ```ignore
+    /// ```text
     /// server.send_streamed(registry, client, protocol::list_reply(id, views));
     /// ```
     pub fn send_streamed(

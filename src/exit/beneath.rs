@@ -31,29 +31,54 @@ pub enum BeneathError {
         reason: &'static str,
     },
     /// The directory could not be opened (missing, not a directory, or a symlink).
-    OpenDir { dir: PathBuf, source: io::Error },
+    OpenDir {
+        /// The directory.
+        dir: PathBuf,
+        /// The error of `openat2` or `open`.
+        source: io::Error,
+    },
     /// No file of that name is in the directory.
-    NotFound { dir: PathBuf, name: String },
+    NotFound {
+        /// The directory.
+        dir: PathBuf,
+        /// The file's name in it.
+        name: String,
+    },
     /// The name resolved through a symlink or out of the directory, or the file has other hard
     /// links (one could be a file the tenant may not read).
     Refused {
+        /// The directory.
         dir: PathBuf,
+        /// The file's name in it.
         name: String,
+        /// Why it was refused.
         reason: &'static str,
     },
     /// The file is a FIFO, directory, socket or device; it was not read.
-    NotRegular { dir: PathBuf, name: String },
+    NotRegular {
+        /// The directory.
+        dir: PathBuf,
+        /// The file's name in it.
+        name: String,
+    },
     /// The file has more than `limit` bytes.
     TooLarge {
+        /// The directory.
         dir: PathBuf,
+        /// The file's name in it.
         name: String,
+        /// The limit in bytes.
         limit: usize,
     },
     /// Any other failure of the system call named by `action`.
     Io {
+        /// The directory.
         dir: PathBuf,
+        /// The file's name in it.
         name: String,
+        /// The system call, e.g. `read`.
         action: &'static str,
+        /// Its error.
         source: io::Error,
     },
 }

@@ -1,5 +1,5 @@
 //! Exit records: how a unit's main process ended, written by the unit's own `ExecStopPost=`
-//! command ([`write`]) and read once by the agent to word the proof's event line ([`record`]).
+//! command ([`mod@write`]) and read once by the agent to word the proof's event line ([`record`]).
 //!
 //! A record is advisory. It lives in a directory the tenant can write, so it is never evidence
 //! that anything is over: the proof comes from systemd and the cgroup alone, and the record only

@@ -102,8 +102,11 @@ pub fn exit_level(record: Option<&ExitRecord>) -> Level {
 /// An exit record fit to publish: every field passed through [`record_token`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SanitizedRecord {
+    /// systemd's `$SERVICE_RESULT`: `success`, `exit-code`, `signal`, `core-dump`, `timeout`…
     pub result: String,
+    /// `$EXIT_CODE`: `exited`, `killed` or `dumped`.
     pub code: String,
+    /// `$EXIT_STATUS`: an exit status (`3`) or a signal's name (`KILL`).
     pub status: String,
 }
 

@@ -24,8 +24,11 @@ pub enum WriteRecordError {
     BadName(BeneathError),
     /// The system call named by `action` failed on `path`.
     Io {
+        /// The file or directory.
         path: PathBuf,
+        /// The system call, e.g. `rename`.
         action: &'static str,
+        /// Its error.
         source: io::Error,
     },
 }

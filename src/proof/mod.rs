@@ -6,8 +6,7 @@
 //! [`UnitProof::poll_timeout`]. After every mutation the driver drains `poll_output` until it
 //! returns `None`, carries each output out, and arms a timer for `poll_timeout`.
 //!
-//! The decision table is the one of the Go design this replaces (`observe` in
-//! `seed_unitproc.go`), branch for branch; only the trigger changed, from a one-second poll to
+//! The decision table is the one of the polling design this replaces, branch for branch; only the trigger changed, from a one-second poll to
 //! an event:
 //!
 //! | systemd says (with `stop` = a stop of ours was requested) | then |
@@ -38,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cgroup::CgroupReading;
+pub use crate::cgroup::CgroupReading;
 
 /// How often a repeated condition may be logged for one unit (the seed's rate limit).
 pub const LOG_INTERVAL: Duration = Duration::from_secs(2);
@@ -69,6 +68,7 @@ impl UnitState {
 /// What a proof keeps across a restart of the agent.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Resumed {
+    /// A stop of ours was requested before the restart.
     pub stop_requested: bool,
 }
 
@@ -107,7 +107,9 @@ pub enum StopReason {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Level {
+    /// A clean end: the unit exited 0 or was stopped as asked.
     Info,
+    /// Anything else: a failure, a signal, a missing exit record, a reboot.
     Warn,
 }
 
@@ -128,8 +130,11 @@ pub enum Cause {
 /// The proof that every process of our invocation is gone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Proof {
+    /// What proved it.
     pub cause: Cause,
+    /// How it ended, for the event's severity.
     pub level: Level,
+    /// One line for people.
     pub message: String,
 }
 
@@ -137,8 +142,11 @@ pub struct Proof {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
+    /// Not proven; no stop of ours was requested.
     Watching,
+    /// Not proven; a stop of ours was requested.
     Stopping,
+    /// Every process of the invocation is gone. Final.
     Proven,
 }
 
@@ -213,6 +221,33 @@ struct Verdict {
 }
 
 /// The per-unit termination proof.
+///
+/// A unit whose invocation ends and whose cgroup is then read empty:
+///
+/// ```
+/// use std::time::Instant;
+/// use exitproof::proof::{CgroupReading, Cause, Input, Output, UnitProof, UnitState};
+///
+/// let ours = "c1a411bea0f8482a98b06f95dabafd31";
+/// let mut proof = UnitProof::new(ours.to_owned());
+/// let now = Instant::now();
+/// let state = |active: &str| UnitState {
+///     active_state: active.to_owned(),
+///     invocation: ours.to_owned(),
+/// };
+/// proof.handle_input(Input::State(state("active")), now);
+/// assert_eq!(proof.poll_output(), None);
+///
+/// // systemd says our invocation is over: the proof asks for a fresh read of the cgroup...
+/// proof.handle_input(Input::State(state("inactive")), now);
+/// assert_eq!(proof.poll_output(), Some(Output::ReadCgroup));
+/// // ...and proves only from that read.
+/// proof.handle_input(Input::Cgroup(CgroupReading::Empty), now);
+/// let Some(Output::Proven(done)) = proof.poll_output() else {
+///     panic!("not proven")
+/// };
+/// assert_eq!(done.cause, Cause::Exited);
+/// ```
 #[derive(Debug)]
 pub struct UnitProof {
     invocation: String,

@@ -13,7 +13,10 @@ pub enum ReleaseInput {
     /// A StopUnit of ours went out.
     StopIssued,
     /// A StopUnit of ours came back, successful or not.
-    StopFinished { succeeded: bool },
+    StopFinished {
+        /// systemd accepted the StopUnit.
+        succeeded: bool,
+    },
     /// The unit is proven gone.
     Proven,
     /// The unit is proven gone because the machine rebooted: its launch file goes, but no
@@ -69,6 +72,7 @@ impl Release {
         self.stop_succeeded
     }
 
+    /// Takes in one fact; what it makes the driver do is in [`Release::take_outputs`].
     pub fn handle(&mut self, input: ReleaseInput) {
         match input {
             ReleaseInput::StopIssued => self.stops_in_flight += 1,

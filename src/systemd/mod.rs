@@ -1,8 +1,8 @@
 //! The systemd side: decoding its signals and calling its manager over D-Bus, on the caller's
 //! own mio loop.
-pub mod manager;
+pub(crate) mod manager;
 pub mod runtime;
-pub mod signal;
+pub(crate) mod signal;
 
 use std::fmt;
 use std::time::Duration;
@@ -33,8 +33,11 @@ impl fmt::Display for Bus {
 /// Why systemd could not be reached.
 #[derive(Debug)]
 pub enum ConnectError {
+    /// The runtime could not run the connection.
     Runtime(std::io::Error),
+    /// Connecting to the bus failed.
     Bus(Bus, zbus::Error),
+    /// Subscribing to systemd's signals failed.
     Subscribe(ManagerError),
 }
 

@@ -548,11 +548,6 @@ impl Core {
             .map(crate::proof::UnitProof::invocation)
     }
 
-    /// How many units are watched, proven ones included.
-    pub fn watch_count(&self) -> usize {
-        self.units.len()
-    }
-
     fn new_key(&mut self) -> UnitKey {
         let key = UnitKey(self.next_key);
         self.next_key += 1;

@@ -250,10 +250,6 @@ impl Watches {
         watch
     }
 
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
     pub fn iter(&self) -> impl Iterator<Item = (&UnitKey, &Watch)> {
         self.0.iter().map(|(key, watch)| (key, &**watch))
     }
