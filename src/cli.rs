@@ -14,14 +14,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use serde_json::{Value, json};
 
 use crate::agent::{self, AgentConfig, Bus};
+use crate::control::ControlError;
 use crate::control::client::Client;
-use crate::control::protocol::parse_invocation_id;
+use crate::control::protocol::{ErrorKind, WatchArgs, parse_invocation_id};
+use crate::control::wire::ProofEvent;
 use crate::duration::{parse_duration, parse_interval};
 use crate::exit::write::{default_record_name, record_from_env, write_record};
 use crate::unit_name::{self, UnitName};
+
+mod render;
+
+use render::{Listing, Render, Unwatched, Versions};
 
 /// Proves that every process of a systemd unit is gone.
 #[derive(Debug, Parser)]
@@ -29,6 +34,8 @@ use crate::unit_name::{self, UnitName};
 pub struct Cli {
     #[command(flatten)]
     socket: SocketArgs,
+    #[command(flatten)]
+    output: OutputArgs,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -55,6 +62,31 @@ impl SocketArgs {
             .clone()
             .unwrap_or_else(|| default_socket(self.bus()))
     }
+}
+
+/// How results are printed.
+#[derive(Debug, Args)]
+struct OutputArgs {
+    /// Print JSON lines, the agent's own values, instead of text for a person.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+impl OutputArgs {
+    fn format(&self) -> Format {
+        if self.json {
+            Format::Json
+        } else {
+            Format::Human
+        }
+    }
+}
+
+/// How a result is printed ([`Render`]).
+#[derive(Clone, Copy, Debug)]
+enum Format {
+    Human,
+    Json,
 }
 
 /// The default state directory for `bus`.
@@ -157,9 +189,9 @@ enum Cmd {
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
     },
-    /// Print one JSON line per watched unit.
+    /// Print the watched units: a table, or one JSON line per unit with --json.
     List,
-    /// Print every event as a JSON line until interrupted.
+    /// Print every event as it comes, until interrupted.
     Events,
     /// Print this CLI's version and the running agent's (its version and protocol version).
     Version,
@@ -200,6 +232,7 @@ pub fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode, String> {
     let socket = cli.socket;
+    let format = cli.output.format();
     match cli.command {
         Cmd::Agent {
             method_timeout,
@@ -228,34 +261,27 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             generation,
             launch_file,
         } => {
-            let mut request = json!({"cmd": "watch", "unit": unit.as_str()});
-            let paths = [("run_dir", run_dir), ("launch_file", launch_file)];
-            for (field, path) in paths {
-                if let Some(path) = path {
-                    // The agent wants absolute paths; a relative one means "from here".
-                    let absolute = std::path::absolute(&path)
-                        .map_err(|e| format!("{field} {}: {e}", path.display()))?;
-                    let text = absolute
-                        .to_str()
-                        .ok_or_else(|| format!("{field} {} is not UTF-8", path.display()))?;
-                    request[field] = Value::from(text);
-                }
-            }
-            if let Some(invocation) = invocation {
-                request["invocation"] = Value::String(invocation);
-            }
-            if let Some(record) = record {
-                request["record"] = Value::String(record);
-            }
-            if let Some(generation) = generation {
-                request["gen"] = json!(generation);
-            }
-            let response = call(&socket, &request)?;
-            print_line(&response["watch"])?;
-            Ok(ExitCode::SUCCESS)
+            let args = WatchArgs {
+                invocation,
+                run_dir: run_dir.map(|p| absolute("run_dir", p)).transpose()?,
+                record,
+                generation,
+                launch_file: launch_file
+                    .map(|p| absolute("launch_file", p))
+                    .transpose()?,
+                ..WatchArgs::new(unit)
+            };
+            let view = connect(&socket)?.watch(args).map_err(|e| e.to_string())?;
+            print(format, &view)
         }
-        Cmd::Wait { unit, timeout } => wait_like("wait", &unit, timeout, &socket),
-        Cmd::Stop { unit, timeout } => wait_like("stop", &unit, timeout, &socket),
+        Cmd::Wait { unit, timeout } => {
+            let answer = connect(&socket)?.wait(&unit, timeout);
+            print_proof(format, &unit, answer)
+        }
+        Cmd::Stop { unit, timeout } => {
+            let answer = connect(&socket)?.stop(&unit, timeout);
+            print_proof(format, &unit, answer)
+        }
         Cmd::Record { dir, name } => {
             let (record, invocation) =
                 record_from_env(|var| std::env::var(var).ok()).map_err(|e| e.to_string())?;
@@ -272,32 +298,35 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Unwatch { unit } => {
-            call(&socket, &json!({"cmd": "unwatch", "unit": unit.as_str()}))?;
-            Ok(ExitCode::SUCCESS)
+            connect(&socket)?
+                .unwatch(&unit)
+                .map_err(|e| e.to_string())?;
+            print(format, &Unwatched(unit))
         }
         Cmd::List => {
-            let response = call(&socket, &json!({"cmd": "list"}))?;
-            for unit in response["units"].as_array().into_iter().flatten() {
-                print_line(unit)?;
-            }
-            Ok(ExitCode::SUCCESS)
+            let units = connect(&socket)?.list().map_err(|e| e.to_string())?;
+            let listing = Listing {
+                units,
+                now_mono_ns: agent::monotonic_ns(),
+            };
+            print(format, &listing)
         }
         Cmd::Events => {
-            let mut client = connect(&socket)?;
-            let response = client
-                .request(&json!({"cmd": "events"}))
-                .map_err(|e| e.to_string())?;
-            check(&response)?;
-            while let Some(line) = client.next_line().map_err(|e| e.to_string())? {
-                print_line(&line["event"])?;
+            let events = connect(&socket)?.events().map_err(|e| e.to_string())?;
+            for event in events {
+                print(format, &event.map_err(|e| e.to_string())?)?;
             }
             Err("the agent closed the connection".into())
         }
         Cmd::Version => {
-            let agent = call(&socket, &json!({"cmd": "version"}))
-                .map(|response| response["version"].clone());
+            let agent =
+                connect(&socket).and_then(|mut client| client.version().map_err(|e| e.to_string()));
             // The CLI's own version is worth printing even when the agent cannot be asked.
-            print_line(&json!({"cli": env!("CARGO_PKG_VERSION"), "agent": agent.as_ref().ok()}))?;
+            let versions = Versions {
+                cli: env!("CARGO_PKG_VERSION"),
+                agent: agent.as_ref().ok().cloned(),
+            };
+            print(format, &versions)?;
             agent?;
             Ok(ExitCode::SUCCESS)
         }
@@ -330,53 +359,45 @@ fn write_stdout(bytes: &[u8]) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn wait_like(
-    cmd: &str,
+/// The answer of `wait` or `stop`: the proof, or exit 75 when the timeout passed first.
+fn print_proof(
+    format: Format,
     unit: &UnitName,
-    timeout: Option<Duration>,
-    socket: &SocketArgs,
+    answer: Result<ProofEvent, ControlError>,
 ) -> Result<ExitCode, String> {
-    let mut request = json!({"cmd": cmd, "unit": unit.as_str()});
-    if let Some(t) = timeout {
-        request["timeout_ms"] = json!(u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+    match answer {
+        Ok(event) => print(format, &event),
+        Err(e) if e.kind() == Some(ErrorKind::StillRunning) => {
+            eprintln!("exitproof: {unit} still running when the timeout passed");
+            Ok(ExitCode::from(EXIT_STILL_RUNNING))
+        }
+        Err(e) => Err(e.to_string()),
     }
-    let mut client = connect(socket)?;
-    let response = client.request(&request).map_err(|e| e.to_string())?;
-    if response["error"]["kind"] == "still-running" {
-        eprintln!("exitproof: {unit} still running when the timeout passed");
-        return Ok(ExitCode::from(EXIT_STILL_RUNNING));
+}
+
+/// The agent wants absolute paths; a relative one means "from here".
+fn absolute(field: &str, path: PathBuf) -> Result<PathBuf, String> {
+    let absolute =
+        std::path::absolute(&path).map_err(|e| format!("{field} {}: {e}", path.display()))?;
+    if absolute.to_str().is_none() {
+        return Err(format!("{field} {} is not UTF-8", path.display()));
     }
-    check(&response)?;
-    print_line(&response["event"])?;
-    Ok(ExitCode::SUCCESS)
+    Ok(absolute)
 }
 
 fn connect(socket: &SocketArgs) -> Result<Client, String> {
     Client::connect(&socket.path()).map_err(|e| e.to_string())
 }
 
-fn call(socket: &SocketArgs, request: &Value) -> Result<Value, String> {
-    let response = connect(socket)?
-        .request(request)
-        .map_err(|e| e.to_string())?;
-    check(&response)?;
-    Ok(response)
-}
-
-/// Turns an error response into the one-line message the CLI prints.
-fn check(response: &Value) -> Result<(), String> {
-    if response["ok"] == true {
-        return Ok(());
-    }
-    let message = response["error"]["message"]
-        .as_str()
-        .unwrap_or("the agent sent a response that is not understood");
-    Err(message.to_owned())
-}
-
-fn print_line(value: &Value) -> Result<(), String> {
+/// Prints a subcommand's result in `format` and exits 0.
+fn print(format: Format, result: &impl Render) -> Result<ExitCode, String> {
+    let text = match format {
+        Format::Human => result.human(),
+        Format::Json => result.json(),
+    };
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{value}")
+    out.write_all(text.as_bytes())
         .and_then(|()| out.flush())
-        .map_err(|e| format!("write to stdout: {e}"))
+        .map_err(|e| format!("write to stdout: {e}"))?;
+    Ok(ExitCode::SUCCESS)
 }

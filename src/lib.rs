@@ -21,6 +21,8 @@ pub(crate) mod cgroup;
 #[doc(hidden)]
 pub mod cli;
 pub mod control;
+// `DUR` arguments of the command lines.
+#[cfg(feature = "cli")]
 pub(crate) mod duration;
 pub mod exit;
 pub(crate) mod memory;

@@ -365,6 +365,7 @@ pub fn init_logging() {
 
 /// The syslog priority prefix the journal reads from the start of a line: `<3>` error, `<4>`
 /// warning, `<6>` info, `<7>` debug and trace.
+#[cfg(feature = "cli")]
 pub fn journal_prefix(level: log::Level) -> &'static str {
     match level {
         log::Level::Error => "<3>",
@@ -596,6 +597,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "cli")]
     #[test]
     fn journal_prefixes() {
         let cases = [

@@ -37,6 +37,7 @@ use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::control::ControlError;
 use crate::control::protocol::{Response, event_line, list_reply};
 use crate::control::server::{ControlServer, ServerEvent, ServerOptions};
+use crate::control::wire;
 use crate::exit::{read_record, remove_beneath};
 use crate::service::Notifier;
 use crate::systemd::ConnectError;
@@ -707,35 +708,17 @@ impl Agent {
     }
 }
 
-/// The line answering a caller.
+/// The line answering a caller, its payload one of the wire types the client reads.
 fn answer_line(id: Option<crate::control::protocol::RequestId>, answer: Answer) -> String {
-    fn ok<T: serde::Serialize>(
-        id: Option<crate::control::protocol::RequestId>,
-        field: &str,
-        value: &T,
-    ) -> String {
-        match serde_json::to_value(value) {
-            Ok(value) => {
-                let mut payload = serde_json::Map::new();
-                payload.insert(field.to_owned(), value);
-                Response::ok(id, payload).to_line()
-            }
-            Err(e) => Response::error(
-                id,
-                crate::control::protocol::ErrorKind::Internal,
-                format!("encode {field}: {e}"),
-            )
-            .to_line(),
-        }
-    }
-    match answer {
-        Answer::Done => Response::ok(id, ()).to_line(),
-        Answer::Watch(view) => ok(id, "watch", &view),
-        Answer::Event(event) => ok(id, "event", &event),
-        Answer::Units(views) => ok(id, "units", &views),
-        Answer::Version(version) => ok(id, "version", &version),
-        Answer::Error(kind, message) => Response::error(id, kind, message).to_line(),
-    }
+    let response = match answer {
+        Answer::Done => Response::ok(id, wire::Done {}),
+        Answer::Watch(view) => Response::ok(id, wire::WatchAnswer { watch: *view }),
+        Answer::Event(event) => Response::ok(id, wire::EventAnswer { event: *event }),
+        Answer::Units(units) => Response::ok(id, wire::ListAnswer { units }),
+        Answer::Version(version) => Response::ok(id, wire::VersionAnswer { version }),
+        Answer::Error(kind, message) => Response::error(id, kind, message),
+    };
+    response.to_line()
 }
 
 /// Reads the advisory exit record once and removes it: it must never count for a later

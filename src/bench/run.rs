@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::observer::{Arm, Observer};
 use super::poll::Poller;
@@ -19,9 +19,12 @@ use super::{BenchError, METHOD_TIMEOUT, children_cpu_ns, reap, schedstat_ns};
 use crate::agent::monotonic_ns;
 use crate::cgroup::cgroup2_mount;
 use crate::control::client::Client;
+use crate::control::protocol::{self, Request, WatchArgs};
+use crate::control::wire::WatchAnswer;
 use crate::systemd::manager::{SYSTEMD, read_unit, start_transient_service};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::{Bus, connect};
+use crate::unit_name::UnitName;
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -124,27 +127,18 @@ impl Drop for AgentChild {
 
 /// The agent's event stream, read on a thread: unit -> proven_mono_ns.
 fn follow_events(socket: &Path) -> Result<Arc<Mutex<HashMap<String, u64>>>, BenchError> {
-    let mut client = Client::connect(socket).map_err(BenchError::Control)?;
-    let reply = client
-        .request(&json!({"cmd": "events"}))
+    let events = Client::connect(socket)
+        .and_then(Client::events)
         .map_err(BenchError::Control)?;
-    if reply["ok"] != true {
-        return Err(BenchError::Failed(format!("subscribe to events: {reply}")));
-    }
     let proven: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
     let sink = proven.clone();
     std::thread::Builder::new()
         .name("bench events".into())
         .spawn(move || {
-            while let Ok(Some(line)) = client.next_line() {
-                let event = &line["event"];
-                if let (Some(unit), Some(at)) =
-                    (event["unit"].as_str(), event["proven_mono_ns"].as_u64())
-                {
-                    sink.lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(unit.to_owned(), at);
-                }
+            for event in events.map_while(Result::ok) {
+                sink.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(event.unit, event.proven_mono_ns);
             }
         })
         .map_err(|e| BenchError::Io("start the events thread".into(), e))?;
@@ -170,19 +164,20 @@ impl AgentContender {
         })
     }
 
+    /// Watches every unit, the requests pipelined on one connection.
     fn watch(&mut self, units: &[StartedUnit]) -> Result<(), BenchError> {
         for unit in units {
-            self.client
-                .send(&json!({"cmd": "watch", "unit": unit.name}))
-                .map_err(BenchError::Control)?;
+            let name = unit_name(&unit.name)?;
+            let request = Request {
+                id: None,
+                command: protocol::Command::Watch(WatchArgs::new(name)),
+            };
+            self.client.send(&request).map_err(BenchError::Control)?;
         }
         for _ in units {
-            let reply = self.client.next_line().map_err(BenchError::Control)?;
-            if reply.as_ref().map(|r| r["ok"] == true) != Some(true) {
-                return Err(BenchError::Failed(format!(
-                    "the agent refused a watch: {reply:?}"
-                )));
-            }
+            self.client
+                .receive::<WatchAnswer>()
+                .map_err(BenchError::Control)?;
         }
         Ok(())
     }
@@ -196,10 +191,16 @@ impl AgentContender {
 
     /// Keeps the agent's list to the units of the round under way.
     fn unwatch(&mut self, unit: &str) {
-        let _ = self
-            .client
-            .request(&json!({"cmd": "unwatch", "unit": unit}));
+        if let Ok(unit) = unit_name(unit) {
+            let _ = self.client.unwatch(&unit);
+        }
     }
+}
+
+/// The bench's own unit names are valid; one that is not is the bench's bug, reported.
+fn unit_name(name: &str) -> Result<UnitName, BenchError> {
+    name.parse()
+        .map_err(|e| BenchError::Failed(format!("unit {name}: {e}")))
 }
 
 /// The contenders of one phase: the agent, the poller, or both.

@@ -12,7 +12,9 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
-pub use events::{CgroupReading, parse_populated};
+pub use events::CgroupReading;
+#[cfg(feature = "bench")]
+pub use events::parse_populated;
 pub use mount::cgroup2_mount;
 pub use watcher::{CgroupWatcher, Notice};
 

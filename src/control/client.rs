@@ -1,14 +1,42 @@
-//! The CLI's blocking side of the control socket: connect, send a request line, read response and event
-//! lines. It never interprets responses beyond parsing them as JSON; the caller decides what they mean.
+//! The blocking, typed client of the control socket: one method per command, answering with the
+//! [`wire`](super::wire) values the agent serializes, and a refusal as
+//! [`ControlError::Refused`] carrying the protocol's error kind.
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use std::time::Duration;
+//! use exitproof::control::client::Client;
+//! use exitproof::control::protocol::{ErrorKind, WatchArgs};
+//! use exitproof::unit_name::UnitName;
+//!
+//! let unit: UnitName = "web.service".parse()?;
+//! let mut client = Client::connect(Path::new("/run/exitproof/exitproof.sock"))?;
+//! let view = client.watch(WatchArgs::new(unit.clone()))?;
+//! println!("watching {} ({:?})", view.unit, view.invocation);
+//! match client.wait(&unit, Some(Duration::from_secs(30))) {
+//!     Ok(event) => println!("{}: {}", event.unit, event.message),
+//!     Err(e) if e.kind() == Some(ErrorKind::StillRunning) => println!("{unit} still runs"),
+//!     Err(e) => return Err(e.into()),
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::io::{self, BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ControlError;
+use super::protocol::{Command, ErrorKind, Request, UnwatchArgs, WaitArgs, WatchArgs};
+use super::wire::{
+    Done, EventAnswer, EventKind, ListAnswer, ProofEvent, Version, VersionAnswer, WatchAnswer,
+    WatchView,
+};
+use crate::unit_name::UnitName;
 
 /// The longest line [`Client`] accepts by default, newline excluded: 256 MiB. A `list` of 100,000
 /// units at ~400 bytes each is ~40 MB; this leaves room for units several times larger while still
@@ -25,6 +53,60 @@ pub struct Client {
     max_line: usize,
     /// A line exceeded `max_line`; the connection is out of step and every read fails.
     overlong: bool,
+}
+
+/// What every answer line says first: whether it succeeded, and if not, why.
+#[derive(Deserialize)]
+struct Envelope {
+    ok: bool,
+    error: Option<ErrorBody>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    kind: ErrorKind,
+    message: String,
+}
+
+/// An event line, read for its type alone: a type this build does not know is skipped.
+#[derive(Deserialize)]
+struct EventType {
+    event: TypeField,
+}
+
+#[derive(Deserialize)]
+struct TypeField {
+    #[serde(rename = "type")]
+    kind: Value,
+}
+
+/// The event stream of a subscribed connection ([`Client::events`]): each proof event as it
+/// comes, until the agent closes the connection. Event types this build does not know are
+/// skipped, as the protocol asks.
+#[derive(Debug)]
+pub struct Events {
+    client: Client,
+}
+
+impl Iterator for Events {
+    type Item = Result<ProofEvent, ControlError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let line = match self.client.read_raw() {
+                Ok(Some(line)) => line,
+                Ok(None) => return None,
+                Err(e) => return Some(Err(e)),
+            };
+            let kind = match self.client.decode::<EventType>(&line) {
+                Ok(event) => event.event.kind,
+                Err(e) => return Some(Err(e)),
+            };
+            if EventKind::deserialize(&kind).is_ok() {
+                return Some(self.client.decode::<EventAnswer>(&line).map(|a| a.event));
+            }
+        }
+    }
 }
 
 impl Client {
@@ -56,7 +138,7 @@ impl Client {
         self.max_line = max_line;
     }
 
-    /// Sets how long [`Client::request`] and [`Client::next_line`] wait for a line; `None` waits forever.
+    /// Sets how long the client waits for a line; `None` waits forever.
     /// A zero duration is rejected by the operating system.
     pub fn set_read_timeout(&mut self, timeout: Option<Duration>) -> Result<(), ControlError> {
         self.reader
@@ -65,17 +147,115 @@ impl Client {
             .map_err(|source| self.io_error("set read timeout on", source))
     }
 
-    /// Sends `request` as one line and returns the next line the agent sends, which is its response as
-    /// long as this connection has not subscribed to events and has no other request outstanding.
-    pub fn request(&mut self, request: &Value) -> Result<Value, ControlError> {
-        self.send(request)?;
-        self.next_line()?.ok_or_else(|| ControlError::Disconnected {
+    /// Starts watching a unit; answers with the watch as it stands once it is read and saved.
+    pub fn watch(&mut self, args: WatchArgs) -> Result<WatchView, ControlError> {
+        self.call::<WatchAnswer>(Command::Watch(args))
+            .map(|answer| answer.watch)
+    }
+
+    /// Waits for the unit's proof (watching it first if it is not watched), at most `timeout`
+    /// (`None`: as long as it takes). At the timeout the error's kind is
+    /// [`ErrorKind::StillRunning`]; the unit stays watched.
+    pub fn wait(
+        &mut self,
+        unit: &UnitName,
+        timeout: Option<Duration>,
+    ) -> Result<ProofEvent, ControlError> {
+        let args = WaitArgs {
+            unit: unit.clone(),
+            timeout,
+        };
+        self.call::<EventAnswer>(Command::Wait(args))
+            .map(|answer| answer.event)
+    }
+
+    /// Stops the unit (a stop of ours requested, then systemd's StopUnit) and waits for its
+    /// proof as [`Client::wait`] does.
+    pub fn stop(
+        &mut self,
+        unit: &UnitName,
+        timeout: Option<Duration>,
+    ) -> Result<ProofEvent, ControlError> {
+        let args = WaitArgs {
+            unit: unit.clone(),
+            timeout,
+        };
+        self.call::<EventAnswer>(Command::Stop(args))
+            .map(|answer| answer.event)
+    }
+
+    /// Forgets the unit's watch and its retained proof; answers once that is saved.
+    pub fn unwatch(&mut self, unit: &UnitName) -> Result<(), ControlError> {
+        let args = UnwatchArgs { unit: unit.clone() };
+        self.call::<Done>(Command::Unwatch(args)).map(|Done {}| ())
+    }
+
+    /// Every watch, proven ones included, sorted by unit.
+    pub fn list(&mut self) -> Result<Vec<WatchView>, ControlError> {
+        self.call::<ListAnswer>(Command::List)
+            .map(|answer| answer.units)
+    }
+
+    /// The protocol's version and the agent's.
+    pub fn version(&mut self) -> Result<Version, ControlError> {
+        self.call::<VersionAnswer>(Command::Version)
+            .map(|answer| answer.version)
+    }
+
+    /// Subscribes this connection to the event stream, which it then carries alone.
+    pub fn events(mut self) -> Result<Events, ControlError> {
+        self.call::<Done>(Command::Events)?;
+        Ok(Events { client: self })
+    }
+
+    /// Sends `command` and reads its answer, as long as no other request is outstanding on this
+    /// connection and it has not subscribed to events.
+    fn call<T: DeserializeOwned>(&mut self, command: Command) -> Result<T, ControlError> {
+        self.send(&Request { id: None, command })?;
+        self.receive()
+    }
+
+    /// Sends `request` without waiting for its answer, for pipelining: read the answers with
+    /// [`Client::receive`]. They may come in another order than the requests (see
+    /// `docs/protocol.md`, "Ordering"): give each request an id when that matters.
+    pub fn send(&mut self, request: &Request) -> Result<(), ControlError> {
+        let line = serde_json::to_value(request).map_err(|e| ControlError::BadRequest {
+            path: self.path.clone(),
+            message: e.to_string(),
+        })?;
+        self.send_json(&line)
+    }
+
+    /// Reads the next answer and decodes its payload as `T` (a [`wire`](super::wire) answer such
+    /// as [`WatchAnswer`]); an error answer is [`ControlError::Refused`].
+    pub fn receive<T: DeserializeOwned>(&mut self) -> Result<T, ControlError> {
+        let line = self.read_raw()?.ok_or_else(|| ControlError::Disconnected {
+            path: self.path.clone(),
+        })?;
+        let envelope: Envelope = self.decode(&line)?;
+        match (envelope.ok, envelope.error) {
+            (true, _) => self.decode(&line),
+            (false, Some(ErrorBody { kind, message })) => Err(ControlError::Refused {
+                path: self.path.clone(),
+                kind,
+                message,
+            }),
+            (false, None) => Err(self.bad_response("an error answer without `error`".to_owned())),
+        }
+    }
+
+    /// Sends `request` as one line and returns the next line the agent sends as JSON, which is its
+    /// response as long as this connection has not subscribed to events and has no other request
+    /// outstanding. For what the typed methods do not cover: a raw line, a newer command.
+    pub fn request_json(&mut self, request: &Value) -> Result<Value, ControlError> {
+        self.send_json(request)?;
+        self.next_json()?.ok_or_else(|| ControlError::Disconnected {
             path: self.path.clone(),
         })
     }
 
     /// Sends `request` as one line without waiting for the response.
-    pub fn send(&mut self, request: &Value) -> Result<(), ControlError> {
+    pub fn send_json(&mut self, request: &Value) -> Result<(), ControlError> {
         let mut line = request.to_string();
         line.push('\n');
         self.reader
@@ -87,24 +267,35 @@ impl Client {
     /// Reads the next line (a response or an event) as JSON; `Ok(None)` when the agent closed the
     /// connection cleanly between lines. The read timeout applies to each read from the socket, so a
     /// long line that keeps arriving is not cut off by it.
-    pub fn next_line(&mut self) -> Result<Option<Value>, ControlError> {
+    pub fn next_json(&mut self) -> Result<Option<Value>, ControlError> {
+        match self.read_raw()? {
+            Some(line) => self.decode(&line).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads the next whole line, newline included; `Ok(None)` when the agent closed the
+    /// connection cleanly between lines.
+    fn read_raw(&mut self) -> Result<Option<Vec<u8>>, ControlError> {
         self.read_line()?;
         if self.partial.is_empty() {
             return Ok(None);
         }
         if self.partial.last() != Some(&b'\n') {
-            return Err(ControlError::BadResponse {
-                path: self.path.clone(),
-                message: "connection closed in the middle of a line".to_owned(),
-            });
+            return Err(self.bad_response("connection closed in the middle of a line".to_owned()));
         }
-        let line = std::mem::take(&mut self.partial);
-        serde_json::from_slice(&line)
-            .map(Some)
-            .map_err(|e| ControlError::BadResponse {
-                path: self.path.clone(),
-                message: e.to_string(),
-            })
+        Ok(Some(std::mem::take(&mut self.partial)))
+    }
+
+    fn decode<T: DeserializeOwned>(&self, line: &[u8]) -> Result<T, ControlError> {
+        serde_json::from_slice(line).map_err(|e| self.bad_response(e.to_string()))
+    }
+
+    fn bad_response(&self, message: String) -> ControlError {
+        ControlError::BadResponse {
+            path: self.path.clone(),
+            message,
+        }
     }
 
     /// Like `read_until(b'\n')` into `partial`, but fails once the line exceeds `max_line`.

@@ -1,14 +1,19 @@
-//! The agent's control socket: a Unix stream socket speaking JSON lines. [`protocol`] owns the wire
-//! format, [`server`] runs the socket inside the agent's mio loop, [`client`] is the CLI's blocking
-//! side. Nothing here knows what the commands do; that is the agent's job.
+//! The agent's control socket: a Unix stream socket speaking JSON lines, specified in
+//! `docs/protocol.md`. [`protocol`] owns the wire format of requests and responses, [`wire`] the
+//! typed values the agent answers with, [`server`] runs the socket inside the agent's mio loop,
+//! [`client`] is the blocking, typed client the CLI uses. Nothing here knows what the commands
+//! do; that is the agent's job.
 
 pub mod client;
 pub mod protocol;
 pub mod server;
+pub mod wire;
 
 use std::fmt;
 use std::io;
 use std::path::PathBuf;
+
+use protocol::ErrorKind;
 
 /// A failure to set up or use the control socket, naming the socket path it concerns.
 #[derive(Debug)]
@@ -54,7 +59,23 @@ pub enum ControlError {
         /// The limit in bytes.
         limit: usize,
     },
-    /// The agent sent a line that is not a JSON value.
+    /// A request could not be written as JSON (a path that is not UTF-8).
+    BadRequest {
+        /// The socket path.
+        path: PathBuf,
+        /// What was wrong with it.
+        message: String,
+    },
+    /// The agent answered a request with an error.
+    Refused {
+        /// The socket path.
+        path: PathBuf,
+        /// The class of the failure, what a program decides on.
+        kind: ErrorKind,
+        /// What went wrong, for people.
+        message: String,
+    },
+    /// The agent sent a line that is not a JSON value, or not the one expected.
     BadResponse {
         /// The socket path.
         path: PathBuf,
@@ -95,11 +116,28 @@ impl fmt::Display for ControlError {
                 "the agent on {} sent a line longer than {limit} bytes",
                 path.display()
             ),
+            ControlError::BadRequest { path, message } => write!(
+                f,
+                "cannot send a request to the agent on {}: {message}",
+                path.display()
+            ),
+            // The agent's own message says it all, and names the unit.
+            ControlError::Refused { message, .. } => f.write_str(message),
             ControlError::BadResponse { path, message } => write!(
                 f,
                 "the agent on {} sent an invalid line: {message}",
                 path.display()
             ),
+        }
+    }
+}
+
+impl ControlError {
+    /// The error kind the agent answered with, if this is its refusal.
+    pub fn kind(&self) -> Option<ErrorKind> {
+        match self {
+            ControlError::Refused { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 }

@@ -6,6 +6,7 @@
 //! durability and limits) is specified in `docs/protocol.md`; the framing and the limits are
 //! [`super::server`]'s, the answers' payloads the agent's.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -44,7 +45,8 @@ impl RequestId {
     }
 }
 
-/// One parsed request line.
+/// One request line: what [`parse_request`] makes of a line, and what a client serializes into
+/// one (`{"id":…,"cmd":…,<the command's fields>}`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
     /// The client's id for this request, if it sent one.
@@ -53,8 +55,27 @@ pub struct Request {
     pub command: Command,
 }
 
-/// The commands a client can send, each with its validated arguments.
-#[derive(Clone, Debug, PartialEq, Eq)]
+impl Serialize for Request {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Line<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            id: Option<&'a RequestId>,
+            #[serde(flatten)]
+            command: &'a Command,
+        }
+        Line {
+            id: self.id.as_ref(),
+            command: &self.command,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// The commands a client can send, each with its validated arguments. Serialized, a command is
+/// its `cmd` field and its own fields.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "cmd", rename_all = "lowercase")]
 pub enum Command {
     /// Start watching a unit.
     Watch(WatchArgs),
@@ -95,45 +116,76 @@ impl Command {
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// What `version` answers: `{"protocol":N,"agent":"x.y.z"}`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Version {
     /// [`PROTOCOL_VERSION`].
     pub protocol: u32,
     /// The agent's own version (the crate's).
-    pub agent: &'static str,
+    pub agent: Cow<'static, str>,
 }
 
 impl Version {
     /// This build's versions.
     pub const CURRENT: Version = Version {
         protocol: PROTOCOL_VERSION,
-        agent: env!("CARGO_PKG_VERSION"),
+        agent: Cow::Borrowed(env!("CARGO_PKG_VERSION")),
     };
 }
 
 /// Arguments of `watch`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchArgs {
     /// The unit to watch.
     pub unit: UnitName,
     /// The invocation to track, as 32 lowercase hex digits; `None` adopts the current invocation.
-    #[serde(default, deserialize_with = "invocation_id")]
+    #[serde(
+        default,
+        deserialize_with = "invocation_id",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub invocation: Option<String>,
     /// The run directory that holds the unit's advisory exit record (an absolute path).
-    #[serde(default, deserialize_with = "absolute_path")]
+    #[serde(
+        default,
+        deserialize_with = "absolute_path",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub run_dir: Option<PathBuf>,
     /// The exit record's file name in `run_dir` (one path component); `None` with a `run_dir`
     /// is `exit-<invocation>.json`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub record: Option<String>,
     /// The generation this invocation belongs to (> 0); generation numbers are never reused.
-    #[serde(default, rename = "gen", deserialize_with = "generation")]
+    #[serde(
+        default,
+        rename = "gen",
+        deserialize_with = "generation",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub generation: Option<u64>,
     /// The generation's launch file (an absolute path), removed once the generation is proven
     /// gone.
-    #[serde(default, deserialize_with = "absolute_path")]
+    #[serde(
+        default,
+        deserialize_with = "absolute_path",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub launch_file: Option<PathBuf>,
+}
+
+impl WatchArgs {
+    /// `watch` of `unit` alone: its current invocation, no exit record, no generation.
+    pub fn new(unit: UnitName) -> WatchArgs {
+        WatchArgs {
+            unit,
+            invocation: None,
+            run_dir: None,
+            record: None,
+            generation: None,
+            launch_file: None,
+        }
+    }
 }
 
 impl WatchArgs {
@@ -176,18 +228,33 @@ fn generation<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>,
 }
 
 /// Arguments of `wait` and of `stop` (which stops the unit, then waits the same way).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WaitArgs {
     /// The watched unit.
     pub unit: UnitName,
-    /// How long to wait; `None` waits without limit.
-    #[serde(default, rename = "timeout_ms", deserialize_with = "timeout_ms")]
+    /// How long to wait; `None` waits without limit. Sent in whole milliseconds (a longer one
+    /// than 2^64-1 ms as that).
+    #[serde(
+        default,
+        rename = "timeout_ms",
+        deserialize_with = "timeout_ms",
+        serialize_with = "timeout_as_ms",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub timeout: Option<Duration>,
 }
 
+fn timeout_as_ms<S: serde::Serializer>(
+    timeout: &Option<Duration>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    let millis = timeout.map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+    millis.serialize(serializer)
+}
+
 /// Arguments of `unwatch`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UnwatchArgs {
     /// The unit to stop watching.
@@ -255,6 +322,10 @@ pub enum ErrorKind {
     Forbidden,
     /// The agent failed in a way that is not the client's fault.
     Internal,
+    /// A kind this build does not know, read from a newer agent (the protocol lets new kinds
+    /// come without a new version: treat it as a failure and show its message). Never sent.
+    #[serde(other)]
+    Unknown,
 }
 
 impl ErrorKind {
@@ -271,6 +342,7 @@ impl ErrorKind {
             ErrorKind::Busy => "busy",
             ErrorKind::Forbidden => "forbidden",
             ErrorKind::Internal => "internal",
+            ErrorKind::Unknown => "unknown",
         }
     }
 }

@@ -125,6 +125,10 @@ pub enum Cause {
     RestartedOutside,
     /// The machine rebooted since the watch began.
     Rebooted,
+    /// A cause this build does not know, read from a newer agent (the protocol lets new causes
+    /// come without a new version: a proof is a proof whatever its cause). Never made here.
+    #[serde(other)]
+    Other,
 }
 
 /// The proof that every process of our invocation is gone.
@@ -139,7 +143,7 @@ pub struct Proof {
 }
 
 /// Where the unit is in its life, as far as the proof goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Phase {
     /// Not proven; no stop of ours was requested.

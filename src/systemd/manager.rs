@@ -382,6 +382,7 @@ pub async fn stop_unit(conn: &Connection, systemd: &str, unit: &str) -> Result<(
 
 /// Starts a transient service `unit` running `argv` (the benchmark's units), like
 /// `systemd-run --unit=UNIT ARGV...`.
+#[cfg(feature = "bench")]
 pub async fn start_transient_service(
     conn: &Connection,
     unit: &str,

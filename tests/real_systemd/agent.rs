@@ -64,7 +64,7 @@ pub const TESTS: &[Test] = &[
 ];
 
 /// Starts a transient service running `command` (with extra `systemd-run` options).
-fn run_unit(sandbox: &Sandbox, unit: &str, options: &[&str], command: &[&str]) {
+pub(crate) fn run_unit(sandbox: &Sandbox, unit: &str, options: &[&str], command: &[&str]) {
     let unit_arg = format!("--unit={unit}");
     let mut args = vec!["--user", unit_arg.as_str()];
     args.extend_from_slice(options);
@@ -501,7 +501,12 @@ fn cli_version_tells_both_sides() {
         json!({"cli": version, "agent": {"protocol": 1, "agent": version}})
     );
     let out = std::process::Command::new(crate::support::agent::binary())
-        .args(["--socket", "/nonexistent/exitproof.sock", "version"])
+        .args([
+            "--socket",
+            "/nonexistent/exitproof.sock",
+            "version",
+            "--json",
+        ])
         .output()
         .expect("run the CLI");
     assert_eq!(out.status.code(), Some(1), "{out:?}");
@@ -556,7 +561,7 @@ fn cli_watch_unwatch_and_the_event_stream() {
     let mut events = std::process::Command::new(crate::support::agent::binary())
         .arg("--socket")
         .arg(agent.socket())
-        .arg("events")
+        .args(["events", "--json"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("run exitproof events");

@@ -226,7 +226,7 @@ fn a_unit_watched_by_its_alias_is_proven_under_the_alias() {
     agent.assert_unproven_for("nick.service", OBSERVE, "real1.service runs");
 
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "real1.service"]);
-    let out = agent.cli(&["wait", "nick.service", "--timeout", PATIENCE_ARG]);
+    let out = agent.cli(&["--json", "wait", "nick.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(
         out.status.code(),
         Some(0),

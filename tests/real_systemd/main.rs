@@ -10,6 +10,7 @@ mod support;
 mod agent;
 #[cfg(feature = "bench")]
 mod bench;
+mod cli;
 mod dynamics;
 mod faults;
 mod records;
@@ -29,6 +30,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("records", records::TESTS),
     ("faults", faults::TESTS),
     ("dynamics", dynamics::TESTS),
+    ("cli", cli::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).

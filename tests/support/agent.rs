@@ -152,9 +152,10 @@ impl Agent {
             .expect("run the exitproof CLI")
     }
 
-    /// Runs the CLI, requires exit code `code`, and returns its stdout parsed as JSON lines.
+    /// Runs the CLI with `--json`, requires exit code `code`, and returns its stdout parsed as
+    /// JSON lines.
     pub fn cli_json(&self, args: &[&str], code: i32) -> Vec<Value> {
-        let output = self.cli(args);
+        let output = self.cli(&[&["--json"], args].concat());
         assert_eq!(
             output.status.code(),
             Some(code),

@@ -1,63 +1,11 @@
-//! What the agent tells its clients about a unit: the proof event and the watch view, and how
-//! a terminal proof is worded from the exit record and systemd's own exit status.
+//! What the agent tells its clients about a unit: the proof event and the watch view (their
+//! wire types are `control::wire`'s), and how a terminal proof is worded from the exit record
+//! and systemd's own exit status.
 
-use serde::{Deserialize, Serialize};
-
-use crate::exit::record::{ExitRecord, SanitizedRecord, exit_level, exit_line, signal_name};
-use crate::proof::{Cause, Level, Phase};
+pub use crate::control::wire::{EventKind, ProofEvent, WatchView};
+use crate::exit::record::{ExitRecord, exit_level, exit_line, signal_name};
+use crate::proof::Level;
 use crate::systemd::manager::ServiceExit;
-
-/// The kind of an event; a field so that other kinds can join the stream later.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EventKind {
-    Proven,
-}
-
-/// The one event a proof produces, as clients receive it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ProofEvent {
-    /// Always `"proven"`.
-    #[serde(rename = "type")]
-    pub kind: EventKind,
-    pub unit: String,
-    /// Our invocation, the one proven over (empty if the unit had none when watched).
-    pub invocation: String,
-    pub level: Level,
-    pub message: String,
-    pub cause: Cause,
-    /// CLOCK_MONOTONIC at the proof, in nanoseconds, for latency measured in another process.
-    pub proven_mono_ns: u64,
-    pub stop_requested: bool,
-    /// How the main process ended, as systemd itself reported it (terminal proofs of services).
-    pub systemd: Option<SanitizedRecord>,
-    /// The advisory exit record, sanitized, when the watch names one and it could be read.
-    pub record: Option<SanitizedRecord>,
-    #[serde(rename = "gen")]
-    pub generation: Option<u64>,
-    pub launch_file: Option<String>,
-}
-
-/// One watched unit as `watch` and `list` show it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct WatchView {
-    pub unit: String,
-    /// Our invocation; absent while the first read of the unit is under way.
-    pub invocation: Option<String>,
-    pub active_state: Option<String>,
-    pub sub_state: Option<String>,
-    /// What the last cgroup read said: true, false, or null when gone, unread or unreadable.
-    pub populated: Option<bool>,
-    pub phase: Phase,
-    pub stop_requested: bool,
-    pub run_dir: Option<String>,
-    pub record: Option<String>,
-    #[serde(rename = "gen")]
-    pub generation: Option<u64>,
-    pub launch_file: Option<String>,
-    /// The proof event, once proven.
-    pub proof: Option<ProofEvent>,
-}
 
 /// systemd's exit status in the vocabulary of an exit record (`$SERVICE_RESULT`, `$EXIT_CODE`,
 /// `$EXIT_STATUS`): a code of `exited`, `killed` or `dumped`, and a signal by name.

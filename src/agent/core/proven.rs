@@ -93,7 +93,8 @@ impl Core {
         match proof.cause {
             Cause::Exited | Cause::RestartedOutside => self.release(key, ReleaseInput::Proven),
             Cause::Rebooted => self.release(key, ReleaseInput::ProvenAfterReboot),
-            Cause::ReplacedAfterStop => {}
+            // `Other` is only ever read from a newer agent's answer, never proven here.
+            Cause::ReplacedAfterStop | Cause::Other => {}
         }
         // Released before anyone is told: a caller that hears "proven" finds the launch file
         // gone.

@@ -128,8 +128,8 @@ impl Oracle {
             Cause::Exited => record.ended,
             Cause::RestartedOutside => record.next.is_some(),
             Cause::ReplacedAfterStop => stop_requested && record.next.is_some(),
-            // No reboot is modelled.
-            Cause::Rebooted => false,
+            // No reboot is modelled, and `Other` is never proven, only read.
+            Cause::Rebooted | Cause::Other => false,
         };
         if !right {
             self.fail(format!(

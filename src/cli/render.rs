@@ -1,0 +1,394 @@
+//! What the CLI prints: every result in a person's words by default, or as JSON lines with
+//! `--json`. Pure: each result renders to a string, so the wording is tested without an agent.
+//!
+//! A subcommand with output gets its typed answer from the client, implements [`Render`] for
+//! it (or for a small struct around it), and hands it to `cli::print`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::control::wire::{Phase, ProofEvent, Version, WatchView};
+use crate::unit_name::UnitName;
+
+/// A result the CLI prints.
+pub trait Render {
+    /// The lines for a person, each ended by a newline.
+    fn human(&self) -> String;
+    /// The lines `--json` prints, each one JSON value ended by a newline.
+    fn json(&self) -> String;
+}
+
+/// One JSON line for `value`, its keys sorted as the agent writes them.
+fn json_line(value: &impl Serialize) -> String {
+    // Through `Value`, whose maps are sorted, so the line is the agent's byte for byte.
+    let mut line = serde_json::to_value(value)
+        .map(|value| value.to_string())
+        .unwrap_or_else(|e| format!("{{\"error\":\"cannot encode: {e}\"}}"));
+    line.push('\n');
+    line
+}
+
+/// How many hex digits of an invocation ID a person is shown; as many as git shows of a commit.
+const SHORT_INVOCATION: usize = 8;
+
+/// An invocation ID shortened for a person; `-` when there is none (yet).
+fn short_invocation(invocation: Option<&str>) -> &str {
+    match invocation {
+        None | Some("") => "-",
+        Some(id) => id.get(..SHORT_INVOCATION).unwrap_or(id),
+    }
+}
+
+/// `active/running`, or `-` while unknown.
+fn unit_state(view: &WatchView) -> String {
+    match (&view.active_state, &view.sub_state) {
+        (Some(active), Some(sub)) => format!("{active}/{sub}"),
+        (Some(active), None) => active.clone(),
+        _ => "-".to_owned(),
+    }
+}
+
+fn populated(view: &WatchView) -> &'static str {
+    match view.populated {
+        Some(true) => "yes",
+        Some(false) => "no",
+        None => "-",
+    }
+}
+
+/// A duration in nanoseconds, in its largest whole unit: `850ms`, `42s`, `5m`, `3h`, `2d`.
+fn age(nanos: u64) -> String {
+    let millis = nanos / 1_000_000;
+    let seconds = millis / 1000;
+    match seconds {
+        0 => format!("{millis}ms"),
+        1..60 => format!("{seconds}s"),
+        60..3600 => format!("{}m", seconds / 60),
+        3600..86_400 => format!("{}h", seconds / 3600),
+        _ => format!("{}d", seconds / 86_400),
+    }
+}
+
+/// `watch`: one line saying what is watched and where it stands.
+impl Render for WatchView {
+    fn human(&self) -> String {
+        let mut line = format!(
+            "{} {} (invocation {}, {}, populated {})",
+            phase_word(self.phase),
+            self.unit,
+            short_invocation(self.invocation.as_deref()),
+            unit_state(self),
+            populated(self),
+        );
+        if let Some(generation) = self.generation {
+            let _ = write!(line, " gen {generation}");
+        }
+        if let Some(proof) = &self.proof {
+            let _ = write!(line, ": {}", proof.message);
+        }
+        line.push('\n');
+        line
+    }
+
+    fn json(&self) -> String {
+        json_line(self)
+    }
+}
+
+fn phase_word(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Watching => "watching",
+        Phase::Stopping => "stopping",
+        Phase::Proven => "proven",
+    }
+}
+
+/// `wait`, `stop` and each event of `events`: one line with the proof's wording.
+impl Render for ProofEvent {
+    fn human(&self) -> String {
+        let mut line = format!(
+            "proven {} (invocation {}",
+            self.unit,
+            short_invocation(Some(&self.invocation))
+        );
+        if let Some(generation) = self.generation {
+            let _ = write!(line, ", gen {generation}");
+        }
+        let _ = writeln!(line, "): {}", self.message);
+        line
+    }
+
+    fn json(&self) -> String {
+        json_line(self)
+    }
+}
+
+/// `list`: a table for a person, one JSON line per unit with `--json`.
+pub struct Listing {
+    /// The agent's answer.
+    pub units: Vec<WatchView>,
+    /// CLOCK_MONOTONIC now, in nanoseconds, from which the age of a proof is told.
+    pub now_mono_ns: u64,
+}
+
+impl Render for Listing {
+    fn human(&self) -> String {
+        let header = ["UNIT", "INVOCATION", "PHASE", "STATE", "POPULATED", "AGE"];
+        let rows: Vec<[String; 6]> = self
+            .units
+            .iter()
+            .map(|view| {
+                let proven_ago = view.proof.as_ref().map_or_else(
+                    || "-".to_owned(),
+                    |proof| age(self.now_mono_ns.saturating_sub(proof.proven_mono_ns)),
+                );
+                [
+                    view.unit.clone(),
+                    short_invocation(view.invocation.as_deref()).to_owned(),
+                    phase_word(view.phase).to_owned(),
+                    unit_state(view),
+                    populated(view).to_owned(),
+                    proven_ago,
+                ]
+            })
+            .collect();
+        let mut widths = header.map(str::len);
+        for row in &rows {
+            for (width, cell) in widths.iter_mut().zip(row) {
+                *width = (*width).max(cell.chars().count());
+            }
+        }
+        let mut table = String::new();
+        let header = header.map(str::to_owned);
+        for row in std::iter::once(&header).chain(&rows) {
+            let mut line = String::new();
+            for (cell, width) in row.iter().zip(widths) {
+                let _ = write!(line, "{cell:<width$}  ");
+            }
+            table.push_str(line.trim_end());
+            table.push('\n');
+        }
+        table
+    }
+
+    fn json(&self) -> String {
+        self.units.iter().map(json_line).collect()
+    }
+}
+
+/// `unwatch`: a line for a person; nothing with `--json`, where the exit code says it.
+pub struct Unwatched(pub UnitName);
+
+impl Render for Unwatched {
+    fn human(&self) -> String {
+        format!("unwatched {}\n", self.0)
+    }
+
+    fn json(&self) -> String {
+        String::new()
+    }
+}
+
+/// `version`: this CLI's version and, when it could be asked, the agent's.
+#[derive(Serialize)]
+pub struct Versions {
+    /// This CLI's version.
+    pub cli: &'static str,
+    /// The agent's answer, `None` when it could not be asked.
+    pub agent: Option<Version>,
+}
+
+impl Render for Versions {
+    fn human(&self) -> String {
+        match &self.agent {
+            Some(agent) => format!(
+                "cli {}, agent {} (protocol {})\n",
+                self.cli, agent.agent, agent.protocol
+            ),
+            None => format!("cli {}, agent unknown\n", self.cli),
+        }
+    }
+
+    fn json(&self) -> String {
+        json_line(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::wire::{EventKind, SanitizedRecord};
+    use crate::proof::{Cause, Level};
+
+    const INVOCATION: &str = "c1a411bea0f8482a98b06f95dabafd31";
+    const SECOND: u64 = 1_000_000_000;
+
+    fn event(unit: &str, proven_mono_ns: u64) -> ProofEvent {
+        ProofEvent {
+            kind: EventKind::Proven,
+            unit: unit.to_owned(),
+            invocation: INVOCATION.to_owned(),
+            level: Level::Warn,
+            message: "instance exited: exit 3 (exit-code)".to_owned(),
+            cause: Cause::Exited,
+            proven_mono_ns,
+            stop_requested: false,
+            systemd: Some(SanitizedRecord {
+                result: "exit-code".to_owned(),
+                code: "exited".to_owned(),
+                status: "3".to_owned(),
+            }),
+            record: None,
+            generation: None,
+            launch_file: None,
+        }
+    }
+
+    fn view(unit: &str) -> WatchView {
+        WatchView {
+            unit: unit.to_owned(),
+            invocation: Some(INVOCATION.to_owned()),
+            active_state: Some("active".to_owned()),
+            sub_state: Some("running".to_owned()),
+            populated: Some(true),
+            phase: Phase::Watching,
+            stop_requested: false,
+            run_dir: None,
+            record: None,
+            generation: None,
+            launch_file: None,
+            proof: None,
+        }
+    }
+
+    fn proven(unit: &str, proven_mono_ns: u64) -> WatchView {
+        WatchView {
+            active_state: Some("failed".to_owned()),
+            sub_state: Some("failed".to_owned()),
+            populated: None,
+            phase: Phase::Proven,
+            proof: Some(event(unit, proven_mono_ns)),
+            ..view(unit)
+        }
+    }
+
+    #[test]
+    fn a_watch_is_one_line() {
+        assert_eq!(
+            view("web.service").human(),
+            "watching web.service (invocation c1a411be, active/running, populated yes)\n"
+        );
+        let mut reading = view("new.service");
+        reading.invocation = None;
+        reading.active_state = None;
+        reading.sub_state = None;
+        reading.populated = None;
+        reading.generation = Some(7);
+        assert_eq!(
+            reading.human(),
+            "watching new.service (invocation -, -, populated -) gen 7\n"
+        );
+        assert_eq!(
+            proven("backup.service", 0).human(),
+            "proven backup.service (invocation c1a411be, failed/failed, populated -): instance \
+             exited: exit 3 (exit-code)\n"
+        );
+    }
+
+    #[test]
+    fn a_proof_is_one_line() {
+        assert_eq!(
+            event("backup.service", 1).human(),
+            "proven backup.service (invocation c1a411be): instance exited: exit 3 (exit-code)\n"
+        );
+        let mut unloaded = event("never-loaded.service", 1);
+        unloaded.invocation = String::new();
+        unloaded.generation = Some(3);
+        assert_eq!(
+            unloaded.human(),
+            "proven never-loaded.service (invocation -, gen 3): instance exited: exit 3 \
+             (exit-code)\n"
+        );
+    }
+
+    #[test]
+    fn the_list_is_a_table_with_a_header() {
+        let listing = Listing {
+            units: vec![
+                proven("backup.service", 100 * SECOND),
+                view("a-much-longer-name.service"),
+            ],
+            now_mono_ns: 342 * SECOND,
+        };
+        assert_eq!(
+            listing.human(),
+            "\
+UNIT                        INVOCATION  PHASE     STATE           POPULATED  AGE
+backup.service              c1a411be    proven    failed/failed   -          4m
+a-much-longer-name.service  c1a411be    watching  active/running  yes        -
+"
+        );
+        let empty = Listing {
+            units: Vec::new(),
+            now_mono_ns: 0,
+        };
+        assert_eq!(
+            empty.human(),
+            "UNIT  INVOCATION  PHASE  STATE  POPULATED  AGE\n"
+        );
+    }
+
+    #[test]
+    fn ages_are_in_their_largest_whole_unit() {
+        let cases = [
+            (0, "0ms"),
+            (850_000_000, "850ms"),
+            (SECOND, "1s"),
+            (59 * SECOND, "59s"),
+            (60 * SECOND, "1m"),
+            (3599 * SECOND, "59m"),
+            (3600 * SECOND, "1h"),
+            (86_400 * SECOND, "1d"),
+            (u64::MAX, "213503d"),
+        ];
+        for (nanos, text) in cases {
+            assert_eq!(age(nanos), text, "{nanos}");
+        }
+    }
+
+    #[test]
+    fn json_lines_are_the_agents_own_with_sorted_keys() {
+        let line = view("web.service").json();
+        assert_eq!(
+            line,
+            "{\"active_state\":\"active\",\"gen\":null,\"invocation\":\
+             \"c1a411bea0f8482a98b06f95dabafd31\",\"launch_file\":null,\"phase\":\"watching\",\
+             \"populated\":true,\"proof\":null,\"record\":null,\"run_dir\":null,\
+             \"stop_requested\":false,\"sub_state\":\"running\",\"unit\":\"web.service\"}\n"
+        );
+        let listing = Listing {
+            units: vec![view("a.service"), view("b.service")],
+            now_mono_ns: 0,
+        };
+        assert_eq!(listing.json().lines().count(), 2);
+        assert_eq!(Unwatched("a.service".parse().expect("valid")).json(), "");
+        let versions = Versions {
+            cli: "0.1.0",
+            agent: Some(Version::CURRENT),
+        };
+        assert_eq!(
+            versions.json(),
+            format!(
+                "{{\"agent\":{{\"agent\":\"{0}\",\"protocol\":1}},\"cli\":\"0.1.0\"}}\n",
+                env!("CARGO_PKG_VERSION")
+            )
+        );
+        let unknown = Versions {
+            cli: "0.1.0",
+            agent: None,
+        };
+        assert_eq!(unknown.json(), "{\"agent\":null,\"cli\":\"0.1.0\"}\n");
+        assert_eq!(unknown.human(), "cli 0.1.0, agent unknown\n");
+    }
+}

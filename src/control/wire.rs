@@ -1,0 +1,115 @@
+//! What the agent answers and tells, as typed values: the [watch view](WatchView), the
+//! [proof event](ProofEvent) and the answers' payloads. The agent serializes these and
+//! [`super::client::Client`] deserializes the very same types, so the two sides cannot drift
+//! apart; `docs/protocol.md` specifies every field.
+//!
+//! Deserializing ignores fields it does not know, as the protocol asks of clients, so a newer
+//! agent's additions do not break an older client.
+
+use serde::{Deserialize, Serialize};
+
+pub use super::protocol::{ErrorKind, Version};
+pub use crate::exit::SanitizedRecord;
+pub use crate::proof::{Cause, Level, Phase};
+
+/// The kind of an event; a field so that other kinds can join the stream later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// Every process of the unit's invocation is gone.
+    Proven,
+}
+
+/// The one event a proof produces, as clients receive it: the answer to `wait` and `stop`, an
+/// event line of the `events` stream, and the `proof` of a proven [`WatchView`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProofEvent {
+    /// Always [`EventKind::Proven`] (`"proven"`).
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    /// The unit, by the name it was watched by.
+    pub unit: String,
+    /// Our invocation, the one proven over (empty if the unit had none when watched).
+    pub invocation: String,
+    /// `info` for a clean end, `warn` for anything else.
+    pub level: Level,
+    /// One line for people; its wording may change in any version.
+    pub message: String,
+    /// What proved it.
+    pub cause: Cause,
+    /// CLOCK_MONOTONIC at the proof, in nanoseconds, for latency measured in another process.
+    pub proven_mono_ns: u64,
+    /// A stop of ours was requested.
+    pub stop_requested: bool,
+    /// How the main process ended, as systemd itself reported it (terminal proofs of services).
+    pub systemd: Option<SanitizedRecord>,
+    /// The advisory exit record, sanitized, when the watch names one and it could be read.
+    pub record: Option<SanitizedRecord>,
+    /// The generation the invocation belonged to, if the watch named one.
+    #[serde(rename = "gen")]
+    pub generation: Option<u64>,
+    /// The generation's launch file, removed once the generation was proven gone.
+    pub launch_file: Option<String>,
+}
+
+/// One watched unit as `watch` and `list` show it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchView {
+    /// The unit, by the name it was watched by.
+    pub unit: String,
+    /// Our invocation; absent while the first read of the unit is under way.
+    pub invocation: Option<String>,
+    /// systemd's ActiveState, as last known.
+    pub active_state: Option<String>,
+    /// systemd's SubState, as last known.
+    pub sub_state: Option<String>,
+    /// What the last cgroup read said: true, false, or null when gone, unread or unreadable.
+    pub populated: Option<bool>,
+    /// Where the watch is in its life.
+    pub phase: Phase,
+    /// A stop of ours was requested.
+    pub stop_requested: bool,
+    /// The directory holding the unit's exit record.
+    pub run_dir: Option<String>,
+    /// The exit record's file name in `run_dir`.
+    pub record: Option<String>,
+    /// The generation the invocation belongs to.
+    #[serde(rename = "gen")]
+    pub generation: Option<u64>,
+    /// The generation's launch file.
+    pub launch_file: Option<String>,
+    /// The proof event, once proven.
+    pub proof: Option<ProofEvent>,
+}
+
+/// The payload of a successful `watch` answer: `{"watch":…}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchAnswer {
+    /// The watch as it stands.
+    pub watch: WatchView,
+}
+
+/// The payload of a successful `wait` or `stop` answer, and an event line: `{"event":…}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventAnswer {
+    /// The proof.
+    pub event: ProofEvent,
+}
+
+/// The payload of a successful `list` answer: `{"units":[…]}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListAnswer {
+    /// Every watch, sorted by unit.
+    pub units: Vec<WatchView>,
+}
+
+/// The payload of a successful `version` answer: `{"version":…}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionAnswer {
+    /// The protocol's and the agent's versions.
+    pub version: Version,
+}
+
+/// The payload of an answer with nothing more to say (`unwatch`, `events`): `{}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Done {}
