@@ -25,6 +25,8 @@ struct Script {
     counted_against: Option<NextInvocation>,
     outputs: Vec<Output>,
     serial: u32,
+    /// What the saves so far add up to, as a restart would load it.
+    saved: AgentState,
 }
 
 fn config(boot_id: &str) -> CoreConfig {
@@ -54,8 +56,13 @@ impl Script {
             counted_against: None,
             outputs: Vec::new(),
             serial: 100,
+            saved: AgentState::default(),
         };
         script.drain();
+        // As the driver does: a snapshot at start, which the change sets after it follow.
+        script.core.save_snapshot(now);
+        script.drain();
+        script.outputs.retain(|o| !matches!(o, Output::Save(_)));
         script
     }
 
@@ -101,6 +108,13 @@ impl Script {
                 Output::TakeExitRecord { key, .. } => self
                     .core
                     .handle_input(Input::ExitRecord { key, record: None }, self.now),
+                Output::Save(save) => {
+                    match &*save {
+                        StateSave::Snapshot(state) => self.saved = state.clone(),
+                        StateSave::Changes(changes) => self.saved.apply([changes]),
+                    }
+                    self.outputs.push(Output::Save(save));
+                }
                 other => self.outputs.push(other),
             }
         }
@@ -172,18 +186,11 @@ impl Script {
         read
     }
 
-    /// Saves now (if anything changed) and returns the last state saved.
+    /// Saves now (if anything changed) and returns what the saves add up to.
     fn save(&mut self) -> AgentState {
         self.core.save_now(self.now);
         self.drain();
-        self.take()
-            .into_iter()
-            .filter_map(|o| match o {
-                Output::Save(state) => Some(*state),
-                _ => None,
-            })
-            .next_back()
-            .expect("saved")
+        self.saved.clone()
     }
 
     fn proofs(&self) -> Vec<ProofEvent> {
@@ -787,10 +794,11 @@ fn a_watch_and_the_same_watch_asked_again_are_answered_only_once_saved() {
     };
     assert_eq!(answered(&s.outputs), None, "not saved yet, so not answered");
     s.pass(SAVE_INTERVAL);
-    let saved_at = s
-        .outputs
-        .iter()
-        .position(|o| matches!(o, Output::Save(state) if state.watches.len() == 2));
+    let saved_at = s.outputs.iter().position(|o| {
+        matches!(&o, Output::Save(save) if matches!(&**save,
+                StateSave::Changes(changes)
+                if changes.watches.iter().any(|w| w.unit == "second.service")))
+    });
     let answered_at = answered(&s.outputs);
     assert!(
         saved_at.is_some() && answered_at > saved_at,
@@ -854,9 +862,10 @@ fn a_generations_proof_is_saved_before_its_files_go_and_anyone_is_told() {
         .insert("/app.slice/g.service".into(), CgroupReading::Gone);
     s.changed("g.service", "inactive", A);
     let position = |found: fn(&Output) -> bool| s.outputs.iter().position(found);
-    let saved = position(
-        |o| matches!(o, Output::Save(state) if state.watches.iter().any(|w| w.proof.is_some())),
-    );
+    let saved = position(|o| {
+        matches!(o, Output::Save(save) if matches!(&**save,
+            StateSave::Changes(changes) if changes.watches.iter().any(|w| w.proof.is_some())))
+    });
     let removed = position(|o| matches!(o, Output::RemoveLaunchFile { .. }));
     let told = position(|o| {
         matches!(
