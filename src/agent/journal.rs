@@ -196,3 +196,215 @@ pub fn read(state_file: &StateFile) -> Result<Found, StateError> {
     };
     state_file.read(dirfd.as_fd(), JOURNAL_FILE_NAME)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::state::WatchRecord;
+
+    fn record(unit: &str, invocation: &str) -> WatchRecord {
+        WatchRecord {
+            unit: unit.to_owned(),
+            invocation: invocation.to_owned(),
+            stop_requested: false,
+            generation: None,
+            run_dir: None,
+            record: None,
+            launch_file: None,
+            stop_succeeded: false,
+            proof: None,
+            control_group: None,
+            stop_unsent: false,
+        }
+    }
+
+    /// A snapshot naming journal 5, with two watches and a generation.
+    fn snapshot() -> AgentState {
+        AgentState {
+            watches: vec![record("a.service", "1"), record("b.service", "2")],
+            generations: vec![("a.service".to_owned(), 1)],
+            boot_id: Some("boot".to_owned()),
+            journal: 5,
+            ..AgentState::default()
+        }
+    }
+
+    /// Three turns: c is watched and a's generation 2 taken; a stops being watched and b's
+    /// record changes; the generation is given back.
+    fn turns() -> Vec<ChangeSet> {
+        vec![
+            ChangeSet {
+                watches: vec![record("c.service", "3")],
+                generations: vec![("a.service".to_owned(), 2)],
+                ..ChangeSet::default()
+            },
+            ChangeSet {
+                watches: vec![WatchRecord {
+                    stop_requested: true,
+                    ..record("b.service", "2")
+                }],
+                removed: vec!["a.service".to_owned()],
+                ..ChangeSet::default()
+            },
+            ChangeSet {
+                generations_freed: vec![("a.service".to_owned(), 2)],
+                ..ChangeSet::default()
+            },
+        ]
+    }
+
+    fn journal(number: u64, changes: &[ChangeSet]) -> Vec<u8> {
+        let mut bytes = header(number);
+        for (seq, change) in (1..).zip(changes) {
+            bytes.extend(line(seq, change).expect("encode"));
+        }
+        bytes
+    }
+
+    fn after(turns: usize) -> AgentState {
+        let mut state = snapshot();
+        state.apply(&turns_so_far(turns));
+        state
+    }
+
+    fn turns_so_far(n: usize) -> Vec<ChangeSet> {
+        turns().into_iter().take(n).collect()
+    }
+
+    #[test]
+    fn a_journal_replays_onto_the_snapshot_it_follows() {
+        let mut state = snapshot();
+        let replayed = replay(&mut state, &journal(5, &turns())).expect("replay");
+        assert_eq!(
+            replayed,
+            Replayed::Applied {
+                changes: 3,
+                torn_bytes: 0
+            }
+        );
+        let expected = AgentState {
+            watches: vec![
+                WatchRecord {
+                    stop_requested: true,
+                    ..record("b.service", "2")
+                },
+                record("c.service", "3"),
+            ],
+            ..snapshot()
+        };
+        assert_eq!(state, expected);
+    }
+
+    #[test]
+    fn change_sets_applied_one_by_one_or_all_at_once_agree() {
+        let mut one_by_one = snapshot();
+        for change in turns() {
+            one_by_one.apply([&change]);
+        }
+        assert_eq!(one_by_one, after(3));
+    }
+
+    #[test]
+    fn a_last_append_cut_anywhere_is_dropped_and_the_rest_applied() {
+        let whole = journal(5, &turns());
+        let last = line(3, &turns()[2]).expect("encode");
+        let before = whole.len() - last.len();
+        // Every cut short of the newline, including the whole line without it.
+        for cut in 0..last.len() {
+            let mut state = snapshot();
+            let replayed = replay(&mut state, &whole[..before + cut]).expect("replay");
+            assert_eq!(
+                replayed,
+                Replayed::Applied {
+                    changes: 2,
+                    torn_bytes: cut
+                },
+                "cut at {cut}"
+            );
+            assert_eq!(state, after(2), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn a_journal_older_than_its_snapshot_is_left_out() {
+        // A compaction killed after its snapshot and before its new journal.
+        let mut state = snapshot();
+        let replayed = replay(&mut state, &journal(4, &turns())).expect("replay");
+        assert_eq!(replayed, Replayed::Stale { journal: 4 });
+        assert_eq!(state, snapshot());
+    }
+
+    #[test]
+    fn damage_other_than_a_cut_last_append_is_corrupt_and_changes_nothing() {
+        let good = journal(5, &turns());
+        let lines: Vec<&[u8]> = good.split_inclusive(|&b| b == b'\n').collect();
+        let with_line = |index: usize, text: &str| {
+            let mut bytes = Vec::new();
+            for (i, line) in lines.iter().enumerate() {
+                if i == index {
+                    bytes.extend_from_slice(text.as_bytes());
+                } else {
+                    bytes.extend_from_slice(line);
+                }
+            }
+            bytes
+        };
+        let missing_second: Vec<u8> = [lines[0], lines[1], lines[3]].concat();
+        let first_twice: Vec<u8> = [lines[0], lines[1], lines[1], lines[2]].concat();
+        let cases = [
+            (b"".to_vec(), "no complete header"),
+            (b"{\"version\":3,\"jou".to_vec(), "no complete header"),
+            (journal(6, &turns()), "follows a snapshot"),
+            (
+                with_line(0, "{\"version\":2,\"journal\":5}\n"),
+                "version is 2",
+            ),
+            (with_line(0, "[]\n"), "header"),
+            (with_line(2, "garbage\n"), "change set 2 of the journal"),
+            (with_line(2, "\n"), "change set 2 of the journal"),
+            (
+                with_line(2, "{\"seq\":2,\"changes\":{},\"extra\":1}\n"),
+                "unknown field",
+            ),
+            (missing_second, "change set 2 of the journal is numbered 3"),
+            (first_twice, "change set 2 of the journal is numbered 1"),
+            (
+                with_line(
+                    1,
+                    "{\"seq\":1,\"changes\":{\"watches\":[{\"unit\":\"../x\",\"invocation\":\"\",\
+                     \"stop_requested\":false,\"gen\":null,\"run_dir\":null,\"record\":null,\
+                     \"launch_file\":null,\"stop_succeeded\":false,\"proof\":null}]}}\n",
+                ),
+                "invalid unit name",
+            ),
+            (
+                with_line(
+                    1,
+                    "{\"seq\":1,\"changes\":{\"generations\":[[\"c.service\",0]]}}\n",
+                ),
+                "is 0",
+            ),
+        ];
+        for (bytes, words) in cases {
+            let mut state = snapshot();
+            let reason = replay(&mut state, &bytes).expect_err("corrupt");
+            assert!(
+                reason.contains(words),
+                "{}: {reason}",
+                String::from_utf8_lossy(&bytes)
+            );
+            assert_eq!(state, snapshot());
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_replay_without_a_panic(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..512)) {
+            let mut state = snapshot();
+            let _ = replay(&mut state, &bytes);
+            let mut framed = header(5);
+            framed.extend(&bytes);
+            let _ = replay(&mut state, &framed);
+        }
+    }
+}

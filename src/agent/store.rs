@@ -11,7 +11,9 @@ use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use super::journal::{self, JOURNAL_FILE_NAME, JournalFile, Replayed};
-use super::state::{AgentState, Found, StateError, StateFile, StateSave, now_seconds, open_dir};
+use super::state::{
+    AgentState, Found, STATE_VERSION, StateError, StateFile, StateSave, now_seconds, open_dir,
+};
 
 /// The journal is compacted into a new snapshot once it is longer than this, or than twice the
 /// last snapshot (so a compaction costs at most as much as the appends since the last one).
@@ -109,6 +111,8 @@ impl StateStore {
         match save {
             StateSave::Snapshot(mut state) => {
                 let number = self.next_journal;
+                // A state loaded from an older version is written in this one.
+                state.version = STATE_VERSION;
                 state.journal = number;
                 // The old journal is useless from here, whatever happens next.
                 self.journal = None;
@@ -161,5 +165,295 @@ impl StateStore {
                 reason: format!("{reason}; moving it aside failed: {errno}"),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::state::{ChangeSet, WatchRecord};
+    use crate::atomic_file::dir_entries as entries;
+    use std::fs;
+    use std::path::Path;
+
+    fn record(unit: &str) -> WatchRecord {
+        WatchRecord {
+            unit: unit.to_owned(),
+            invocation: "6f6c8d4b3b33415a9c74b562581b76a5".to_owned(),
+            stop_requested: false,
+            generation: None,
+            run_dir: None,
+            record: None,
+            launch_file: None,
+            stop_succeeded: false,
+            proof: None,
+            control_group: Some(format!("/app.slice/{unit}")),
+            stop_unsent: false,
+        }
+    }
+
+    fn state_of(units: &[&str]) -> AgentState {
+        AgentState {
+            watches: units.iter().map(|u| record(u)).collect(),
+            ..AgentState::default()
+        }
+    }
+
+    fn put(unit: &str) -> StateSave {
+        StateSave::Changes(ChangeSet {
+            watches: vec![record(unit)],
+            ..ChangeSet::default()
+        })
+    }
+
+    fn load(dir: &Path) -> Loaded {
+        StateStore::new(dir.to_owned()).load().expect("load")
+    }
+
+    /// The state loaded, with the journal number the store gave it left out.
+    fn watches(loaded: &Loaded) -> Vec<&str> {
+        loaded
+            .state
+            .watches
+            .iter()
+            .map(|w| w.unit.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_and_the_changes_after_it_load_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        assert!(store.load().expect("first start").state == AgentState::default());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        store
+            .save(StateSave::Changes(ChangeSet {
+                removed: vec!["a.service".to_owned()],
+                ..ChangeSet::default()
+            }))
+            .expect("append");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["b.service"]);
+        assert_eq!(loaded.state.journal, 1);
+        assert_eq!(loaded.note, None);
+        assert_eq!(entries(dir.path()), ["state.journal", "state.json"]);
+        let text = fs::read_to_string(dir.path().join("state.journal")).expect("read");
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(text.starts_with(&format!("{{\"version\":{STATE_VERSION},\"journal\":1}}\n")));
+    }
+
+    #[test]
+    fn a_new_snapshot_starts_a_new_journal_numbered_above_the_old() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service", "b.service"])))
+            .expect("compact");
+        store.save(put("c.service")).expect("append");
+        // A restart goes on numbering from the snapshot it loaded.
+        let mut restarted = StateStore::new(dir.path().to_owned());
+        let loaded = restarted.load().expect("load");
+        assert_eq!(loaded.state.journal, 2);
+        assert_eq!(watches(&loaded), ["a.service", "b.service", "c.service"]);
+        restarted
+            .save(StateSave::Snapshot(loaded.state))
+            .expect("snapshot at start");
+        assert_eq!(load(dir.path()).state.journal, 3);
+    }
+
+    #[test]
+    fn a_compaction_killed_at_any_step_loads_the_same_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        let whole = state_of(&["a.service", "b.service"]);
+        let journal_path = dir.path().join(JOURNAL_FILE_NAME);
+        let old_journal = fs::read(&journal_path).expect("read the journal");
+
+        // Killed before the snapshot's rename: its temporary file is all that is new.
+        fs::write(dir.path().join(".state.json.77.0000000000000001.tmp"), b"{").expect("write");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["a.service", "b.service"]);
+        assert_eq!(entries(dir.path()), ["state.journal", "state.json"]);
+
+        // Killed after the snapshot's rename, before the new journal: the old journal, which
+        // the snapshot holds already, is left out (replayed again it would bring back a unit
+        // removed in the snapshot).
+        store
+            .save(StateSave::Snapshot(state_of(&["b.service"])))
+            .expect("compact");
+        fs::write(&journal_path, &old_journal).expect("put the old journal back");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["b.service"]);
+        let note = loaded.note.expect("a note");
+        assert!(
+            note.contains("journal 1") && note.contains("naming journal 2"),
+            "{note}"
+        );
+
+        // Killed after both: the new journal is the header alone.
+        store
+            .save(StateSave::Snapshot(whole.clone()))
+            .expect("compact");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["a.service", "b.service"]);
+        assert_eq!(loaded.note, None);
+    }
+
+    #[test]
+    fn a_killed_append_is_dropped_with_a_note() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        let journal_path = dir.path().join(JOURNAL_FILE_NAME);
+        let mut bytes = fs::read(&journal_path).expect("read");
+        bytes.extend_from_slice(b"{\"seq\":2,\"changes\":{\"removed\":[\"a.ser");
+        fs::write(&journal_path, &bytes).expect("write");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["a.service", "b.service"]);
+        let note = loaded.note.expect("a note");
+        assert!(note.contains("dropped the last 37 bytes"), "{note}");
+    }
+
+    #[test]
+    fn a_corrupt_journal_goes_aside_with_its_snapshot_and_the_agent_starts_empty() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        store.save(put("c.service")).expect("append");
+        let journal_path = dir.path().join(JOURNAL_FILE_NAME);
+        let text = fs::read_to_string(&journal_path).expect("read");
+        let damaged = text.replacen("\"seq\":1", "\"seq\":7", 1);
+        fs::write(&journal_path, &damaged).expect("write");
+        let error = StateStore::new(dir.path().to_owned())
+            .load()
+            .expect_err("corrupt");
+        let message = error.to_string();
+        assert!(
+            message.contains("state.journal is corrupt")
+                && message.contains("numbered 7")
+                && message.contains("the snapshot it follows went aside too")
+                && message.contains("moved it aside to"),
+            "{message}"
+        );
+        let names = entries(dir.path());
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names[0].starts_with("state.journal.corrupt-"), "{names:?}");
+        assert!(names[1].starts_with("state.json.corrupt-"), "{names:?}");
+        assert_eq!(
+            fs::read_to_string(dir.path().join(&names[0])).expect("read"),
+            damaged
+        );
+        assert_eq!(load(dir.path()).state, AgentState::default());
+    }
+
+    #[test]
+    fn a_corrupt_snapshot_takes_its_journal_aside_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        fs::write(dir.path().join("state.json"), b"{\"version\":3,").expect("damage");
+        let error = StateStore::new(dir.path().to_owned())
+            .load()
+            .expect_err("corrupt");
+        assert!(matches!(error, StateError::Corrupt { .. }), "{error}");
+        let names = entries(dir.path());
+        assert!(
+            names.len() == 2 && names.iter().all(|n| n.contains(".corrupt-")),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn state_files_of_versions_1_and_2_load_without_a_journal() {
+        for version in [1, 2] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let record = serde_json::to_string(&record("a.service")).expect("encode");
+            let record = if version == 1 {
+                record
+                    .replace(",\"control_group\":\"/app.slice/a.service\"", "")
+                    .replace(",\"stop_unsent\":false", "")
+            } else {
+                record
+            };
+            let text = format!(
+                r#"{{"version":{version},"watches":[{record}],"generations":[["a.service",3]]}}"#
+            );
+            fs::write(dir.path().join("state.json"), text).expect("write");
+            let mut store = StateStore::new(dir.path().to_owned());
+            let loaded = store.load().expect("load");
+            assert_eq!(watches(&loaded), ["a.service"], "version {version}");
+            assert_eq!(loaded.state.generations, [("a.service".to_owned(), 3)]);
+            // The first snapshot after it is of the current version, with journal 1.
+            store
+                .save(StateSave::Snapshot(loaded.state))
+                .expect("snapshot");
+            let saved: serde_json::Value =
+                serde_json::from_slice(&fs::read(dir.path().join("state.json")).expect("read"))
+                    .expect("json");
+            assert_eq!(saved["version"], STATE_VERSION, "version {version}");
+            assert_eq!(saved["journal"], 1, "version {version}");
+        }
+    }
+
+    #[test]
+    fn changes_before_a_snapshot_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        let error = store.save(put("a.service")).expect_err("no journal");
+        assert!(error.to_string().contains("before a snapshot"), "{error}");
+        assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn the_journal_is_compacted_once_longer_than_a_mebibyte_or_twice_the_snapshot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        assert!(!store.wants_snapshot(), "no journal yet");
+        store
+            .save(StateSave::Snapshot(AgentState::default()))
+            .expect("snapshot");
+        let big = StateSave::Changes(ChangeSet {
+            watches: (0..1500)
+                .map(|n| record(&format!("u{n}.service")))
+                .collect(),
+            ..ChangeSet::default()
+        });
+        store.save(big).expect("append");
+        assert!(!store.wants_snapshot(), "under 1 MiB");
+        let bigger = StateSave::Changes(ChangeSet {
+            watches: (0..4000)
+                .map(|n| record(&format!("u{n}.service")))
+                .collect(),
+            ..ChangeSet::default()
+        });
+        store.save(bigger).expect("append");
+        assert!(store.wants_snapshot(), "over 1 MiB");
+        let loaded = load(dir.path());
+        store
+            .save(StateSave::Snapshot(loaded.state))
+            .expect("compact");
+        assert!(!store.wants_snapshot(), "a new journal");
+        store.save(put("x.service")).expect("append");
+        assert!(!store.wants_snapshot(), "under twice the snapshot");
     }
 }

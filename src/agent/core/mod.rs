@@ -298,6 +298,9 @@ pub struct Core {
     read_queue: VecDeque<UnitKey>,
     next_resync: Option<Instant>,
     unsaved: Unsaved,
+    /// A snapshot was saved in this life of the agent: change sets follow one (the driver
+    /// starts a new journal with it), so the first save of a life is always a snapshot.
+    snapshot_saved: bool,
     /// What the saves so far add up to, checked against the watch set at every save.
     #[cfg(test)]
     saved_mirror: Option<AgentState>,
@@ -391,6 +394,7 @@ impl Core {
             read_queue: VecDeque::new(),
             next_resync,
             unsaved: Unsaved::default(),
+            snapshot_saved: false,
             #[cfg(test)]
             saved_mirror: None,
             last_save: None,
@@ -513,9 +517,16 @@ impl Core {
     /// Saves what changed now, if anything did (at shutdown, and before a generation's
     /// release).
     pub fn save_now(&mut self, now: Instant) {
-        if !std::mem::take(&mut self.unsaved.owed) {
+        if !self.unsaved.owed {
             return;
         }
+        if !self.snapshot_saved {
+            // A proof made while taking up the saved state (a reboot's) is saved before its
+            // release, and before the driver's first snapshot.
+            self.save_snapshot(now);
+            return;
+        }
+        self.unsaved.owed = false;
         self.last_save = Some(now);
         self.save_due = None;
         let changes = self.changes();
@@ -529,6 +540,7 @@ impl Core {
     /// Saves the whole state now: at start, and when the driver compacts its journal.
     pub fn save_snapshot(&mut self, now: Instant) {
         self.unsaved = Unsaved::default();
+        self.snapshot_saved = true;
         self.last_save = Some(now);
         self.save_due = None;
         let state = self.snapshot();

@@ -118,6 +118,7 @@ impl Core {
                 .into_iter()
                 .partition(|r| r.proof.is_some());
         let counts = (watching.len(), proven.len());
+        let mut to_prove = Vec::new();
         for record in proven.into_iter().chain(watching) {
             let Ok(unit) = unit_name::validate(&record.unit) else {
                 self.log(
@@ -171,8 +172,12 @@ impl Core {
             self.by_path.insert(&watch.path, key);
             self.units.insert(key, watch);
             if rebooted {
-                self.prove_rebooted(key, now);
+                to_prove.push(key);
             }
+        }
+        // Proven once every watch is back: a proof's save (before its release) must hold all.
+        for key in to_prove {
+            self.prove_rebooted(key, now);
         }
         if counts != (0, 0) {
             self.log(
