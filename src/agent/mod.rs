@@ -10,9 +10,11 @@
 mod bus;
 pub(crate) mod core;
 pub(crate) mod dirs;
+mod journal;
 #[cfg(test)]
 mod sim;
 pub(crate) mod state;
+mod store;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -45,7 +47,8 @@ use crate::systemd::manager::{self, ManagerError, Subscription, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use dirs::DirError;
-use state::{AgentState, StateError, StateFile};
+use state::{AgentState, StateError, StateSave};
+use store::StateStore;
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
 /// bounds the replies held in memory (a service's properties are several KiB).
@@ -220,7 +223,7 @@ struct Agent {
     server: ControlServer,
     signals: SignalFd,
     /// Where the watch set is kept across restarts; `None` keeps it in memory only.
-    state_file: Option<StateFile>,
+    state_store: Option<StateStore>,
     /// A save that failed. The outputs after it (answers and releases that promise it is
     /// durable) are never carried out; the loop stops with it.
     save_failed: Option<StateError>,
@@ -241,10 +244,15 @@ impl Agent {
             dirs::create_missing(dir, config.server.directory_mode(), "control socket")
                 .map_err(AgentError::Dir)?;
         }
-        let state_file = config.state_dir.clone().map(StateFile::new);
-        let restored = match &state_file {
-            Some(file) => match file.load() {
-                Ok(state) => state,
+        let mut state_store = config.state_dir.clone().map(StateStore::new);
+        let restored = match &mut state_store {
+            Some(store) => match store.load() {
+                Ok(loaded) => {
+                    if let Some(note) = loaded.note {
+                        log::warn!("{note}");
+                    }
+                    loaded.state
+                }
                 // Said loudly and moved aside; starting empty is then not silent.
                 Err(e @ StateError::Corrupt { .. }) => {
                     log::error!("{e}; starting with no watches");
@@ -324,7 +332,7 @@ impl Agent {
             leftovers: ProcessTracker::new(LEFTOVER_TOKENS),
             server,
             signals,
-            state_file,
+            state_store,
             save_failed: None,
             notifier: Notifier::from_env(),
             next_ping: None,
@@ -332,7 +340,9 @@ impl Agent {
         };
         agent.carry_out();
         agent.on_connected(conn, subscription);
-        agent.core.save_now(Instant::now());
+        // A new snapshot and journal: a journal is only ever appended to by the agent that
+        // started it, so a killed append's remains are never followed by another line.
+        agent.core.save_snapshot(Instant::now());
         agent.carry_out();
         if let Some(e) = agent.save_failed.take() {
             return Err(AgentError::Save(e));
@@ -413,6 +423,14 @@ impl Agent {
             self.core.handle_timeout(now);
             self.core.end_turn(now);
             self.carry_out();
+            if self
+                .state_store
+                .as_ref()
+                .is_some_and(StateStore::wants_snapshot)
+            {
+                self.core.save_snapshot(Instant::now());
+                self.carry_out();
+            }
             if let Some(e) = self.save_failed.take() {
                 return Err(AgentError::Save(e));
             }
@@ -513,13 +531,21 @@ impl Agent {
                     Err(e) => log::error!("{}: encode the proof event: {e}", event.unit),
                 },
                 Output::Log { level, line } => log::log!(level, "{line}"),
-                Output::Save(state) => {
-                    if let Some(file) = &self.state_file {
+                Output::Save(save) => {
+                    if let Some(store) = &mut self.state_store {
                         let started = Instant::now();
-                        match file.save(&state) {
+                        let what = match &*save {
+                            StateSave::Snapshot(state) => {
+                                format!("a snapshot of {} watches", state.watches.len())
+                            }
+                            StateSave::Changes(changes) => format!(
+                                "changes of {} watches",
+                                changes.watches.len() + changes.removed.len()
+                            ),
+                        };
+                        match store.save(*save) {
                             Ok(bytes) => log::debug!(
-                                "saved {} watches ({bytes} bytes) in {} us",
-                                state.watches.len(),
+                                "saved {what} ({bytes} bytes) in {} us",
                                 started.elapsed().as_micros()
                             ),
                             Err(e) => self.save_failed = Some(e),

@@ -1,13 +1,14 @@
-//! The agent's durable watch set: one small JSON file, `state.json` under the state directory,
-//! written atomically on every change and read once at start, so that the agent survives its own
-//! crash or SIGKILL with nothing lost.
+//! The agent's durable watch set as a whole: what it is ([`AgentState`], and [`ChangeSet`], what
+//! changed of it in one turn) and its snapshot file, `state.json` under the state directory,
+//! written atomically and read once at start. Between snapshots the changes go to the journal
+//! (`journal.rs`); `store.rs` puts the two together.
 //!
 //! It must never lose a state silently: a file that cannot be read back exactly is renamed
 //! aside (never deleted, never overwritten) and reported, and a save either replaces the whole
 //! file or leaves the old one intact. It never writes through a symlink and never leaves a
 //! temporary file behind. It knows nothing of D-Bus, cgroups or the loop.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::fs::{self, DirBuilder, File};
 use std::hash::{BuildHasher, RandomState};
@@ -27,8 +28,8 @@ use crate::atomic_file;
 use crate::unit_name;
 
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
-/// `control_group` and `stop_unsent`.
-pub const STATE_VERSION: u32 = 2;
+/// `control_group` and `stop_unsent`; version 3 the `journal` that follows the snapshot.
+pub const STATE_VERSION: u32 = 3;
 
 /// The oldest version this agent still reads; the fields added since read as absent.
 const OLDEST_READABLE_VERSION: u32 = 1;
@@ -36,14 +37,15 @@ const OLDEST_READABLE_VERSION: u32 = 1;
 /// The state file's name in the state directory.
 const STATE_FILE_NAME: &str = "state.json";
 
-/// What a temporary file's name starts with: `.state.json.<pid>.<random>.tmp`.
-const TEMP_PREFIX: &str = ".state.json.";
+/// What a temporary file's name starts with: `.state.json.<pid>.<random>.tmp`, and the
+/// journal's `.state.journal.<pid>.<random>.tmp`.
+const TEMP_PREFIX: &str = ".state.";
 
 /// What a temporary file's name ends with.
 const TEMP_SUFFIX: &str = ".tmp";
 
 /// The state file's mode: it names units and paths, which are nobody else's business.
-const FILE_MODE: u32 = 0o600;
+pub(super) const FILE_MODE: u32 = 0o600;
 
 /// The mode of a state directory this module creates.
 pub(crate) const DIR_MODE: u32 = 0o700;
@@ -128,6 +130,92 @@ pub struct AgentState {
     /// every process of them is gone.
     #[serde(default)]
     pub boot_id: Option<String>,
+    /// The journal that follows this snapshot: only a journal of this number is applied to it
+    /// (0 in files of versions 1 and 2, which have none). Set by the store when it writes.
+    #[serde(default)]
+    pub journal: u64,
+}
+
+/// What changed of the watch set in one turn of the agent: the journal's unit of writing.
+///
+/// A unit's records are replaced whole: a unit in `watches` has that record and no other
+/// afterwards, a unit in `removed` has none. A unit is in one of the two at most.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeSet {
+    /// The new record of each unit that changed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub watches: Vec<WatchRecord>,
+    /// Units that have no record any more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub removed: Vec<String>,
+    /// Generations taken.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generations: Vec<(String, u64)>,
+    /// Generations given back (a watch refused before its first read succeeded).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub generations_freed: Vec<(String, u64)>,
+}
+
+impl ChangeSet {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.watches.is_empty()
+            && self.removed.is_empty()
+            && self.generations.is_empty()
+            && self.generations_freed.is_empty()
+    }
+}
+
+/// One save of the watch set: all of it (at start, and when the journal is compacted), or what
+/// changed since the save before.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StateSave {
+    Snapshot(AgentState),
+    Changes(ChangeSet),
+}
+
+impl AgentState {
+    /// Applies change sets in order, in one pass over the watches however many there are (a
+    /// journal of thousands of turns is replayed at start). Pure: the loader and the
+    /// simulator's model of the disk both restart through it.
+    pub fn apply<'a>(&mut self, changes: impl IntoIterator<Item = &'a ChangeSet>) {
+        // Each unit's final record (`None`: removed), and each generation's final presence.
+        let mut records: HashMap<&str, Option<&WatchRecord>> = HashMap::new();
+        let mut generations: HashMap<&(String, u64), bool> = HashMap::new();
+        for change in changes {
+            for unit in &change.removed {
+                records.insert(unit, None);
+            }
+            for record in &change.watches {
+                records.insert(&record.unit, Some(record));
+            }
+            for generation in &change.generations_freed {
+                generations.insert(generation, false);
+            }
+            for generation in &change.generations {
+                generations.insert(generation, true);
+            }
+        }
+        if !records.is_empty() {
+            self.watches
+                .retain(|record| !records.contains_key(record.unit.as_str()));
+            self.watches
+                .extend(records.into_values().flatten().cloned());
+            self.watches.sort_by(|a, b| a.unit.cmp(&b.unit));
+        }
+        if !generations.is_empty() {
+            self.generations
+                .retain(|generation| !generations.contains_key(generation));
+            self.generations.extend(
+                generations
+                    .into_iter()
+                    .filter(|(_, present)| *present)
+                    .map(|(generation, _)| generation.clone()),
+            );
+            self.generations.sort();
+        }
+    }
 }
 
 impl Default for AgentState {
@@ -139,6 +227,7 @@ impl Default for AgentState {
             watches: Vec::new(),
             generations: Vec::new(),
             boot_id: None,
+            journal: 0,
         }
     }
 }
@@ -210,7 +299,11 @@ impl std::error::Error for StateError {
 }
 
 /// Builds a [`StateError::Io`].
-fn io_error(path: &Path, action: &'static str, source: impl Into<io::Error>) -> StateError {
+pub(super) fn io_error(
+    path: &Path,
+    action: &'static str,
+    source: impl Into<io::Error>,
+) -> StateError {
     StateError::Io {
         path: path.to_owned(),
         action,
@@ -225,8 +318,8 @@ pub struct StateFile {
     path: PathBuf,
 }
 
-/// What was found at the state file's name.
-enum Found {
+/// What was found at a file's name.
+pub(super) enum Found {
     /// Nothing: the agent's first start.
     Nothing,
     /// Something that is not a regular file; says what.
@@ -264,7 +357,7 @@ impl StateFile {
             Err(errno) => return Err(io_error(&self.dir, "open state directory", errno)),
         };
         self.remove_stale_temp_files(dirfd.as_fd());
-        let reason = match self.read(dirfd.as_fd())? {
+        let reason = match self.read(dirfd.as_fd(), STATE_FILE_NAME)? {
             Found::Nothing => return Ok(AgentState::default()),
             Found::NotAFile(what) => format!("it is {what}"),
             Found::Bytes(bytes) => match parse(&bytes) {
@@ -272,10 +365,22 @@ impl StateFile {
                 Err(reason) => reason,
             },
         };
-        let seconds = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_secs());
-        Err(self.move_aside(dirfd.as_fd(), seconds, reason))
+        Err(self.move_aside(dirfd.as_fd(), STATE_FILE_NAME, now_seconds(), reason))
+    }
+
+    /// Moves the snapshot aside after it was read well, because the journal that follows it
+    /// is corrupt: the two are kept together as evidence. Returns where it went, if anywhere.
+    pub(super) fn move_snapshot_aside(&self, seconds: u64) -> Option<PathBuf> {
+        let dirfd = open_dir(&self.dir).ok()?;
+        match self.move_aside(dirfd.as_fd(), STATE_FILE_NAME, seconds, String::new()) {
+            StateError::Corrupt { moved_to, .. } => moved_to,
+            StateError::Io { .. } => None,
+        }
+    }
+
+    /// The state directory.
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Writes the state atomically.
@@ -290,31 +395,39 @@ impl StateFile {
         let mut contents = serde_json::to_vec(state)
             .map_err(|error| io_error(&self.path, "encode the state for", error))?;
         contents.push(b'\n');
+        self.replace(STATE_FILE_NAME, &contents)?;
+        Ok(contents.len())
+    }
+
+    /// Replaces the file `name` in the state directory with `contents` atomically, through a
+    /// temporary file `.<name>.<pid>.<random>.tmp`, creating the directory if missing.
+    pub(super) fn replace(&self, name: &str, contents: &[u8]) -> Result<(), StateError> {
         let dirfd = self.open_or_create_dir()?;
         let temp_name = format!(
-            "{TEMP_PREFIX}{}.{:016x}{TEMP_SUFFIX}",
+            ".{name}.{}.{:016x}{TEMP_SUFFIX}",
             std::process::id(),
             // RandomState is keyed from the OS's randomness, so no crate is needed for this.
             RandomState::new().hash_one(contents.len())
         );
+        debug_assert!(temp_name.starts_with(TEMP_PREFIX));
         atomic_file::replace(
             dirfd.as_fd(),
             &self.dir,
-            STATE_FILE_NAME,
+            name,
             &temp_name,
-            &contents,
+            contents,
             FILE_MODE,
         )
-        .map_err(|e| io_error(&e.path, e.action, e.source))?;
-        Ok(contents.len())
+        .map_err(|e| io_error(&e.path, e.action, e.source))
     }
 
-    /// Reads what is at the state file's name, without following a symlink there and without
-    /// blocking on a FIFO.
-    fn read(&self, dirfd: BorrowedFd<'_>) -> Result<Found, StateError> {
+    /// Reads what is at `name` in the state directory, without following a symlink there and
+    /// without blocking on a FIFO.
+    pub(super) fn read(&self, dirfd: BorrowedFd<'_>, name: &str) -> Result<Found, StateError> {
+        let path = self.dir.join(name);
         let fd = match fcntl::openat(
             dirfd,
-            STATE_FILE_NAME,
+            name,
             OFlag::O_RDONLY
                 | OFlag::O_NOFOLLOW
                 | OFlag::O_CLOEXEC
@@ -325,12 +438,12 @@ impl StateFile {
             Ok(fd) => fd,
             Err(Errno::ENOENT) => return Ok(Found::Nothing),
             Err(Errno::ELOOP) => return Ok(Found::NotAFile("a symlink")),
-            Err(errno) => return Err(io_error(&self.path, "open", errno)),
+            Err(errno) => return Err(io_error(&path, "open", errno)),
         };
         let mut file = File::from(fd);
         let metadata = file
             .metadata()
-            .map_err(|error| io_error(&self.path, "stat", error))?;
+            .map_err(|error| io_error(&path, "stat", error))?;
         if metadata.is_dir() {
             return Ok(Found::NotAFile("a directory"));
         }
@@ -340,34 +453,41 @@ impl StateFile {
         // The length is a hint for the buffer only; the read goes to the end whatever it is.
         let mut bytes = Vec::with_capacity(usize::try_from(metadata.len()).unwrap_or(0));
         file.read_to_end(&mut bytes)
-            .map_err(|error| io_error(&self.path, "read", error))?;
+            .map_err(|error| io_error(&path, "read", error))?;
         Ok(Found::Bytes(bytes))
     }
 
-    /// Renames the corrupt state file to the first free `state.json.corrupt-<seconds>[.<n>]`
-    /// and returns the error that reports it.
-    fn move_aside(&self, dirfd: BorrowedFd<'_>, seconds: u64, reason: String) -> StateError {
-        let base = format!("{STATE_FILE_NAME}.corrupt-{seconds}");
+    /// Renames the corrupt file `name` to the first free `<name>.corrupt-<seconds>[.<n>]` and
+    /// returns the error that reports it.
+    pub(super) fn move_aside(
+        &self,
+        dirfd: BorrowedFd<'_>,
+        name: &str,
+        seconds: u64,
+        reason: String,
+    ) -> StateError {
+        let path = self.dir.join(name);
+        let base = format!("{name}.corrupt-{seconds}");
         let mut failure = None;
         for attempt in 0..ASIDE_ATTEMPTS {
-            let name = match attempt {
+            let aside = match attempt {
                 0 => base.clone(),
                 n => format!("{base}.{n}"),
             };
             // RENAME_NOREPLACE: an earlier corrupt file of the same name is evidence too.
             match fcntl::renameat2(
                 dirfd,
-                STATE_FILE_NAME,
+                name,
                 dirfd,
-                name.as_str(),
+                aside.as_str(),
                 RenameFlags::RENAME_NOREPLACE,
             ) {
                 Ok(()) => {
                     // Best effort: the file is aside either way; a crash may only bring it back.
                     let _ = unistd::fsync(dirfd);
                     return StateError::Corrupt {
-                        path: self.path.clone(),
-                        moved_to: Some(self.dir.join(name)),
+                        path,
+                        moved_to: Some(self.dir.join(aside)),
                         reason,
                     };
                 }
@@ -380,7 +500,7 @@ impl StateFile {
         }
         let failure = failure.unwrap_or_else(|| format!("{ASIDE_ATTEMPTS} names taken"));
         StateError::Corrupt {
-            path: self.path.clone(),
+            path,
             moved_to: None,
             reason: format!("{reason}; moving it aside failed: {failure}"),
         }
@@ -404,7 +524,7 @@ impl StateFile {
     }
 
     /// Opens the state directory, creating it (and its parents) with mode 0700 if missing.
-    fn open_or_create_dir(&self) -> Result<OwnedFd, StateError> {
+    pub(super) fn open_or_create_dir(&self) -> Result<OwnedFd, StateError> {
         match open_dir(&self.dir) {
             Err(Errno::ENOENT) => {}
             opened => {
@@ -428,9 +548,16 @@ impl StateFile {
     }
 }
 
+/// Seconds since the epoch, for the names of corrupt files moved aside.
+pub(super) fn now_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
 /// Opens a directory for `*at` calls and for fsync. The state directory is the operator's
 /// choice, so a symlink to it is followed.
-fn open_dir(dir: &Path) -> nix::Result<OwnedFd> {
+pub(super) fn open_dir(dir: &Path) -> nix::Result<OwnedFd> {
     fcntl::open(
         dir,
         OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
@@ -466,7 +593,7 @@ fn unknown_version(version: u32) -> String {
 
 /// Checks what the format's shape cannot: valid unit names, no generation 0, and no unit
 /// watched twice before its proof.
-fn check(state: &AgentState) -> Result<(), String> {
+pub(super) fn check(state: &AgentState) -> Result<(), String> {
     let mut unproven = HashSet::new();
     for watch in &state.watches {
         unit_name::validate(&watch.unit).map_err(|error| format!("a watch has an {error}"))?;
@@ -534,6 +661,7 @@ mod tests {
             watches: vec![full, proven, watch("backup.service")],
             generations: vec![("app@1.service".to_owned(), 7)],
             boot_id: Some("3f1e0c5a-93c3-4cd0-9a4b-5e2b1d0c8a77".to_owned()),
+            journal: 12,
         }
     }
 
@@ -623,8 +751,8 @@ mod tests {
                 "unknown version 0",
             ),
             (
-                r#"{"version":3,"watches":"new shape","extra":true}"#.to_owned(),
-                "unknown version 3",
+                r#"{"version":4,"watches":"new shape","extra":true}"#.to_owned(),
+                "unknown version 4",
             ),
             (
                 r#"{"version":1,"watches":[],"generations":[],"extra":1}"#.to_owned(),
@@ -706,7 +834,12 @@ mod tests {
         let mut moved = Vec::new();
         for contents in ["first", "second", "third"] {
             fs::write(state_file.path(), contents).expect("write");
-            match state_file.move_aside(dirfd.as_fd(), 1_700_000_000, "test".to_owned()) {
+            match state_file.move_aside(
+                dirfd.as_fd(),
+                STATE_FILE_NAME,
+                1_700_000_000,
+                "test".to_owned(),
+            ) {
                 StateError::Corrupt {
                     moved_to: Some(moved_to),
                     ..
@@ -754,7 +887,7 @@ mod tests {
             fs::write(dir.path().join(format!("state.json.corrupt-9.{n}")), b"").expect("take");
         }
         fs::write(state_file.path(), b"garbage").expect("write");
-        match state_file.move_aside(dirfd.as_fd(), 9, "not json".to_owned()) {
+        match state_file.move_aside(dirfd.as_fd(), STATE_FILE_NAME, 9, "not json".to_owned()) {
             StateError::Corrupt {
                 moved_to: None,
                 reason,
@@ -847,7 +980,7 @@ mod tests {
         let moved = StateError::Corrupt {
             path: PathBuf::from("/s/state.json"),
             moved_to: Some(PathBuf::from("/s/state.json.corrupt-5")),
-            reason: "unknown version 3, this agent reads versions 1 to 2".to_owned(),
+            reason: "unknown version 4, this agent reads versions 1 to 3".to_owned(),
         };
         let stuck = StateError::Corrupt {
             path: PathBuf::from("/s/state.json"),
@@ -861,8 +994,8 @@ mod tests {
             ),
             (
                 moved,
-                "state file /s/state.json is corrupt (unknown version 3, this agent reads \
-                 versions 1 to 2); moved it aside to /s/state.json.corrupt-5",
+                "state file /s/state.json is corrupt (unknown version 4, this agent reads \
+                 versions 1 to 3); moved it aside to /s/state.json.corrupt-5",
             ),
             (
                 stuck,

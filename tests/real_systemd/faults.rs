@@ -375,22 +375,41 @@ fn a_watch_whose_save_fails_is_never_answered_and_the_agent_stops() {
     let sandbox = Sandbox::start("save-fails");
     sandbox.install_unit("held.service", "[Service]\nExecStart=/bin/sleep 1000\n");
     sandbox.systemctl_ok(&["start", "held.service"]);
+    // A state directory of two pages: the snapshot and the journal's header fill them at
+    // start, so the append of a watch longer than a page finds the file system full (as root,
+    // a read-only directory would not stop a write, nor would it stop an open journal).
+    let out = sandbox.run("mkdir", &["-p", crate::support::agent::STATE_DIR]);
+    assert!(out.status.success(), "mkdir: {out:?}");
+    let out = sandbox.run(
+        "mount",
+        &[
+            "-t",
+            "tmpfs",
+            "-o",
+            "size=8k,mode=0700",
+            "tmpfs",
+            crate::support::agent::STATE_DIR,
+        ],
+    );
+    assert!(out.status.success(), "mount: {out:?}");
     let mut agent = Agent::start(&sandbox);
-    // A directory at the state file's name makes the save's rename fail (as root, a
-    // read-only directory would not).
-    let state_file = sandbox
-        .host_path(crate::support::agent::STATE_DIR)
-        .join("state.json");
-    std::fs::create_dir_all(&state_file).unwrap();
+    let launch_file = format!("/run/{}launch-1", "a-long-directory-name/".repeat(250));
     let mut conn = agent.connect();
-    conn.send_raw(b"{\"id\":1,\"cmd\":\"watch\",\"unit\":\"held.service\"}\n");
+    conn.send_raw(
+        format!(
+            "{{\"id\":1,\"cmd\":\"watch\",\"unit\":\"held.service\",\"gen\":1,\
+             \"launch_file\":\"{launch_file}\"}}\n"
+        )
+        .as_bytes(),
+    );
     let answer = conn.read_unless_closed();
     assert_eq!(answer, None, "a watch answered though its save failed");
     let status = agent.wait();
     assert_eq!(status.code(), Some(1), "{status}");
     let log = agent.log_text();
     assert!(
-        log.contains("rename a temporary file to")
+        log.contains("append to")
+            && log.contains("state.journal")
             && log.contains("stopping before anything that save held is answered"),
         "{log}"
     );

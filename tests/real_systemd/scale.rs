@@ -117,27 +117,45 @@ fn schedstat_ns(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-/// How many saves the agent's log reports so far, and their sizes and durations.
+/// How many saves the agent's log reports so far (journal appends and snapshots), and their
+/// sizes and durations.
 fn save_summary(log: &str) -> String {
-    // "saved N watches (B bytes) in U us"
-    let saves: Vec<(u64, u64)> = log
+    // "saved changes of N watches (B bytes) in U us", "saved a snapshot of N watches (...)"
+    let saves: Vec<(bool, u64, u64)> = log
         .lines()
         .filter_map(|line| {
             let rest = &line[line.find("saved ")?..];
-            let words: Vec<&str> = rest.split_whitespace().collect();
-            let bytes = words.get(3)?.trim_start_matches('(').parse().ok()?;
-            let us = words.get(6)?.parse().ok()?;
-            Some((bytes, us))
+            let snapshot = rest.starts_with("saved a snapshot");
+            let bytes = rest[rest.find('(')? + 1..]
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()?;
+            let us = rest[rest.find(") in ")? + 5..]
+                .split(' ')
+                .next()?
+                .parse()
+                .ok()?;
+            Some((snapshot, bytes, us))
         })
         .collect();
-    let total_us: u64 = saves.iter().map(|(_, us)| us).sum();
-    format!(
-        "{} saves taking {:.1} ms in all (the largest {} bytes, the longest {:.1} ms)",
-        saves.len(),
-        total_us as f64 / 1000.0,
-        saves.iter().map(|(b, _)| *b).max().unwrap_or(0),
-        saves.iter().map(|(_, us)| *us).max().unwrap_or(0) as f64 / 1000.0
-    )
+    let summary = |snapshots: bool| {
+        let some: Vec<(u64, u64)> = saves
+            .iter()
+            .filter(|(s, _, _)| *s == snapshots)
+            .map(|(_, b, us)| (*b, *us))
+            .collect();
+        let total_us: u64 = some.iter().map(|(_, us)| us).sum();
+        format!(
+            "{} {} taking {:.1} ms in all (the largest {} bytes, the longest {:.1} ms)",
+            some.len(),
+            if snapshots { "snapshots" } else { "appends" },
+            total_us as f64 / 1000.0,
+            some.iter().map(|(b, _)| *b).max().unwrap_or(0),
+            some.iter().map(|(_, us)| *us).max().unwrap_or(0) as f64 / 1000.0
+        )
+    };
+    format!("{}; {}", summary(false), summary(true))
 }
 
 fn ten_thousand_units_are_watched_and_proven_with_no_leak() {

@@ -16,7 +16,8 @@
 //!
 //! Driver contract for saves: [`Output::Save`] is durable before the next output is carried
 //! out, or nothing after it is carried out at all (the real driver stops; a restart resumes
-//! from the last save).
+//! from the last save). A save is a change set of one turn, or a snapshot of everything at
+//! start and whenever the driver asks ([`Core::save_snapshot`], to compact its journal).
 //!
 //! Driver contract for the bus: [`Input::BusUp`] after every (re)connection and subscription;
 //! [`Input::BusLost`] when the connection or systemd behind it goes away (a new owner of
@@ -39,6 +40,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::cgroup::procs::NextInvocation;
 pub use event::{ProofEvent, WatchView};
+use persist::Unsaved;
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -51,7 +53,7 @@ use crate::proof::{Input as ProofInput, StopReason};
 use crate::systemd::manager::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
 
-pub use super::state::AgentState;
+pub use super::state::{AgentState, ChangeSet, StateSave};
 
 /// Identifies a watch for its whole life; never reused, so a late answer for a unit that was
 /// unwatched and watched again cannot land on the new watch.
@@ -234,10 +236,11 @@ pub enum Output {
         level: log::Level,
         line: String,
     },
-    /// Write this state to the state file, durably, before carrying out any output after it:
-    /// those may promise that it is saved (answers to `watch` and `unwatch`, the release of a
-    /// proven generation). A driver that cannot save must carry out nothing after it.
-    Save(Box<AgentState>),
+    /// Make this durable (a turn's changes, or the whole state) before carrying out any output
+    /// after it: those may promise that it is saved (answers to `watch` and `unwatch`, the
+    /// release of a proven generation). A driver that cannot save must carry out nothing after
+    /// it.
+    Save(Box<StateSave>),
 }
 
 /// How the core behaves.
@@ -259,7 +262,7 @@ pub struct CoreConfig {
     pub clock_anchor: (Instant, u64),
 }
 
-/// The least time between two saves of the state file: a save writes the whole set.
+/// The least time between two saves: each is a write and a sync of the journal.
 pub const SAVE_INTERVAL: Duration = Duration::from_millis(100);
 /// The first wait before a unit whose read or cgroup watch failed is read again.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
@@ -294,7 +297,13 @@ pub struct Core {
     reads_in_flight: usize,
     read_queue: VecDeque<UnitKey>,
     next_resync: Option<Instant>,
-    dirty: bool,
+    unsaved: Unsaved,
+    /// A snapshot was saved in this life of the agent: change sets follow one (the driver
+    /// starts a new journal with it), so the first save of a life is always a snapshot.
+    snapshot_saved: bool,
+    /// What the saves so far add up to, checked against the watch set at every save.
+    #[cfg(test)]
+    saved_mirror: Option<AgentState>,
     last_save: Option<Instant>,
     save_due: Option<Instant>,
     /// Answers that promise a change of the watch set (`watch`, `unwatch`): held until the
@@ -384,7 +393,10 @@ impl Core {
             reads_in_flight: 0,
             read_queue: VecDeque::new(),
             next_resync,
-            dirty: false,
+            unsaved: Unsaved::default(),
+            snapshot_saved: false,
+            #[cfg(test)]
+            saved_mirror: None,
             last_save: None,
             save_due: None,
             replies_when_saved: Vec::new(),
@@ -491,7 +503,7 @@ impl Core {
     /// Ends a turn of the driver's loop: saves what changed, at most once per
     /// [`SAVE_INTERVAL`] (a later save is then due, and [`Core::poll_timeout`] says when).
     pub fn end_turn(&mut self, now: Instant) {
-        if !self.dirty {
+        if !self.unsaved.owed {
             return;
         }
         match self.last_save {
@@ -502,15 +514,46 @@ impl Core {
         }
     }
 
-    /// Saves now if anything changed (at start and at shutdown).
+    /// Saves what changed now, if anything did (at shutdown, and before a generation's
+    /// release).
     pub fn save_now(&mut self, now: Instant) {
-        if !std::mem::take(&mut self.dirty) {
+        if !self.unsaved.owed {
             return;
         }
+        if !self.snapshot_saved {
+            // A proof made while taking up the saved state (a reboot's) is saved before its
+            // release, and before the driver's first snapshot.
+            self.save_snapshot(now);
+            return;
+        }
+        self.unsaved.owed = false;
+        self.last_save = Some(now);
+        self.save_due = None;
+        let changes = self.changes();
+        if !changes.is_empty() {
+            self.outputs
+                .push_back(Output::Save(Box::new(StateSave::Changes(changes))));
+        }
+        self.release_replies_when_saved();
+    }
+
+    /// Saves the whole state now: at start, and when the driver compacts its journal.
+    pub fn save_snapshot(&mut self, now: Instant) {
+        self.unsaved = Unsaved::default();
+        self.snapshot_saved = true;
         self.last_save = Some(now);
         self.save_due = None;
         let state = self.snapshot();
-        self.outputs.push_back(Output::Save(Box::new(state)));
+        #[cfg(test)]
+        {
+            self.saved_mirror = Some(state.clone());
+        }
+        self.outputs
+            .push_back(Output::Save(Box::new(StateSave::Snapshot(state))));
+        self.release_replies_when_saved();
+    }
+
+    fn release_replies_when_saved(&mut self) {
         for (to, answer) in std::mem::take(&mut self.replies_when_saved) {
             self.reply(to, answer);
         }
@@ -587,14 +630,14 @@ impl Core {
     /// Answers once the watch set as it is now has been saved (at the end of this turn, or
     /// when the save interval allows).
     fn reply_when_saved(&mut self, to: ReplyTo, answer: Answer) {
-        self.dirty = true;
+        self.unsaved.owed = true;
         self.replies_when_saved.push((to, answer));
     }
 
     /// Answers now if everything is saved, else once it is: an answer about a watch that
     /// changed since the last save (one made this turn, say) must not outrun that save.
     fn reply_saved(&mut self, to: ReplyTo, answer: Answer) {
-        if self.dirty {
+        if self.unsaved.owed {
             self.replies_when_saved.push((to, answer));
         } else {
             self.reply(to, answer);
@@ -791,7 +834,7 @@ impl Core {
         let Some(watch) = self.units.remove(&key) else {
             return;
         };
-        self.dirty = true;
+        self.unsaved.unit(watch.unit.as_str());
         if watch.event.is_none() {
             self.outputs.push_back(Output::Release { key });
         }

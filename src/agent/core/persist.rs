@@ -1,5 +1,11 @@
-//! Keeping the watch set across restarts: what of it goes into the state file, and taking it
-//! up again at start.
+//! Keeping the watch set across restarts: what of it is saved (all of it in a snapshot, or
+//! what changed since the last save: the units and generations marked in [`Unsaved`]), and
+//! taking it up again at start.
+//!
+//! A save names each changed unit with its whole new record, so a change need not say what
+//! changed in a watch, only that it did; [`Core::mark_changed`] and [`Unsaved::unit`] are
+//! called wherever a field [`record_of`] reads may change. The tests check every change set
+//! against a snapshot, so a mark missing is a failing test, not a silent loss.
 //!
 //! A watch whose invocation is not known yet (its first read has not come back, so nobody has
 //! been told of it) is not saved: saving it with an empty invocation would make every
@@ -7,17 +13,97 @@
 //! every process of it died with the machine, and nothing is sent to systemd for it (the
 //! unit's invocation in this boot is not ours to stop).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use super::event::ProofEvent;
 use super::watch::{UnsentStop, Watch, WatchSpec};
-use super::{AgentState, Core, StopKind};
+use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
 use crate::agent::state::{ProofJson, WatchRecord};
 use crate::proof::release::Release;
 use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
 use crate::unit_name;
 
+/// What changed since the last save.
+#[derive(Debug, Default)]
+pub(super) struct Unsaved {
+    /// A save is owed: something changed, or an answer waits for a save.
+    pub owed: bool,
+    /// Units whose record may have changed (or gone), by the name the client used.
+    units: BTreeSet<String>,
+    /// Generations taken (`true`) or given back (`false`).
+    generations: BTreeMap<(String, u64), bool>,
+}
+
+impl Unsaved {
+    /// The record of `unit` may have changed.
+    pub fn unit(&mut self, unit: &str) {
+        self.owed = true;
+        if !self.units.contains(unit) {
+            self.units.insert(unit.to_owned());
+        }
+    }
+
+    /// A generation of `unit` was taken or given back.
+    pub fn generation(&mut self, unit: &str, generation: u64, taken: bool) {
+        self.owed = true;
+        self.generations
+            .insert((unit.to_owned(), generation), taken);
+    }
+}
+
 impl Core {
+    /// The record of the watch `key` may have changed.
+    pub(super) fn mark_changed(&mut self, key: UnitKey) {
+        if let Some(watch) = self.units.get(&key) {
+            self.unsaved.unit(watch.unit.as_str());
+        }
+    }
+
+    /// What changed since the last save, taken: each marked unit's record as it is now, or
+    /// its removal. A client's name has one watch at most, so `by_name` finds it.
+    pub(super) fn changes(&mut self) -> ChangeSet {
+        let unsaved = std::mem::take(&mut self.unsaved);
+        let mut changes = ChangeSet::default();
+        for unit in unsaved.units {
+            let record = self
+                .by_name
+                .get(&unit)
+                .and_then(|key| self.units.get(key))
+                .and_then(record_of);
+            match record {
+                Some(record) => changes.watches.push(record),
+                None => changes.removed.push(unit),
+            }
+        }
+        for (generation, taken) in unsaved.generations {
+            if taken {
+                changes.generations.push(generation);
+            } else {
+                changes.generations_freed.push(generation);
+            }
+        }
+        #[cfg(test)]
+        self.check_changes(&changes);
+        changes
+    }
+
+    /// Checks that the saves so far add up to the watch set as it is: a change the marks
+    /// missed would be lost to a restart.
+    #[cfg(test)]
+    fn check_changes(&mut self, changes: &ChangeSet) {
+        let Some(mut mirror) = self.saved_mirror.take() else {
+            return;
+        };
+        mirror.apply([changes]);
+        let expected = self.snapshot();
+        assert_eq!(
+            mirror, expected,
+            "the change set {changes:?} does not bring the saved state up to date"
+        );
+        self.saved_mirror = Some(mirror);
+    }
+
     /// Takes up the watches of a previous run: unproven ones are watched again with their
     /// invocation and stop-requested kept (proofs that became true meanwhile are made as soon
     /// as each unit has been read); proven ones are listed again with their event.
@@ -28,9 +114,11 @@ impl Core {
             _ => false,
         };
         let (proven, watching): (Vec<WatchRecord>, Vec<WatchRecord>) =
-            state.watches.into_iter().partition(|r| r.proof.is_some());
+            one_record_per_unit(state.watches)
+                .into_iter()
+                .partition(|r| r.proof.is_some());
         let counts = (watching.len(), proven.len());
-        // Proven first, so that a unit watched again after its proof maps to the new watch.
+        let mut to_prove = Vec::new();
         for record in proven.into_iter().chain(watching) {
             let Ok(unit) = unit_name::validate(&record.unit) else {
                 self.log(
@@ -84,8 +172,12 @@ impl Core {
             self.by_path.insert(&watch.path, key);
             self.units.insert(key, watch);
             if rebooted {
-                self.prove_rebooted(key, now);
+                to_prove.push(key);
             }
+        }
+        // Proven once every watch is back: a proof's save (before its release) must hold all.
+        for key in to_prove {
+            self.prove_rebooted(key, now);
         }
         if counts != (0, 0) {
             self.log(
@@ -102,7 +194,6 @@ impl Core {
                 ),
             );
         }
-        self.dirty = rebooted;
     }
 
     fn prove_rebooted(&mut self, key: crate::agent::core::UnitKey, now: Instant) {
@@ -127,6 +218,22 @@ impl Core {
             ..AgentState::default()
         }
     }
+}
+
+/// One record per unit, as the agent keeps one watch per name: where a unit was watched again
+/// after its proof (files of older agents kept both), the new watch replaces the proof, as it
+/// does in a running agent.
+fn one_record_per_unit(records: Vec<WatchRecord>) -> Vec<WatchRecord> {
+    let mut by_unit: BTreeMap<String, WatchRecord> = BTreeMap::new();
+    for record in records {
+        let replaces = by_unit
+            .get(&record.unit)
+            .is_none_or(|kept| kept.proof.is_some());
+        if replaces {
+            by_unit.insert(record.unit.clone(), record);
+        }
+    }
+    by_unit.into_values().collect()
 }
 
 /// What of a watch must survive a restart; `None` while its invocation is not known.

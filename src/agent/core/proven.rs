@@ -82,8 +82,8 @@ impl Core {
         // launch file of the same path may by then belong to the next generation).
         if let Some(watch) = self.units.get_mut(&key) {
             watch.event = Some(Box::new(event.clone()));
+            self.unsaved.unit(watch.unit.as_str());
             if watch.release.is_some() {
-                self.dirty = true;
                 self.save_now(now);
             }
         }
@@ -157,8 +157,8 @@ impl Core {
             if let Some(at) = watch.timer.take() {
                 self.timers.remove(&(at, key));
             }
+            self.unsaved.unit(watch.unit.as_str());
         }
-        self.dirty = true;
         self.proven_order.push_back((now, key));
         while self.proven_order.len() > self.config.retain_proven {
             if let Some((_, old)) = self.proven_order.pop_front() {

@@ -48,7 +48,7 @@ impl Core {
                     } else {
                         watch.pending_stop = true;
                     }
-                    self.dirty = true;
+                    self.mark_changed(key);
                 }
                 self.wait_for(key, reply, timeout.map(|t| now + t));
             }
@@ -88,14 +88,16 @@ impl Core {
         invocation: Option<String>,
         spec: WatchSpec,
     ) {
-        if let Some(generation) = spec.generation
-            && !self.generations.insert((unit.to_string(), generation))
-        {
-            let message = format!(
-                "generation {generation} of {unit} was already watched; generation numbers are never reused"
-            );
-            self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
-            return;
+        if let Some(generation) = spec.generation {
+            if self.generations.insert((unit.to_string(), generation)) {
+                self.unsaved.generation(unit.as_str(), generation, true);
+            } else {
+                let message = format!(
+                    "generation {generation} of {unit} was already watched; generation numbers are never reused"
+                );
+                self.reply(reply, Answer::Error(ErrorKind::BadRequest, message));
+                return;
+            }
         }
         if let Some(&key) = self.by_name.get(unit.as_str())
             && let Some(watch) = self.units.get_mut(&key)
@@ -162,7 +164,7 @@ impl Core {
         self.by_path.insert(&watch.path, key);
         self.units.insert(key, watch);
         self.read_unit(key);
-        self.dirty = true;
+        self.mark_changed(key);
         key
     }
 

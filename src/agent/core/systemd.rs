@@ -224,7 +224,7 @@ impl Core {
             !snapshot.control_group.is_empty() && snapshot.control_group != watch.control_group;
         if moved {
             watch.control_group = snapshot.control_group.clone();
-            self.dirty = true;
+            self.unsaved.unit(watch.unit.as_str());
         }
         if watch.reads.again {
             watch.reads.again = false;
@@ -239,7 +239,7 @@ impl Core {
                 .clone()
                 .unwrap_or_else(|| snapshot.invocation.clone());
             watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
-            self.dirty = true;
+            self.unsaved.unit(watch.unit.as_str());
             if watch.control_group.is_empty() {
                 self.first_read_done(key, now);
             } else {
@@ -372,9 +372,13 @@ impl Core {
             return;
         };
         let replies = std::mem::take(&mut watch.watch_replies);
-        if let Some(generation) = watch.spec.generation {
-            self.generations
-                .remove(&(watch.unit.to_string(), generation));
+        if let Some(generation) = watch.spec.generation
+            && self
+                .generations
+                .remove(&(watch.unit.to_string(), generation))
+        {
+            self.unsaved
+                .generation(watch.unit.as_str(), generation, false);
         }
         for to in replies.into_iter().chain(self.waiters.take_key(key)) {
             self.reply(to, Answer::Error(ErrorKind::Internal, message.to_owned()));
@@ -414,7 +418,7 @@ impl Core {
                 target,
                 first_read,
             }));
-            self.dirty = true;
+            self.unsaved.unit(watch.unit.as_str());
             self.log(log::Level::Info, line);
             if final_stop {
                 self.read_unit(key);
@@ -460,7 +464,7 @@ impl Core {
         else {
             return;
         };
-        self.dirty = true;
+        self.unsaved.unit(watch.unit.as_str());
         let terminal = is_terminal(&state.active_state);
         let still_due = match kind {
             // A unit systemd does not have loaded holds nothing to stop, and a StopUnit would
@@ -505,6 +509,6 @@ impl Core {
         };
         self.log(line.0, line.1);
         self.release(key, ReleaseInput::StopFinished { succeeded });
-        self.dirty = true;
+        self.mark_changed(key);
     }
 }

@@ -25,6 +25,8 @@ struct Script {
     counted_against: Option<NextInvocation>,
     outputs: Vec<Output>,
     serial: u32,
+    /// What the saves so far add up to, as a restart would load it.
+    saved: AgentState,
 }
 
 fn config(boot_id: &str) -> CoreConfig {
@@ -54,8 +56,13 @@ impl Script {
             counted_against: None,
             outputs: Vec::new(),
             serial: 100,
+            saved: AgentState::default(),
         };
         script.drain();
+        // As the driver does: a snapshot at start, which the change sets after it follow.
+        script.core.save_snapshot(now);
+        script.drain();
+        script.outputs.retain(|o| !matches!(o, Output::Save(_)));
         script
     }
 
@@ -101,6 +108,13 @@ impl Script {
                 Output::TakeExitRecord { key, .. } => self
                     .core
                     .handle_input(Input::ExitRecord { key, record: None }, self.now),
+                Output::Save(save) => {
+                    match &*save {
+                        StateSave::Snapshot(state) => self.saved = state.clone(),
+                        StateSave::Changes(changes) => self.saved.apply([changes]),
+                    }
+                    self.outputs.push(Output::Save(save));
+                }
                 other => self.outputs.push(other),
             }
         }
@@ -172,18 +186,11 @@ impl Script {
         read
     }
 
-    /// Saves now (if anything changed) and returns the last state saved.
+    /// Saves now (if anything changed) and returns what the saves add up to.
     fn save(&mut self) -> AgentState {
         self.core.save_now(self.now);
         self.drain();
-        self.take()
-            .into_iter()
-            .filter_map(|o| match o {
-                Output::Save(state) => Some(*state),
-                _ => None,
-            })
-            .next_back()
-            .expect("saved")
+        self.saved.clone()
     }
 
     fn proofs(&self) -> Vec<ProofEvent> {
@@ -787,10 +794,11 @@ fn a_watch_and_the_same_watch_asked_again_are_answered_only_once_saved() {
     };
     assert_eq!(answered(&s.outputs), None, "not saved yet, so not answered");
     s.pass(SAVE_INTERVAL);
-    let saved_at = s
-        .outputs
-        .iter()
-        .position(|o| matches!(o, Output::Save(state) if state.watches.len() == 2));
+    let saved_at = s.outputs.iter().position(|o| {
+        matches!(&o, Output::Save(save) if matches!(&**save,
+                StateSave::Changes(changes)
+                if changes.watches.iter().any(|w| w.unit == "second.service")))
+    });
     let answered_at = answered(&s.outputs);
     assert!(
         saved_at.is_some() && answered_at > saved_at,
@@ -854,9 +862,10 @@ fn a_generations_proof_is_saved_before_its_files_go_and_anyone_is_told() {
         .insert("/app.slice/g.service".into(), CgroupReading::Gone);
     s.changed("g.service", "inactive", A);
     let position = |found: fn(&Output) -> bool| s.outputs.iter().position(found);
-    let saved = position(
-        |o| matches!(o, Output::Save(state) if state.watches.iter().any(|w| w.proof.is_some())),
-    );
+    let saved = position(|o| {
+        matches!(o, Output::Save(save) if matches!(&**save,
+            StateSave::Changes(changes) if changes.watches.iter().any(|w| w.proof.is_some())))
+    });
     let removed = position(|o| matches!(o, Output::RemoveLaunchFile { .. }));
     let told = position(|o| {
         matches!(
@@ -905,4 +914,137 @@ fn an_index_keeps_every_key_of_a_name_in_the_order_they_came() {
     assert_eq!(index.get("b.service"), [UnitKey(4)]);
     index.remove("b.service", UnitKey(9));
     assert_eq!(index.get("b.service"), [UnitKey(4)]);
+}
+
+/// The change sets a script's outputs hold, in order.
+fn change_sets(outputs: &[Output]) -> Vec<ChangeSet> {
+    outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Save(save) => match &**save {
+                StateSave::Changes(changes) => Some(changes.clone()),
+                StateSave::Snapshot(_) => None,
+            },
+            _ => None,
+        })
+        .collect()
+}
+
+fn units_of(changes: &ChangeSet) -> Vec<&str> {
+    changes.watches.iter().map(|w| w.unit.as_str()).collect()
+}
+
+#[test]
+fn a_change_set_holds_exactly_the_watches_that_changed() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    for unit in ["a.service", "b.service", "c.service"] {
+        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}","gen":1}}"#));
+    }
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    s.pass(SAVE_INTERVAL);
+    let first = change_sets(&s.take());
+    let all: Vec<&str> = first.iter().flat_map(units_of).collect();
+    assert_eq!(all, ["a.service", "b.service", "c.service"], "{first:?}");
+    let generations: Vec<_> = first.iter().flat_map(|c| c.generations.clone()).collect();
+    assert_eq!(generations.len(), 3, "{first:?}");
+
+    // One stop: b's record alone, whole.
+    s.pass(SAVE_INTERVAL);
+    s.request(r#"{"cmd":"stop","unit":"b.service"}"#);
+    s.pass(SAVE_INTERVAL);
+    let stopped = change_sets(&s.take());
+    assert_eq!(stopped.len(), 1, "{stopped:?}");
+    assert_eq!(units_of(&stopped[0]), ["b.service"]);
+    assert!(stopped[0].watches[0].stop_requested);
+    assert!(stopped[0].removed.is_empty() && stopped[0].generations.is_empty());
+
+    // One unwatch: c's removal alone.
+    s.pass(SAVE_INTERVAL);
+    s.request(r#"{"cmd":"unwatch","unit":"c.service"}"#);
+    s.pass(SAVE_INTERVAL);
+    let unwatched = change_sets(&s.take());
+    assert_eq!(unwatched.len(), 1, "{unwatched:?}");
+    assert!(unwatched[0].watches.is_empty(), "{unwatched:?}");
+    assert_eq!(unwatched[0].removed, ["c.service"]);
+
+    // A turn that changes nothing saves nothing.
+    s.pass(SAVE_INTERVAL);
+    assert!(change_sets(&s.take()).is_empty());
+    let saved = s.save();
+    let units: Vec<&str> = saved.watches.iter().map(|w| w.unit.as_str()).collect();
+    assert_eq!(units, ["a.service", "b.service"]);
+    assert_eq!(saved.generations.len(), 3, "a generation is never reused");
+}
+
+#[test]
+fn a_refused_watch_gives_its_generation_back_in_a_change_set() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"f.service","gen":4}"#);
+    s.pass(SAVE_INTERVAL);
+    assert_eq!(s.saved.generations, [("f.service".to_owned(), 4)]);
+    s.answer_reads(|_| Err("org.freedesktop.DBus.Error.AccessDenied".into()));
+    s.pass(SAVE_INTERVAL);
+    let freed: Vec<_> = change_sets(&s.take())
+        .into_iter()
+        .flat_map(|c| c.generations_freed)
+        .collect();
+    assert_eq!(freed, [("f.service".to_owned(), 4)]);
+    assert!(s.saved.generations.is_empty() && s.saved.watches.is_empty());
+}
+
+#[test]
+fn a_unit_watched_again_after_its_proof_in_an_old_file_keeps_the_new_watch() {
+    let proven = WatchRecord {
+        proof: Some(
+            crate::agent::state::ProofJson::encode(&serde_json::json!({"unit": "p.service"}))
+                .expect("encode"),
+        ),
+        ..saved("p.service", A)
+    };
+    let s = Script::restored(
+        state("boot-1", vec![proven, saved("p.service", B)]),
+        "boot-1",
+    );
+    let units: Vec<(&str, &str)> = s
+        .saved
+        .watches
+        .iter()
+        .map(|w| (w.unit.as_str(), w.invocation.as_str()))
+        .collect();
+    assert_eq!(units, [("p.service", B)]);
+}
+
+#[test]
+fn a_reboots_proofs_are_saved_with_every_watch_before_any_release() {
+    let with_generation = |unit: &str| WatchRecord {
+        generation: Some(1),
+        launch_file: Some(PathBuf::from(format!("/run/{unit}.launch"))),
+        ..saved(unit, A)
+    };
+    let config = config("boot-1");
+    let now = config.clock_anchor.0;
+    let restored = state(
+        "boot-0",
+        vec![with_generation("a.service"), with_generation("b.service")],
+    );
+    let mut core = Core::new(config, restored, now);
+    let outputs: Vec<Output> = std::iter::from_fn(|| core.poll_output()).collect();
+    let first_save = outputs.iter().position(|o| matches!(o, Output::Save(_)));
+    let first_release = outputs
+        .iter()
+        .position(|o| matches!(o, Output::RemoveLaunchFile { .. }));
+    assert!(
+        first_release.is_some() && first_save < first_release,
+        "{outputs:?}"
+    );
+    // The first save of a life is a snapshot, and it holds every watch taken up.
+    match first_save.map(|at| &outputs[at]) {
+        Some(Output::Save(save)) => match &**save {
+            StateSave::Snapshot(state) => assert_eq!(state.watches.len(), 2, "{state:?}"),
+            other => panic!("expected a snapshot, got {other:?}"),
+        },
+        other => panic!("expected a save, got {other:?}"),
+    }
 }

@@ -2,6 +2,11 @@
 //! outputs, answer the synchronous ones at once, feed what the bus and inotify deliver), done
 //! against the world instead of the machine, plus the agent's own crashes and restarts.
 //!
+//! Its disk is the store's files as bytes and values: the snapshot, and the journal's bytes
+//! encoded and replayed by the real journal code. A save may fail before it changes anything,
+//! an append may be cut short, a compaction may die between its snapshot and its new journal,
+//! and a restart takes up what the real loader would make of what is there.
+//!
 //! Leftovers are counted as the real driver counts them: a census of the cgroup subtree as
 //! `list_processes` gives it (pid, ppid, start ticks of 10 ms, no suspend), classified by the
 //! same `earlier_processes`; each pid kept is then held, as by a pidfd, until its exit is
@@ -18,8 +23,9 @@ use super::rng::Rng;
 use super::tenant::Tenant;
 use super::world::World;
 use crate::agent::core::{
-    AgentState, Answer, Core, CoreConfig, Input, Output, ProofEvent, StopKind, UnitKey,
+    AgentState, Answer, Core, CoreConfig, Input, Output, ProofEvent, StateSave, StopKind, UnitKey,
 };
+use crate::agent::journal;
 use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::RequestId;
@@ -32,8 +38,8 @@ pub(crate) struct Sim {
     pub rng: Rng,
     pub world: World,
     pub core: Option<Core>,
-    /// The last state the agent saved: what a restart takes up.
-    saved: AgentState,
+    /// The state directory: what a restart takes up.
+    disk: Disk,
     base: Instant,
     pub oracle: Oracle,
     pub tenant: Tenant,
@@ -76,6 +82,30 @@ pub(crate) struct Sim {
     pub counts_holding_current: u32,
 }
 
+/// The state directory as the store leaves it.
+#[derive(Default)]
+struct Disk {
+    /// The snapshot file.
+    snapshot: AgentState,
+    /// The journal file's bytes.
+    journal: Vec<u8>,
+    /// The number of the journal's next change set.
+    next_seq: u64,
+}
+
+impl Disk {
+    /// What the loader makes of the files.
+    fn load(&self) -> AgentState {
+        let mut state = self.snapshot.clone();
+        if !self.journal.is_empty()
+            && let Err(reason) = journal::replay(&mut state, &self.journal)
+        {
+            panic!("the store's own files do not load: {reason}");
+        }
+        state
+    }
+}
+
 fn config(base: Instant) -> CoreConfig {
     CoreConfig {
         retain_proven: 16,
@@ -99,7 +129,7 @@ impl Sim {
             rng,
             world,
             core: None,
-            saved: AgentState::default(),
+            disk: Disk::default(),
             base,
             oracle: Oracle::default(),
             tenant: Tenant::default(),
@@ -139,16 +169,16 @@ impl Sim {
     /// The agent starts (again) from its last saved state, connects and subscribes.
     pub(crate) fn start_agent(&mut self) {
         let now = self.now();
-        self.restored = self.saved.clone();
+        self.restored = self.disk.load();
         self.asked_names.clear();
-        let core = Core::new(config(self.base), self.saved.clone(), now);
+        let core = Core::new(config(self.base), self.restored.clone(), now);
         self.core = Some(core);
         self.log(|| "agent starts from its saved state".into());
         self.drain();
         self.subscribe();
         self.connect();
         if let Some(core) = &mut self.core {
-            core.save_now(now);
+            core.save_snapshot(now);
         }
         self.drain();
     }
@@ -220,7 +250,8 @@ impl Sim {
         self.drain();
     }
 
-    /// The end of a loop turn: timers, then a save if one is due.
+    /// The end of a loop turn: timers, then a save if one is due, and now and then a
+    /// compaction of the journal.
     pub(crate) fn end_turn(&mut self) {
         let now = self.now();
         if let Some(core) = &mut self.core {
@@ -228,6 +259,12 @@ impl Sim {
             core.end_turn(now);
         }
         self.drain();
+        if self.core.is_some() && self.rng.percent(3) {
+            if let Some(core) = &mut self.core {
+                core.save_snapshot(now);
+            }
+            self.drain();
+        }
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
@@ -329,17 +366,44 @@ impl Sim {
             }
             // The real driver stops at a save that fails, before carrying out anything after
             // it; and a SIGKILL may come right after a save, before what follows it.
-            Output::Save(state) => {
+            Output::Save(save) => {
                 if self.deaths_at_saves && self.rng.percent(1) {
                     self.log(|| "driver: the save fails; the agent stops".into());
                     self.dies_at_save = true;
-                } else {
-                    self.saved = *state;
-                    self.saved_proofs();
-                    if self.deaths_at_saves && self.rng.percent(1) {
-                        self.log(|| "driver: killed right after the save".into());
-                        self.dies_at_save = true;
+                    return;
+                }
+                match *save {
+                    StateSave::Snapshot(mut state) => {
+                        // The store names the journal after the one on disk.
+                        state.journal = self.disk.snapshot.journal + 1;
+                        let number = state.journal;
+                        self.disk.snapshot = state;
+                        if self.deaths_at_saves && self.rng.percent(1) {
+                            self.log(|| "driver: killed between snapshot and journal".into());
+                            self.dies_at_save = true;
+                            return;
+                        }
+                        self.disk.journal = journal::header(number);
+                        self.disk.next_seq = 1;
                     }
+                    StateSave::Changes(changes) => {
+                        let line = journal::line(self.disk.next_seq, &changes)
+                            .expect("a change set encodes");
+                        if self.deaths_at_saves && self.rng.percent(1) {
+                            let cut = self.rng.below(line.len());
+                            self.disk.journal.extend_from_slice(&line[..cut]);
+                            self.log(|| format!("driver: killed {cut} bytes into an append"));
+                            self.dies_at_save = true;
+                            return;
+                        }
+                        self.disk.journal.extend_from_slice(&line);
+                        self.disk.next_seq += 1;
+                    }
+                }
+                self.saved_proofs();
+                if self.deaths_at_saves && self.rng.percent(1) {
+                    self.log(|| "driver: killed right after the save".into());
+                    self.dies_at_save = true;
                 }
             }
         }
@@ -348,7 +412,7 @@ impl Sim {
     /// A proof is made once it is saved, told or not: an agent killed right after the save
     /// never broadcasts it, and lists it from the saved state after its restart.
     fn saved_proofs(&mut self) {
-        for record in &self.saved.watches {
+        for record in &self.disk.load().watches {
             let Some(event) = record
                 .proof
                 .as_ref()
@@ -772,23 +836,37 @@ fn show_output(output: &Output) -> String {
             event.stop_requested,
             event.launch_file
         ),
-        Output::Save(state) => format!(
-            "save ({} watches: {})",
-            state.watches.len(),
-            state
-                .watches
-                .iter()
-                .map(|w| format!(
-                    "{} {}{}{}",
-                    w.unit,
-                    short_hex(&w.invocation),
-                    if w.proof.is_some() { " proven" } else { "" },
-                    if w.stop_requested { " stop" } else { "" }
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        Output::Save(save) => match &**save {
+            StateSave::Snapshot(state) => format!(
+                "save a snapshot ({} watches: {})",
+                state.watches.len(),
+                show_records(&state.watches)
+            ),
+            StateSave::Changes(changes) => format!(
+                "save changes ({}; removed {:?}; generations {:?}, freed {:?})",
+                show_records(&changes.watches),
+                changes.removed,
+                changes.generations,
+                changes.generations_freed
+            ),
+        },
         Output::Reply { to, answer } => format!("reply {:?} {answer:?}", to.id),
         other => format!("{other:?}"),
     }
+}
+
+fn show_records(records: &[crate::agent::state::WatchRecord]) -> String {
+    records
+        .iter()
+        .map(|w| {
+            format!(
+                "{} {}{}{}",
+                w.unit,
+                short_hex(&w.invocation),
+                if w.proof.is_some() { " proven" } else { "" },
+                if w.stop_requested { " stop" } else { "" }
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }

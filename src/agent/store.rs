@@ -1,0 +1,459 @@
+//! The durable watch set: the snapshot (`state.rs`) and the journal that follows it
+//! (`journal.rs`), loaded together at start and written as the core asks: a change set is
+//! appended to the journal, a snapshot replaces the snapshot file and starts a new journal.
+//!
+//! Every step of a compaction leaves a loadable pair: the new snapshot is renamed into place
+//! first, naming a journal one higher than the old one, and the old journal is then replaced
+//! by the new journal's header. Killed in between, the old journal is older than the snapshot
+//! and is not applied (its changes are in the snapshot).
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+
+use super::journal::{self, JOURNAL_FILE_NAME, JournalFile, Replayed};
+use super::state::{
+    AgentState, Found, STATE_VERSION, StateError, StateFile, StateSave, now_seconds, open_dir,
+};
+
+/// The journal is compacted into a new snapshot once it is longer than this, or than twice the
+/// last snapshot (so a compaction costs at most as much as the appends since the last one).
+const COMPACT_AT_LEAST: u64 = 1 << 20;
+
+/// The state as loaded at start.
+#[derive(Debug)]
+pub struct Loaded {
+    pub state: AgentState,
+    /// Something the operator should hear of that is not an error (a killed append dropped, a
+    /// journal older than the snapshot left out).
+    pub note: Option<String>,
+}
+
+/// The snapshot and the journal of one state directory.
+#[derive(Debug)]
+pub struct StateStore {
+    snapshot: StateFile,
+    /// The journal being appended to, once a snapshot was written by this agent.
+    journal: Option<JournalFile>,
+    /// The number the next snapshot names: above every journal on disk.
+    next_journal: u64,
+    snapshot_len: u64,
+}
+
+impl StateStore {
+    /// The store of the state directory `dir`.
+    pub fn new(dir: PathBuf) -> StateStore {
+        StateStore {
+            snapshot: StateFile::new(dir),
+            journal: None,
+            next_journal: 1,
+            snapshot_len: 0,
+        }
+    }
+
+    /// Reads the snapshot and replays the journal that follows it, once, at start.
+    ///
+    /// A corrupt snapshot or journal is handled as [`StateFile::load`] handles a corrupt
+    /// snapshot: moved aside and reported, and the agent starts empty. Both go aside together,
+    /// so the pair stays evidence (and a snapshot without the changes acknowledged after it is
+    /// never taken up).
+    pub fn load(&mut self) -> Result<Loaded, StateError> {
+        let mut state = match self.snapshot.load() {
+            Ok(state) => state,
+            Err(error) => {
+                if matches!(error, StateError::Corrupt { .. }) {
+                    self.move_journal_aside(now_seconds());
+                }
+                return Err(error);
+            }
+        };
+        self.next_journal = state.journal + 1;
+        let reason = match journal::read(&self.snapshot)? {
+            Found::Nothing => return Ok(Loaded { state, note: None }),
+            Found::NotAFile(what) => format!("it is {what}"),
+            Found::Bytes(bytes) => match journal::replay(&mut state, &bytes) {
+                Ok(Replayed::Applied { torn_bytes, .. }) => {
+                    let note = (torn_bytes > 0).then(|| {
+                        format!(
+                            "dropped the last {torn_bytes} bytes of {}: an append the agent \
+                             was killed in, of which nothing was carried out",
+                            self.journal_path().display()
+                        )
+                    });
+                    return Ok(Loaded { state, note });
+                }
+                Ok(Replayed::Stale { journal }) => {
+                    let note = Some(format!(
+                        "left out {} (journal {journal}): the snapshot after it, naming \
+                         journal {}, holds its changes",
+                        self.journal_path().display(),
+                        state.journal
+                    ));
+                    return Ok(Loaded { state, note });
+                }
+                Err(reason) => reason,
+            },
+        };
+        let seconds = now_seconds();
+        let snapshot_aside = self.snapshot.move_snapshot_aside(seconds);
+        let reason = match snapshot_aside {
+            Some(aside) => format!(
+                "{reason}; the snapshot it follows went aside too, to {}",
+                aside.display()
+            ),
+            None => reason,
+        };
+        Err(self.move_journal_aside_because(seconds, reason))
+    }
+
+    /// Writes a save: a snapshot replaces the snapshot file and starts a new journal; a change
+    /// set is appended to the journal. Durable when it returns `Ok`, with the bytes written.
+    pub fn save(&mut self, save: StateSave) -> Result<usize, StateError> {
+        match save {
+            StateSave::Snapshot(mut state) => {
+                let number = self.next_journal;
+                // A state loaded from an older version is written in this one.
+                state.version = STATE_VERSION;
+                state.journal = number;
+                // The old journal is useless from here, whatever happens next.
+                self.journal = None;
+                let bytes = self.snapshot.save(&state)?;
+                self.next_journal = number + 1;
+                self.snapshot_len = bytes as u64;
+                self.journal = Some(JournalFile::start(&self.snapshot, number)?);
+                Ok(bytes)
+            }
+            StateSave::Changes(changes) => {
+                let Some(journal) = self.journal.as_mut() else {
+                    return Err(StateError::Io {
+                        path: self.journal_path(),
+                        action: "append before a snapshot started",
+                        source: std::io::Error::other("no journal is open"),
+                    });
+                };
+                journal.append(&changes)
+            }
+        }
+    }
+
+    /// Whether the journal is long enough to be compacted into a snapshot.
+    pub fn wants_snapshot(&self) -> bool {
+        self.journal.as_ref().is_some_and(|journal| {
+            journal.len() > COMPACT_AT_LEAST.max(self.snapshot_len.saturating_mul(2))
+        })
+    }
+
+    fn journal_path(&self) -> PathBuf {
+        self.snapshot.dir().join(JOURNAL_FILE_NAME)
+    }
+
+    /// Moves the journal aside (the snapshot it follows was corrupt), best effort: it is
+    /// evidence, and the next start would replace it.
+    fn move_journal_aside(&self, seconds: u64) {
+        let _ = self.move_journal_aside_because(seconds, String::new());
+    }
+
+    fn move_journal_aside_because(&self, seconds: u64, reason: String) -> StateError {
+        let dir = self.snapshot.dir();
+        match open_dir(dir) {
+            Ok(dirfd) => {
+                self.snapshot
+                    .move_aside(dirfd.as_fd(), JOURNAL_FILE_NAME, seconds, reason)
+            }
+            Err(errno) => StateError::Corrupt {
+                path: self.journal_path(),
+                moved_to: None,
+                reason: format!("{reason}; moving it aside failed: {errno}"),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::state::{ChangeSet, WatchRecord};
+    use crate::atomic_file::dir_entries as entries;
+    use std::fs;
+    use std::path::Path;
+
+    fn record(unit: &str) -> WatchRecord {
+        WatchRecord {
+            unit: unit.to_owned(),
+            invocation: "6f6c8d4b3b33415a9c74b562581b76a5".to_owned(),
+            stop_requested: false,
+            generation: None,
+            run_dir: None,
+            record: None,
+            launch_file: None,
+            stop_succeeded: false,
+            proof: None,
+            control_group: Some(format!("/app.slice/{unit}")),
+            stop_unsent: false,
+        }
+    }
+
+    fn state_of(units: &[&str]) -> AgentState {
+        AgentState {
+            watches: units.iter().map(|u| record(u)).collect(),
+            ..AgentState::default()
+        }
+    }
+
+    fn put(unit: &str) -> StateSave {
+        StateSave::Changes(ChangeSet {
+            watches: vec![record(unit)],
+            ..ChangeSet::default()
+        })
+    }
+
+    fn load(dir: &Path) -> Loaded {
+        StateStore::new(dir.to_owned()).load().expect("load")
+    }
+
+    /// The state loaded, with the journal number the store gave it left out.
+    fn watches(loaded: &Loaded) -> Vec<&str> {
+        loaded
+            .state
+            .watches
+            .iter()
+            .map(|w| w.unit.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_snapshot_and_the_changes_after_it_load_back() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        assert!(store.load().expect("first start").state == AgentState::default());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        store
+            .save(StateSave::Changes(ChangeSet {
+                removed: vec!["a.service".to_owned()],
+                ..ChangeSet::default()
+            }))
+            .expect("append");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["b.service"]);
+        assert_eq!(loaded.state.journal, 1);
+        assert_eq!(loaded.note, None);
+        assert_eq!(entries(dir.path()), ["state.journal", "state.json"]);
+        let text = fs::read_to_string(dir.path().join("state.journal")).expect("read");
+        assert_eq!(text.lines().count(), 3, "{text}");
+        assert!(text.starts_with(&format!("{{\"version\":{STATE_VERSION},\"journal\":1}}\n")));
+    }
+
+    #[test]
+    fn a_new_snapshot_starts_a_new_journal_numbered_above_the_old() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service", "b.service"])))
+            .expect("compact");
+        store.save(put("c.service")).expect("append");
+        // A restart goes on numbering from the snapshot it loaded.
+        let mut restarted = StateStore::new(dir.path().to_owned());
+        let loaded = restarted.load().expect("load");
+        assert_eq!(loaded.state.journal, 2);
+        assert_eq!(watches(&loaded), ["a.service", "b.service", "c.service"]);
+        restarted
+            .save(StateSave::Snapshot(loaded.state))
+            .expect("snapshot at start");
+        assert_eq!(load(dir.path()).state.journal, 3);
+    }
+
+    #[test]
+    fn a_compaction_killed_at_any_step_loads_the_same_state() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        let whole = state_of(&["a.service", "b.service"]);
+        let journal_path = dir.path().join(JOURNAL_FILE_NAME);
+        let old_journal = fs::read(&journal_path).expect("read the journal");
+
+        // Killed before the snapshot's rename: its temporary file is all that is new.
+        fs::write(dir.path().join(".state.json.77.0000000000000001.tmp"), b"{").expect("write");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["a.service", "b.service"]);
+        assert_eq!(entries(dir.path()), ["state.journal", "state.json"]);
+
+        // Killed after the snapshot's rename, before the new journal: the old journal, which
+        // the snapshot holds already, is left out (replayed again it would bring back a unit
+        // removed in the snapshot).
+        store
+            .save(StateSave::Snapshot(state_of(&["b.service"])))
+            .expect("compact");
+        fs::write(&journal_path, &old_journal).expect("put the old journal back");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["b.service"]);
+        let note = loaded.note.expect("a note");
+        assert!(
+            note.contains("journal 1") && note.contains("naming journal 2"),
+            "{note}"
+        );
+
+        // Killed after both: the new journal is the header alone.
+        store
+            .save(StateSave::Snapshot(whole.clone()))
+            .expect("compact");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["a.service", "b.service"]);
+        assert_eq!(loaded.note, None);
+    }
+
+    #[test]
+    fn a_killed_append_is_dropped_with_a_note() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        let journal_path = dir.path().join(JOURNAL_FILE_NAME);
+        let mut bytes = fs::read(&journal_path).expect("read");
+        bytes.extend_from_slice(b"{\"seq\":2,\"changes\":{\"removed\":[\"a.ser");
+        fs::write(&journal_path, &bytes).expect("write");
+        let loaded = load(dir.path());
+        assert_eq!(watches(&loaded), ["a.service", "b.service"]);
+        let note = loaded.note.expect("a note");
+        assert!(note.contains("dropped the last 37 bytes"), "{note}");
+    }
+
+    #[test]
+    fn a_corrupt_journal_goes_aside_with_its_snapshot_and_the_agent_starts_empty() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        store.save(put("c.service")).expect("append");
+        let journal_path = dir.path().join(JOURNAL_FILE_NAME);
+        let text = fs::read_to_string(&journal_path).expect("read");
+        let damaged = text.replacen("\"seq\":1", "\"seq\":7", 1);
+        fs::write(&journal_path, &damaged).expect("write");
+        let error = StateStore::new(dir.path().to_owned())
+            .load()
+            .expect_err("corrupt");
+        let message = error.to_string();
+        assert!(
+            message.contains("state.journal is corrupt")
+                && message.contains("numbered 7")
+                && message.contains("the snapshot it follows went aside too")
+                && message.contains("moved it aside to"),
+            "{message}"
+        );
+        let names = entries(dir.path());
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert!(names[0].starts_with("state.journal.corrupt-"), "{names:?}");
+        assert!(names[1].starts_with("state.json.corrupt-"), "{names:?}");
+        assert_eq!(
+            fs::read_to_string(dir.path().join(&names[0])).expect("read"),
+            damaged
+        );
+        assert_eq!(load(dir.path()).state, AgentState::default());
+    }
+
+    #[test]
+    fn a_corrupt_snapshot_takes_its_journal_aside_too() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        store.save(put("b.service")).expect("append");
+        fs::write(dir.path().join("state.json"), b"{\"version\":3,").expect("damage");
+        let error = StateStore::new(dir.path().to_owned())
+            .load()
+            .expect_err("corrupt");
+        assert!(matches!(error, StateError::Corrupt { .. }), "{error}");
+        let names = entries(dir.path());
+        assert!(
+            names.len() == 2 && names.iter().all(|n| n.contains(".corrupt-")),
+            "{names:?}"
+        );
+    }
+
+    #[test]
+    fn state_files_of_versions_1_and_2_load_without_a_journal() {
+        for version in [1, 2] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let record = serde_json::to_string(&record("a.service")).expect("encode");
+            let record = if version == 1 {
+                record
+                    .replace(",\"control_group\":\"/app.slice/a.service\"", "")
+                    .replace(",\"stop_unsent\":false", "")
+            } else {
+                record
+            };
+            let text = format!(
+                r#"{{"version":{version},"watches":[{record}],"generations":[["a.service",3]]}}"#
+            );
+            fs::write(dir.path().join("state.json"), text).expect("write");
+            let mut store = StateStore::new(dir.path().to_owned());
+            let loaded = store.load().expect("load");
+            assert_eq!(watches(&loaded), ["a.service"], "version {version}");
+            assert_eq!(loaded.state.generations, [("a.service".to_owned(), 3)]);
+            // The first snapshot after it is of the current version, with journal 1.
+            store
+                .save(StateSave::Snapshot(loaded.state))
+                .expect("snapshot");
+            let saved: serde_json::Value =
+                serde_json::from_slice(&fs::read(dir.path().join("state.json")).expect("read"))
+                    .expect("json");
+            assert_eq!(saved["version"], STATE_VERSION, "version {version}");
+            assert_eq!(saved["journal"], 1, "version {version}");
+        }
+    }
+
+    #[test]
+    fn changes_before_a_snapshot_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        let error = store.save(put("a.service")).expect_err("no journal");
+        assert!(error.to_string().contains("before a snapshot"), "{error}");
+        assert!(entries(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn the_journal_is_compacted_once_longer_than_a_mebibyte_or_twice_the_snapshot() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        assert!(!store.wants_snapshot(), "no journal yet");
+        store
+            .save(StateSave::Snapshot(AgentState::default()))
+            .expect("snapshot");
+        let big = StateSave::Changes(ChangeSet {
+            watches: (0..1500)
+                .map(|n| record(&format!("u{n}.service")))
+                .collect(),
+            ..ChangeSet::default()
+        });
+        store.save(big).expect("append");
+        assert!(!store.wants_snapshot(), "under 1 MiB");
+        let bigger = StateSave::Changes(ChangeSet {
+            watches: (0..4000)
+                .map(|n| record(&format!("u{n}.service")))
+                .collect(),
+            ..ChangeSet::default()
+        });
+        store.save(bigger).expect("append");
+        assert!(store.wants_snapshot(), "over 1 MiB");
+        let loaded = load(dir.path());
+        store
+            .save(StateSave::Snapshot(loaded.state))
+            .expect("compact");
+        assert!(!store.wants_snapshot(), "a new journal");
+        store.save(put("x.service")).expect("append");
+        assert!(!store.wants_snapshot(), "under twice the snapshot");
+    }
+}
