@@ -10,9 +10,11 @@
 mod bus;
 pub mod core;
 pub mod dirs;
+mod metrics;
 #[cfg(test)]
 mod sim;
 pub mod state;
+pub mod stats;
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -45,6 +47,7 @@ use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use dirs::DirError;
 use state::{AgentState, StateError, StateFile};
+use stats::{AgentStats, DriverCounters};
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
 /// bounds the replies held in memory (a service's properties are several KiB).
@@ -81,6 +84,8 @@ pub struct AgentConfig {
     pub retain_proven: usize,
     /// How long a proven unit stays listed at most.
     pub retain_for: Duration,
+    /// Where the figures are written for node_exporter's textfile collector (`None`: nowhere).
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -95,6 +100,7 @@ impl AgentConfig {
             resync_interval: Some(Duration::from_secs(300)),
             retain_proven: 1024,
             retain_for: Duration::from_secs(3600),
+            metrics_file: None,
         }
     }
 }
@@ -113,6 +119,7 @@ pub enum AgentError {
     /// A save failed: nothing after it was carried out, so nobody was told anything it held.
     Save(StateError),
     Dir(DirError),
+    Metrics(String),
 }
 
 impl fmt::Display for AgentError {
@@ -129,6 +136,7 @@ impl fmt::Display for AgentError {
                  restart resumes from the last saved state"
             ),
             AgentError::Dir(e) => write!(f, "{e}"),
+            AgentError::Metrics(e) => write!(f, "{e}"),
         }
     }
 }
@@ -218,6 +226,8 @@ struct Agent {
     next_ping: Option<Instant>,
     /// When to give the heap's free pages back, set by the first event after the last time.
     release_heap: Option<Instant>,
+    counters: DriverCounters,
+    metrics: Option<metrics::MetricsFile>,
 }
 
 impl Agent {
@@ -289,6 +299,10 @@ impl Agent {
             config.bus
         );
         let now = Instant::now();
+        let metrics = match &config.metrics_file {
+            Some(path) => Some(metrics::MetricsFile::new(path, now).map_err(AgentError::Metrics)?),
+            None => None,
+        };
         let core_config = CoreConfig {
             retain_proven: config.retain_proven,
             retain_for: config.retain_for,
@@ -317,6 +331,8 @@ impl Agent {
             notifier: Notifier::from_env(),
             next_ping: None,
             release_heap: None,
+            counters: DriverCounters::default(),
+            metrics,
         };
         agent.carry_out();
         agent.on_connected(conn, subscription);
@@ -398,6 +414,9 @@ impl Agent {
             self.server.take_closed(&mut requests);
             let now = Instant::now();
             self.on_time(now);
+            if self.core.poll_timeout().is_some_and(|at| at <= now) {
+                self.metrics_changed(now);
+            }
             self.core.handle_timeout(now);
             self.core.end_turn(now);
             self.carry_out();
@@ -414,6 +433,7 @@ impl Agent {
             self.reconnect.map(|(at, _)| at),
             self.next_ping,
             self.release_heap,
+            self.metrics.as_ref().and_then(metrics::MetricsFile::due),
         ]
         .into_iter()
         .flatten()
@@ -427,8 +447,17 @@ impl Agent {
 
     /// Hands one input to the core and carries out everything it asks for.
     fn input(&mut self, input: Input) {
-        self.core.handle_input(input, Instant::now());
+        let now = Instant::now();
+        self.metrics_changed(now);
+        self.core.handle_input(input, now);
         self.carry_out();
+    }
+
+    /// Something happened that may change the figures: the metrics file is refreshed soon.
+    fn metrics_changed(&mut self, now: Instant) {
+        if let Some(metrics) = &mut self.metrics {
+            metrics.changed(now);
+        }
     }
 
     /// Drains the core's outputs. The synchronous ones are answered at once, so their answer
@@ -489,7 +518,7 @@ impl Agent {
                         .send_streamed(self.poll.registry(), to.client, reply);
                 }
                 Output::Reply { to, answer } => {
-                    let line = answer_line(to.id, answer);
+                    let line = answer_line(to.id, answer, |core| self.stats(core));
                     self.server.send(self.poll.registry(), to.client, &line);
                 }
                 Output::Broadcast { clients, event } => match event_line(&event) {
@@ -673,10 +702,18 @@ impl Agent {
             let input = match notice {
                 Notice::Changed(key) => Input::CgroupChanged { key },
                 Notice::Lost(key) => Input::CgroupWatchLost { key },
-                Notice::Overflow => Input::CgroupOverflow,
+                Notice::Overflow => {
+                    self.counters.inotify_overflows += 1;
+                    Input::CgroupOverflow
+                }
             };
             self.input(input);
         }
+    }
+
+    /// The agent's figures, from the core's.
+    fn stats(&self, core: self::core::CoreStats) -> AgentStats {
+        AgentStats::new(core, self.counters, self.cgroups.watch_count())
     }
 
     fn on_time(&mut self, now: Instant) {
@@ -693,11 +730,19 @@ impl Agent {
             self.release_heap = None;
             crate::memory::release_free_heap();
         }
+        if let Some(mut metrics) = self.metrics.take() {
+            metrics.refresh_if_due(now, || self.stats(self.core.stats()));
+            self.metrics = Some(metrics);
+        }
     }
 }
 
-/// The line answering a caller.
-fn answer_line(id: Option<crate::control::protocol::RequestId>, answer: Answer) -> String {
+/// The line answering a caller; `stats` completes the core's figures with the driver's.
+fn answer_line(
+    id: Option<crate::control::protocol::RequestId>,
+    answer: Answer,
+    stats: impl FnOnce(self::core::CoreStats) -> AgentStats,
+) -> String {
     fn ok<T: serde::Serialize>(
         id: Option<crate::control::protocol::RequestId>,
         field: &str,
@@ -723,6 +768,7 @@ fn answer_line(id: Option<crate::control::protocol::RequestId>, answer: Answer) 
         Answer::Event(event) => ok(id, "event", &event),
         Answer::Units(views) => ok(id, "units", &views),
         Answer::Version(version) => ok(id, "version", &version),
+        Answer::Stats(core) => ok(id, "stats", &stats(*core)),
         Answer::Error(kind, message) => Response::error(id, kind, message).to_line(),
     }
 }

@@ -12,6 +12,7 @@ mod agent;
 mod bench;
 mod dynamics;
 mod faults;
+mod operability;
 mod records;
 mod sandbox_smoke;
 mod scale;
@@ -29,6 +30,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("records", records::TESTS),
     ("faults", faults::TESTS),
     ("dynamics", dynamics::TESTS),
+    ("operability", operability::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).

@@ -906,3 +906,5 @@ fn an_index_keeps_every_key_of_a_name_in_the_order_they_came() {
     index.remove("b.service", UnitKey(9));
     assert_eq!(index.get("b.service"), [UnitKey(4)]);
 }
+
+mod stats;
