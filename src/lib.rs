@@ -8,6 +8,7 @@
 //! machine, [`proof::UnitProof`]; the [`agent`] is one single-threaded mio loop that feeds it.
 //! See ARCHITECTURE.md for the map.
 
+pub mod activation;
 pub mod agent;
 pub mod atomic_file;
 #[cfg(feature = "bench")]

@@ -120,6 +120,7 @@ pub enum AgentError {
     Save(StateError),
     Dir(DirError),
     Metrics(String),
+    Activation(crate::activation::ActivationError),
 }
 
 impl fmt::Display for AgentError {
@@ -137,6 +138,7 @@ impl fmt::Display for AgentError {
             ),
             AgentError::Dir(e) => write!(f, "{e}"),
             AgentError::Metrics(e) => write!(f, "{e}"),
+            AgentError::Activation(e) => write!(f, "{e}"),
         }
     }
 }
@@ -232,10 +234,14 @@ struct Agent {
 
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        // First: it changes the environment, which only a process with one thread may do.
+        let activated = crate::activation::take_listener().map_err(AgentError::Activation)?;
         if let Some(dir) = &config.state_dir {
             dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
         }
-        if let Some(dir) = config.socket.parent() {
+        if activated.is_none()
+            && let Some(dir) = config.socket.parent()
+        {
             dirs::create_missing(dir, config.server.directory_mode(), "control socket")
                 .map_err(AgentError::Dir)?;
         }
@@ -287,14 +293,29 @@ impl Agent {
             )
             .map_err(io_error("watch signals"))?;
 
-        let mut server = ControlServer::bind(&config.socket, config.server.clone())
-            .map_err(AgentError::Control)?;
+        let served = activated
+            .as_ref()
+            .map_or_else(|| config.socket.clone(), |a| a.path.clone());
+        let mut server = match activated {
+            Some(activated) => {
+                if activated.path != config.socket {
+                    log::warn!(
+                        "serving the socket systemd passed, {}, not {}",
+                        activated.path.display(),
+                        config.socket.display()
+                    );
+                }
+                ControlServer::adopt(activated.listener, &activated.path, config.server.clone())
+            }
+            None => ControlServer::bind(&config.socket, config.server.clone()),
+        }
+        .map_err(AgentError::Control)?;
         server
             .register(poll.registry(), CONTROL_TOKENS)
             .map_err(io_error("register the control socket"))?;
         log::info!(
             "listening on {}, systemd is {} on the {}",
-            config.socket.display(),
+            served.display(),
             subscription.systemd,
             config.bus
         );
