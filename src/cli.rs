@@ -137,6 +137,10 @@ enum Cmd {
         /// The control socket's permission bits, in octal.
         #[arg(long, default_value = "600", value_parser = parse_mode)]
         socket_mode: u32,
+        /// Write the agent's figures to this file in the Prometheus text format (for
+        /// node_exporter's textfile collector), at most every 5 s and only when they changed.
+        #[arg(long)]
+        metrics_file: Option<PathBuf>,
     },
     /// Start watching a unit and print the watch.
     Watch {
@@ -195,6 +199,8 @@ enum Cmd {
     Events,
     /// Print this CLI's version and the running agent's (its version and protocol version).
     Version,
+    /// Print the agent's counters and gauges as one JSON line.
+    Stats,
     /// Print the completion script for a shell, generated from this command line's definition.
     #[cfg(feature = "docs")]
     Completions { shell: clap_complete::Shell },
@@ -241,6 +247,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             allow_uids,
             allow_gids,
             socket_mode,
+            metrics_file,
         } => {
             crate::service::init_logging();
             let mut config = AgentConfig::new(socket.bus(), socket.path());
@@ -250,6 +257,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             config.server.allowed_uids = allow_uids;
             config.server.allowed_gids = allow_gids;
             config.server.mode = socket_mode;
+            config.metrics_file = metrics_file;
             agent::run(config).map_err(|e| e.to_string())?;
             Ok(ExitCode::SUCCESS)
         }
@@ -328,6 +336,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             };
             print(format, &versions)?;
             agent?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Stats => {
+            let response = call(&socket, &json!({"cmd": "stats"}))?;
+            print_line(&response["stats"])?;
             Ok(ExitCode::SUCCESS)
         }
         #[cfg(feature = "docs")]

@@ -10,6 +10,7 @@
 
 #![warn(missing_docs)]
 
+pub mod activation;
 pub mod agent;
 pub(crate) mod atomic_file;
 // The binaries' own code, public only so that `src/main.rs` and `src/bin/` can call it: not API.

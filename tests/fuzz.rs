@@ -89,6 +89,7 @@ const REQUEST_SHAPE: &[Field] = &[
             r#""unwatch""#,
             r#""list""#,
             r#""events""#,
+            r#""stats""#,
         ],
     },
     Field {
@@ -551,7 +552,7 @@ fn check_accepted(bytes: &[u8], request: &Request) -> Result<(), String> {
             )?;
         }
         Command::Unwatch(args) => check_unit(&args.unit, &fields)?,
-        Command::List | Command::Events | Command::Version => {
+        Command::List | Command::Events | Command::Version | Command::Stats => {
             let extra = fields.keys().find(|name| *name != "id" && *name != "cmd");
             same("extra field", extra, None)?;
         }

@@ -4,9 +4,10 @@
 use std::path::Path;
 use std::process::Command;
 
-const EXPECTED_FILES: [&str; 6] = [
+const EXPECTED_FILES: [&str; 7] = [
     "./usr/bin/exitproof",
     "./lib/systemd/system/exitproof.service",
+    "./lib/systemd/system/exitproof.socket",
     "./usr/share/man/man1/exitproof.1.gz",
     "./usr/share/bash-completion/completions/exitproof",
     "./usr/share/zsh/vendor-completions/_exitproof",

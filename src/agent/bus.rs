@@ -50,6 +50,7 @@ impl Agent {
             },
         );
         if epoch > 1 {
+            self.counters.bus_reconnects += 1;
             log::info!("back on the bus; systemd is {}", subscription.systemd);
         }
         self.systemd = subscription.systemd;

@@ -11,9 +11,11 @@ mod bus;
 pub(crate) mod core;
 pub(crate) mod dirs;
 mod journal;
+mod metrics;
 #[cfg(test)]
 mod sim;
 pub(crate) mod state;
+pub(crate) mod stats;
 mod store;
 
 use std::collections::VecDeque;
@@ -48,6 +50,7 @@ use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use dirs::DirError;
 use state::{AgentState, StateError, StateSave};
+use stats::{AgentStats, DriverCounters};
 use store::StateStore;
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
@@ -88,6 +91,8 @@ pub struct AgentConfig {
     pub retain_proven: usize,
     /// How long a proven unit stays listed at most.
     pub retain_for: Duration,
+    /// Where the figures are written for node_exporter's textfile collector (`None`: nowhere).
+    pub metrics_file: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -102,6 +107,7 @@ impl AgentConfig {
             resync_interval: Some(Duration::from_secs(300)),
             retain_proven: 1024,
             retain_for: Duration::from_secs(3600),
+            metrics_file: None,
         }
     }
 }
@@ -128,6 +134,8 @@ pub enum AgentError {
     Save(StateError),
     /// A missing directory of the socket or the state could not be created.
     Dir(DirError),
+    Metrics(String),
+    Activation(crate::activation::ActivationError),
 }
 
 impl fmt::Display for AgentError {
@@ -144,6 +152,8 @@ impl fmt::Display for AgentError {
                  restart resumes from the last saved state"
             ),
             AgentError::Dir(e) => write!(f, "{e}"),
+            AgentError::Metrics(e) => write!(f, "{e}"),
+            AgentError::Activation(e) => write!(f, "{e}"),
         }
     }
 }
@@ -233,14 +243,20 @@ struct Agent {
     next_ping: Option<Instant>,
     /// When to give the heap's free pages back, set by the first event after the last time.
     release_heap: Option<Instant>,
+    counters: DriverCounters,
+    metrics: Option<metrics::MetricsFile>,
 }
 
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
+        // First: it changes the environment, which only a process with one thread may do.
+        let activated = crate::activation::take_listener().map_err(AgentError::Activation)?;
         if let Some(dir) = &config.state_dir {
             dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
         }
-        if let Some(dir) = config.socket.parent() {
+        if activated.is_none()
+            && let Some(dir) = config.socket.parent()
+        {
             dirs::create_missing(dir, config.server.directory_mode(), "control socket")
                 .map_err(AgentError::Dir)?;
         }
@@ -297,18 +313,37 @@ impl Agent {
             )
             .map_err(io_error("watch signals"))?;
 
-        let mut server = ControlServer::bind(&config.socket, config.server.clone())
-            .map_err(AgentError::Control)?;
+        let served = activated
+            .as_ref()
+            .map_or_else(|| config.socket.clone(), |a| a.path.clone());
+        let mut server = match activated {
+            Some(activated) => {
+                if activated.path != config.socket {
+                    log::warn!(
+                        "serving the socket systemd passed, {}, not {}",
+                        activated.path.display(),
+                        config.socket.display()
+                    );
+                }
+                ControlServer::adopt(activated.listener, &activated.path, config.server.clone())
+            }
+            None => ControlServer::bind(&config.socket, config.server.clone()),
+        }
+        .map_err(AgentError::Control)?;
         server
             .register(poll.registry(), CONTROL_TOKENS)
             .map_err(io_error("register the control socket"))?;
         log::info!(
             "listening on {}, systemd is {} on the {}",
-            config.socket.display(),
+            served.display(),
             subscription.systemd,
             config.bus
         );
         let now = Instant::now();
+        let metrics = match &config.metrics_file {
+            Some(path) => Some(metrics::MetricsFile::new(path, now).map_err(AgentError::Metrics)?),
+            None => None,
+        };
         let core_config = CoreConfig {
             retain_proven: config.retain_proven,
             retain_for: config.retain_for,
@@ -337,6 +372,8 @@ impl Agent {
             notifier: Notifier::from_env(),
             next_ping: None,
             release_heap: None,
+            counters: DriverCounters::default(),
+            metrics,
         };
         agent.carry_out();
         agent.on_connected(conn, subscription);
@@ -420,6 +457,9 @@ impl Agent {
             self.server.take_closed(&mut requests);
             let now = Instant::now();
             self.on_time(now);
+            if self.core.poll_timeout().is_some_and(|at| at <= now) {
+                self.metrics_changed(now);
+            }
             self.core.handle_timeout(now);
             self.core.end_turn(now);
             self.carry_out();
@@ -444,6 +484,7 @@ impl Agent {
             self.reconnect.map(|(at, _)| at),
             self.next_ping,
             self.release_heap,
+            self.metrics.as_ref().and_then(metrics::MetricsFile::due),
         ]
         .into_iter()
         .flatten()
@@ -457,8 +498,17 @@ impl Agent {
 
     /// Hands one input to the core and carries out everything it asks for.
     fn input(&mut self, input: Input) {
-        self.core.handle_input(input, Instant::now());
+        let now = Instant::now();
+        self.metrics_changed(now);
+        self.core.handle_input(input, now);
         self.carry_out();
+    }
+
+    /// Something happened that may change the figures: the metrics file is refreshed soon.
+    fn metrics_changed(&mut self, now: Instant) {
+        if let Some(metrics) = &mut self.metrics {
+            metrics.changed(now);
+        }
     }
 
     /// Drains the core's outputs. The synchronous ones are answered at once, so their answer
@@ -519,7 +569,7 @@ impl Agent {
                         .send_streamed(self.poll.registry(), to.client, reply);
                 }
                 Output::Reply { to, answer } => {
-                    let line = answer_line(to.id, answer);
+                    let line = answer_line(to.id, answer, |core| self.stats(core));
                     self.server.send(self.poll.registry(), to.client, &line);
                 }
                 Output::Broadcast { clients, event } => match event_line(&event) {
@@ -711,10 +761,18 @@ impl Agent {
             let input = match notice {
                 Notice::Changed(key) => Input::CgroupChanged { key },
                 Notice::Lost(key) => Input::CgroupWatchLost { key },
-                Notice::Overflow => Input::CgroupOverflow,
+                Notice::Overflow => {
+                    self.counters.inotify_overflows += 1;
+                    Input::CgroupOverflow
+                }
             };
             self.input(input);
         }
+    }
+
+    /// The agent's figures, from the core's.
+    fn stats(&self, core: self::core::CoreStats) -> AgentStats {
+        AgentStats::new(core, self.counters, self.cgroups.watch_count())
     }
 
     fn on_time(&mut self, now: Instant) {
@@ -731,17 +789,27 @@ impl Agent {
             self.release_heap = None;
             crate::memory::release_free_heap();
         }
+        if let Some(mut metrics) = self.metrics.take() {
+            metrics.refresh_if_due(now, || self.stats(self.core.stats()));
+            self.metrics = Some(metrics);
+        }
     }
 }
 
-/// The line answering a caller, its payload one of the wire types the client reads.
-fn answer_line(id: Option<crate::control::protocol::RequestId>, answer: Answer) -> String {
+/// The line answering a caller, its payload one of the wire types the client reads; `stats`
+/// completes the core's figures with the driver's.
+fn answer_line(
+    id: Option<crate::control::protocol::RequestId>,
+    answer: Answer,
+    stats: impl FnOnce(self::core::CoreStats) -> AgentStats,
+) -> String {
     let response = match answer {
         Answer::Done => Response::ok(id, wire::Done {}),
         Answer::Watch(view) => Response::ok(id, wire::WatchAnswer { watch: *view }),
         Answer::Event(event) => Response::ok(id, wire::EventAnswer { event: *event }),
         Answer::Units(units) => Response::ok(id, wire::ListAnswer { units }),
         Answer::Version(version) => Response::ok(id, wire::VersionAnswer { version }),
+        Answer::Stats(core) => Response::ok(id, wire::StatsAnswer { stats: stats(*core) }),
         Answer::Error(kind, message) => Response::error(id, kind, message),
     };
     response.to_line()

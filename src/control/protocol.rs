@@ -91,6 +91,8 @@ pub enum Command {
     Events,
     /// Tell the protocol's and the agent's versions.
     Version,
+    /// Tell the agent's counters and gauges.
+    Stats,
 }
 
 impl Command {
@@ -104,6 +106,7 @@ impl Command {
             Command::List => "list",
             Command::Events => "events",
             Command::Version => "version",
+            Command::Stats => "stats",
         }
     }
 }
@@ -443,13 +446,14 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
         "list" => args::<NoArgs>(fields).map(|NoArgs {}| Command::List),
         "events" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Events),
         "version" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Version),
+        "stats" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Stats),
         other => {
             let quoted: String = other.chars().take(64).collect();
             Err((
                 ErrorKind::UnknownCommand,
                 format!(
-                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events or \
-                     version)",
+                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events, version \
+                     or stats)",
                     quoted.escape_debug()
                 ),
             ))
@@ -905,6 +909,13 @@ mod tests {
                     command: Command::Version,
                 },
             ),
+            (
+                r#"{"cmd":"stats"}"#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::Stats,
+                },
+            ),
         ];
         for (line, expected) in cases {
             assert_eq!(parse_request(line.as_bytes()), Ok(expected), "{line}");
@@ -942,6 +953,7 @@ mod tests {
             (br#"{"id":"q","cmd":"list","unit":"x.service"}"#, text_id(), BadRequest, "unknown field `unit`"),
             (br#"{"cmd":"events","x":1}"#, None, BadRequest, "unknown field `x`"),
             (br#"{"cmd":"version","protocol":1}"#, None, BadRequest, "unknown field `protocol`"),
+            (br#"{"cmd":"stats","unit":"x.service"}"#, None, BadRequest, "unknown field `unit`"),
             (br#"{"id":"q","cmd":"watch"}"#, text_id(), BadRequest, "missing field `unit`"),
             (br#"{"cmd":"watch","unit":"x.service","unti":"y"}"#, None, BadRequest, "unknown field `unti`"),
             (br#"{"cmd":"watch","unit":5}"#, None, BadRequest, "unit name"),

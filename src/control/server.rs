@@ -140,8 +140,9 @@ pub enum ServerEvent {
 /// [`ControlServer::register`], feed it the events whose token it [`owns`](ControlServer::owns).
 pub struct ControlServer {
     path: PathBuf,
-    /// Device and inode of the socket file this server created, so `Drop` removes only that file.
-    socket_file: (u64, u64),
+    /// Device and inode of the socket file this server created, so `Drop` removes only that file;
+    /// `None` for a socket it was handed (socket activation), which it never removes.
+    socket_file: Option<(u64, u64)>,
     listener: UnixListener,
     options: ServerOptions,
     /// The agent's effective uid when the socket was bound; peers with it are always allowed.
@@ -181,9 +182,38 @@ impl ControlServer {
             source,
         })?;
         log::info!("control socket listening on {}", path.display());
-        Ok(ControlServer {
+        let socket_file = Some((metadata.dev(), metadata.ino()));
+        Ok(ControlServer::serve(listener, path, socket_file, options))
+    }
+
+    /// Serves `listener`, a listening socket this process was handed at `path` (by systemd's
+    /// socket activation). The socket file is not this server's: it is never removed.
+    pub fn adopt(
+        listener: std::os::unix::net::UnixListener,
+        path: &Path,
+        options: ServerOptions,
+    ) -> Result<ControlServer, ControlError> {
+        listener
+            .set_nonblocking(true)
+            .map_err(|source| ControlError::Io {
+                action: "make the inherited control socket non-blocking",
+                path: path.to_owned(),
+                source,
+            })?;
+        log::info!("control socket inherited, listening on {}", path.display());
+        let listener = UnixListener::from_std(listener);
+        Ok(ControlServer::serve(listener, path, None, options))
+    }
+
+    fn serve(
+        listener: UnixListener,
+        path: &Path,
+        socket_file: Option<(u64, u64)>,
+        options: ServerOptions,
+    ) -> ControlServer {
+        ControlServer {
             path: path.to_owned(),
-            socket_file: (metadata.dev(), metadata.ino()),
+            socket_file,
             listener,
             options,
             own_euid: geteuid().as_raw(),
@@ -193,7 +223,7 @@ impl ControlServer {
             next_client: 0,
             closed: Vec::new(),
             read_buffer: vec![0; READ_CHUNK].into_boxed_slice(),
-        })
+        }
     }
 
     /// Registers the listener with `registry`. The listener takes `tokens.start`; clients take the
@@ -467,7 +497,7 @@ impl Drop for ControlServer {
         // Only the file this server created is removed; if the path now names something else, it is
         // not ours.
         match fs::symlink_metadata(&self.path) {
-            Ok(metadata) if (metadata.dev(), metadata.ino()) == self.socket_file => {
+            Ok(metadata) if Some((metadata.dev(), metadata.ino())) == self.socket_file => {
                 if let Err(e) = fs::remove_file(&self.path) {
                     log::warn!("cannot remove control socket {}: {e}", self.path.display());
                 }

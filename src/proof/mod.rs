@@ -378,6 +378,12 @@ impl UnitProof {
         self.outputs.pop_front()
     }
 
+    /// Whether systemd's last state is terminal for our invocation (`inactive` or `failed`,
+    /// not another invocation's).
+    pub fn terminal(&self) -> bool {
+        self.verdict().is_some_and(|v| v.terminal)
+    }
+
     fn verdict(&self) -> Option<Verdict> {
         let state = self.state.as_ref()?;
         let foreign = !state.invocation.is_empty() && state.invocation != self.invocation;

@@ -14,8 +14,8 @@ use crate::support::Sandbox;
 use crate::support::agent::Agent;
 
 /// How long a test waits for something real systemd and the kernel will do.
-const PATIENCE: Duration = Duration::from_secs(30);
-const PATIENCE_ARG: &str = "30s";
+pub const PATIENCE: Duration = Duration::from_secs(30);
+pub const PATIENCE_ARG: &str = "30s";
 
 pub const TESTS: &[Test] = &[
     (
@@ -79,7 +79,7 @@ pub(crate) fn run_unit(sandbox: &Sandbox, unit: &str, options: &[&str], command:
 
 /// A shell command that waits until the file `go` exists, then exits with `code`. The wait is
 /// the workload's own polling, so the test decides when the unit ends.
-fn exit_when(go: &str, code: i32) -> String {
+pub fn exit_when(go: &str, code: i32) -> String {
     format!("while [ ! -e {go} ]; do sleep 0.05; done; exit {code}")
 }
 

@@ -13,6 +13,7 @@ mod bench;
 mod cli;
 mod dynamics;
 mod faults;
+mod operability;
 mod records;
 mod sandbox_smoke;
 mod scale;
@@ -31,6 +32,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("faults", faults::TESTS),
     ("dynamics", dynamics::TESTS),
     ("cli", cli::TESTS),
+    ("operability", operability::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).

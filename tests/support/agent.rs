@@ -66,15 +66,8 @@ impl Agent {
         extra: &[&str],
         env: &[String],
     ) -> Agent {
-        static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let log = sandbox.host_path(&format!(
-            "/run/exitproof-agent-{}-{n}.log",
-            std::process::id()
-        ));
-        let log_file = File::create(&log).expect("create the agent's log file");
-        let child = sandbox
-            .command_with_env(&binary_in_sandbox(), env)
+        let mut command = sandbox.command_with_env(&binary_in_sandbox(), env);
+        command
             .args([
                 "agent",
                 "--user",
@@ -83,7 +76,21 @@ impl Agent {
                 "--state-dir",
                 state_dir,
             ])
-            .args(extra)
+            .args(extra);
+        Agent::spawn(sandbox, command, socket)
+    }
+
+    /// Runs `command`, an agent inside `sandbox` that listens on `socket` (a path inside it),
+    /// with its log kept, and waits until it answers.
+    pub fn spawn(sandbox: &Sandbox, mut command: Command, socket: &str) -> Agent {
+        static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = sandbox.host_path(&format!(
+            "/run/exitproof-agent-{}-{n}.log",
+            std::process::id()
+        ));
+        let log_file = File::create(&log).expect("create the agent's log file");
+        let child = command
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -28,6 +28,7 @@ mod facts;
 mod persist;
 mod proven;
 mod requests;
+mod stats;
 mod systemd;
 #[cfg(test)]
 mod tests;
@@ -41,6 +42,7 @@ use std::time::{Duration, Instant};
 pub use crate::cgroup::procs::NextInvocation;
 pub use event::{ProofEvent, WatchView};
 use persist::Unsaved;
+pub use stats::{Bucket, CoreStats, LATENCY_BOUNDS_US, LatencySummary, PhaseCounts, ProofCounts};
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -99,6 +101,8 @@ pub enum Answer {
     Units(Vec<WatchView>),
     /// The protocol's and the agent's versions (`version`).
     Version(Version),
+    /// The core's figures (`stats`); the driver adds its own.
+    Stats(Box<CoreStats>),
     Error(ErrorKind, String),
 }
 
@@ -309,6 +313,7 @@ pub struct Core {
     /// Answers that promise a change of the watch set (`watch`, `unwatch`): held until the
     /// change is saved, so an agent killed in between has promised nothing it forgot.
     replies_when_saved: Vec<(ReplyTo, Answer)>,
+    counters: stats::Counters,
 }
 
 /// Keys by a string, several per string (an alias and its unit may both be watched), in the
@@ -400,6 +405,7 @@ impl Core {
             last_save: None,
             save_due: None,
             replies_when_saved: Vec::new(),
+            counters: stats::Counters::default(),
         };
         core.restore(restored, now);
         core
@@ -700,6 +706,7 @@ impl Core {
     /// events; this exists for whatever an event could have missed.
     fn resync(&mut self, now: Instant) {
         let keys = self.unproven_keys();
+        self.count_resync();
         self.log(
             log::Level::Debug,
             format!("safety-net relist of {} units", keys.len()),
@@ -785,6 +792,13 @@ impl Core {
             return;
         };
         proof.handle_input(input, now);
+        let terminal = proof.terminal();
+        if let Some(watch) = self.units.get_mut(&key)
+            && terminal
+            && watch.terminal_at.is_none()
+        {
+            watch.terminal_at = Some(now);
+        }
         self.drive(key, now);
     }
 

@@ -47,6 +47,11 @@ impl Core {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
+        let terminal_at = watch.terminal_at;
+        self.count_proof(proof.cause, terminal_at, now);
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
         let (anchor, anchor_ns) = self.config.clock_anchor;
         let since_anchor = now.saturating_duration_since(anchor).as_nanos();
         let mut event = ProofEvent {

@@ -78,6 +78,7 @@ impl Core {
                 self.reply(reply, Answer::Done);
             }
             Command::Version => self.reply(reply, Answer::Version(Version::CURRENT)),
+            Command::Stats => self.reply(reply, Answer::Stats(Box::new(self.stats()))),
         }
     }
 

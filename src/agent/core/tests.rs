@@ -1048,3 +1048,4 @@ fn a_reboots_proofs_are_saved_with_every_watch_before_any_release() {
         other => panic!("expected a save, got {other:?}"),
     }
 }
+mod stats;

@@ -124,6 +124,9 @@ pub struct Watch {
     /// Taken up from the state file: never dropped because a read failed.
     pub restored: bool,
     pub timer: Option<Instant>,
+    /// When the core first learned that our invocation is terminal: the start of the proof's
+    /// latency, and of how long remaining processes block it.
+    pub terminal_at: Option<Instant>,
     /// Processes in the cgroup that may be ours, followed until they exit, while a new
     /// invocation runs beside them.
     pub leftovers: BTreeSet<i32>,
@@ -155,6 +158,7 @@ impl Watch {
             retry: None,
             restored: false,
             timer: None,
+            terminal_at: None,
             leftovers: BTreeSet::new(),
             proof_pending: None,
             event: None,
@@ -191,6 +195,14 @@ impl Watch {
         }
     }
 
+    pub fn phase(&self) -> Phase {
+        match (&self.event, &self.proof) {
+            (Some(_), _) => Phase::Proven,
+            (None, Some(proof)) => proof.phase(),
+            (None, None) => Phase::Watching,
+        }
+    }
+
     pub fn view(&self) -> WatchView {
         let proof = self.proof.as_ref();
         WatchView {
@@ -203,11 +215,7 @@ impl Watch {
                 Some(CgroupReading::Empty) => Some(false),
                 _ => None,
             },
-            phase: match (&self.event, proof) {
-                (Some(_), _) => Phase::Proven,
-                (None, Some(proof)) => proof.phase(),
-                (None, None) => Phase::Watching,
-            },
+            phase: self.phase(),
             stop_requested: self.stop_requested(),
             run_dir: self.spec.run_dir.as_ref().map(|p| p.display().to_string()),
             record: self.record_name().or_else(|| self.spec.record.clone()),

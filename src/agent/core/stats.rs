@@ -1,0 +1,188 @@
+//! What the core counts as its rules run (proofs by cause, safety-net relists, the latency of
+//! each proof past systemd's terminal state), and the gauges it reads off its watches on
+//! demand (watches by phase, units blocked by remaining processes). Time comes in as `now`
+//! like everywhere in the core.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::Core;
+use crate::cgroup::CgroupReading;
+use crate::proof::{Cause, Phase};
+
+/// The upper bounds of the proof-latency histogram's buckets, in microseconds; a last bucket
+/// (`le` null, `+Inf`) holds the rest. Fixed, so figures from different agents add up.
+pub const LATENCY_BOUNDS_US: [u64; 16] = [
+    100,
+    250,
+    500,
+    1_000,
+    2_500,
+    5_000,
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    5_000_000,
+    30_000_000,
+    300_000_000,
+];
+
+/// A histogram with the fixed buckets of [`LATENCY_BOUNDS_US`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Histogram {
+    /// Per bucket (not cumulative), the last one for what exceeds every bound.
+    counts: [u64; LATENCY_BOUNDS_US.len() + 1],
+    sum_us: u64,
+}
+
+impl Histogram {
+    pub fn observe(&mut self, value: Duration) {
+        let us = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
+        let bucket = LATENCY_BOUNDS_US
+            .iter()
+            .position(|bound| us <= *bound)
+            .unwrap_or(LATENCY_BOUNDS_US.len());
+        self.counts[bucket] += 1;
+        self.sum_us = self.sum_us.saturating_add(us);
+    }
+
+    /// What the wire and the metrics file show: cumulative counts per bound.
+    pub fn summary(&self) -> LatencySummary {
+        let mut running = 0;
+        let buckets = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, count)| {
+                running += count;
+                Bucket {
+                    le_us: LATENCY_BOUNDS_US.get(i).copied(),
+                    count: running,
+                }
+            })
+            .collect();
+        LatencySummary {
+            buckets,
+            sum_us: self.sum_us,
+            count: running,
+        }
+    }
+}
+
+/// One cumulative bucket: how many observations were at most `le_us` (`None`: all of them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Bucket {
+    pub le_us: Option<u64>,
+    pub count: u64,
+}
+
+/// A histogram as reported, in microseconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LatencySummary {
+    pub buckets: Vec<Bucket>,
+    pub sum_us: u64,
+    pub count: u64,
+}
+
+/// Proofs made since the agent started, by cause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ProofCounts {
+    pub exited: u64,
+    pub replaced_after_stop: u64,
+    pub restarted_outside: u64,
+    pub rebooted: u64,
+}
+
+impl ProofCounts {
+    fn count(&mut self, cause: Cause) {
+        let counter = match cause {
+            Cause::Exited => &mut self.exited,
+            Cause::ReplacedAfterStop => &mut self.replaced_after_stop,
+            Cause::RestartedOutside => &mut self.restarted_outside,
+            Cause::Rebooted => &mut self.rebooted,
+        };
+        *counter += 1;
+    }
+}
+
+/// The watches as they stand, by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct PhaseCounts {
+    pub watching: u64,
+    pub stopping: u64,
+    pub proven: u64,
+}
+
+/// What the core counts as it goes.
+#[derive(Clone, Debug, Default)]
+pub struct Counters {
+    proofs: ProofCounts,
+    resyncs: u64,
+    latency: Histogram,
+}
+
+/// The core's figures, counters and gauges, as the `stats` answer carries them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CoreStats {
+    pub watches: PhaseCounts,
+    /// Unproven units whose invocation is terminal while their cgroup was last read populated.
+    pub blocked: u64,
+    pub proofs: ProofCounts,
+    pub resyncs: u64,
+    /// From the core learning of systemd's terminal state of an invocation to its proof.
+    pub proof_latency: LatencySummary,
+}
+
+impl Core {
+    /// The core's figures now: its counters, and gauges read off every watch.
+    pub fn stats(&self) -> CoreStats {
+        let mut watches = PhaseCounts::default();
+        let mut blocked = 0;
+        for watch in self.units.values() {
+            match watch.phase() {
+                Phase::Watching => watches.watching += 1,
+                Phase::Stopping => watches.stopping += 1,
+                Phase::Proven => watches.proven += 1,
+            }
+            if watch.event.is_none() && watch.blocked() {
+                blocked += 1;
+            }
+        }
+        CoreStats {
+            watches,
+            blocked,
+            proofs: self.counters.proofs,
+            resyncs: self.counters.resyncs,
+            proof_latency: self.counters.latency.summary(),
+        }
+    }
+
+    /// Counts a proof, and its latency past the terminal state if the core saw one.
+    pub(super) fn count_proof(&mut self, cause: Cause, terminal_at: Option<Instant>, now: Instant) {
+        self.counters.proofs.count(cause);
+        if let Some(at) = terminal_at {
+            self.counters
+                .latency
+                .observe(now.saturating_duration_since(at));
+        }
+    }
+
+    pub(super) fn count_resync(&mut self) {
+        self.counters.resyncs += 1;
+    }
+}
+
+impl super::watch::Watch {
+    /// Terminal for systemd, but the last reading of its cgroup found processes.
+    pub fn blocked(&self) -> bool {
+        self.proof.as_ref().is_some_and(|proof| {
+            proof.terminal() && matches!(proof.last_reading(), Some(CgroupReading::Populated))
+        })
+    }
+}

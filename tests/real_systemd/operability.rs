@@ -1,0 +1,268 @@
+//! What an operator sees of the agent: its figures (`stats`, the metrics file), socket
+//! activation, its journal fields, `status`, against real systemd.
+
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixDatagram, UnixListener};
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::Test;
+use crate::agent::{PATIENCE, PATIENCE_ARG, exit_when, run_unit};
+use crate::support::Sandbox;
+use crate::support::agent::{Agent, STATE_DIR, binary, binary_in_sandbox};
+
+pub const TESTS: &[Test] = &[
+    (
+        "stats_count_a_unit_blocked_by_a_leftover_then_its_proof",
+        stats_count_a_unit_blocked_by_a_leftover_then_its_proof,
+    ),
+    (
+        "the_metrics_file_shows_a_proof_and_is_not_rewritten_while_idle",
+        the_metrics_file_shows_a_proof_and_is_not_rewritten_while_idle,
+    ),
+    (
+        "a_socket_handed_over_is_served_and_outlives_the_agent",
+        a_socket_handed_over_is_served_and_outlives_the_agent,
+    ),
+    (
+        "a_handed_over_socket_that_is_not_a_listening_stream_is_refused",
+        a_handed_over_socket_that_is_not_a_listening_stream_is_refused,
+    ),
+    (
+        "a_socket_unit_starts_the_agent_and_keeps_its_socket_across_a_restart",
+        a_socket_unit_starts_the_agent_and_keeps_its_socket_across_a_restart,
+    ),
+];
+
+fn stats(agent: &Agent) -> Value {
+    agent.one(&["stats"])
+}
+
+fn stats_count_a_unit_blocked_by_a_leftover_then_its_proof() {
+    let sandbox = Sandbox::start("stats");
+    let agent = Agent::start(&sandbox);
+    let script = format!(
+        "sleep 1000 & echo $! > /run/left.pid; {}",
+        exit_when("/run/left.go", 0)
+    );
+    run_unit(
+        &sandbox,
+        "left.service",
+        &["-p", "KillMode=process"],
+        &["sh", "-c", &script],
+    );
+    agent.one(&["watch", "left.service"]);
+    let before = stats(&agent);
+    assert_eq!(before["watches"]["watching"], 1, "{before}");
+    assert_eq!(before["blocked"], 0, "{before}");
+    assert!(before["inotify"]["watches"].as_u64() >= Some(1), "{before}");
+
+    std::fs::write(sandbox.host_path("/run/left.go"), "").expect("write the go file");
+    sandbox.wait_until("the main process exits", PATIENCE, || {
+        let state = sandbox.show("left.service", "ActiveState");
+        state == "inactive" || state == "failed"
+    });
+    agent.barrier();
+    let blocked = stats(&agent);
+    assert_eq!(blocked["blocked"], 1, "the sleep is left: {blocked}");
+    assert_eq!(
+        blocked["proofs"]["exited"], 1,
+        "the barrier's own: {blocked}"
+    );
+
+    let pid = std::fs::read_to_string(sandbox.host_path("/run/left.pid")).expect("the pid");
+    sandbox.run("kill", &["-KILL", pid.trim()]);
+    let event = agent.one(&["wait", "left.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["cause"], "exited", "{event}");
+    let after = stats(&agent);
+    assert_eq!(after["blocked"], 0, "{after}");
+    assert_eq!(after["proofs"]["exited"], 2, "{after}");
+    assert_eq!(after["watches"]["proven"], 1, "{after}");
+    assert_eq!(after["watches"]["watching"], 0, "{after}");
+    // Both proofs came after a terminal state: the barrier's unit (never loaded) and ours.
+    assert_eq!(after["proof_latency"]["count"], 2, "{after}");
+    let buckets = after["proof_latency"]["buckets"]
+        .as_array()
+        .expect("buckets");
+    assert_eq!(buckets.last().map(|b| &b["count"]), Some(&Value::from(2)));
+    assert_eq!(buckets.last().map(|b| &b["le_us"]), Some(&Value::Null));
+}
+
+fn the_metrics_file_shows_a_proof_and_is_not_rewritten_while_idle() {
+    let sandbox = Sandbox::start("metrics");
+    std::fs::create_dir(sandbox.host_path("/run/textfile")).expect("make the directory");
+    let agent = Agent::start_with(
+        &sandbox,
+        &["--metrics-file", "/run/textfile/exitproof.prom"],
+    );
+    let file = sandbox.host_path("/run/textfile/exitproof.prom");
+    run_unit(&sandbox, "m.service", &[], &["sleep", "1000"]);
+    agent.one(&["watch", "m.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "m.service"]);
+    agent.one(&["wait", "m.service", "--timeout", PATIENCE_ARG]);
+    let proven = "exitproof_proofs_total{cause=\"exited\"} 1\n";
+    sandbox.wait_until("the metrics file shows the proof", PATIENCE, || {
+        std::fs::read_to_string(&file).is_ok_and(|text| text.contains(proven))
+    });
+    let text = std::fs::read_to_string(&file).expect("the metrics file");
+    for line in [
+        "# TYPE exitproof_proof_latency_seconds histogram\n",
+        "exitproof_watches{phase=\"proven\"} 1\n",
+        "exitproof_proof_latency_seconds_count 1\n",
+        "exitproof_proof_latency_seconds_bucket{le=\"+Inf\"} 1\n",
+    ] {
+        assert!(text.contains(line), "no {line:?} in:\n{text}");
+    }
+    // Nothing happens now: the file keeps its inode (every write is a rename of a new one).
+    use std::os::unix::fs::MetadataExt;
+    let inode = std::fs::metadata(&file).expect("metadata").ino();
+    std::thread::sleep(Duration::from_secs(7));
+    assert_eq!(
+        std::fs::metadata(&file).expect("metadata").ino(),
+        inode,
+        "rewritten while idle"
+    );
+}
+
+/// The agent inside `sandbox`, started as systemd's socket activation starts a service: `fd`
+/// as file descriptor 3, `LISTEN_FDS=1` and `LISTEN_PID` its own pid (the shell's, which
+/// `exec` keeps).
+fn activated_agent(sandbox: &Sandbox, fd: RawFd) -> Command {
+    let mut command = sandbox.command("sh");
+    command.args([
+        "-c",
+        "export LISTEN_PID=$$ LISTEN_FDS=1; exec \"$0\" \"$@\"",
+        &binary_in_sandbox(),
+        "agent",
+        "--user",
+        "--state-dir",
+        STATE_DIR,
+    ]);
+    // SAFETY: between fork and exec, only async-signal-safe calls (dup2, fcntl).
+    unsafe {
+        command.pre_exec(move || {
+            let result = if fd == 3 {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, 3)
+            };
+            if result < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    command
+}
+
+fn a_socket_handed_over_is_served_and_outlives_the_agent() {
+    let sandbox = Sandbox::start("activate");
+    let socket = "/run/activated.sock";
+    let listener = UnixListener::bind(sandbox.host_path(socket)).expect("bind the socket");
+    let agent = Agent::spawn(
+        &sandbox,
+        activated_agent(&sandbox, listener.as_raw_fd()),
+        socket,
+    );
+    // The socket accepted connections before the agent ran: an answer shows it is served.
+    let version = agent.one(&["version"]);
+    assert_eq!(version["agent"]["protocol"], 1, "{version}");
+    assert!(
+        agent.log_text().contains("control socket inherited"),
+        "{}",
+        agent.log_text()
+    );
+    assert!(
+        !sandbox.host_path("/run/user/0/exitproof.sock").exists(),
+        "the agent bound its default socket too"
+    );
+    run_unit(&sandbox, "act.service", &[], &["sleep", "1000"]);
+    agent.one(&["watch", "act.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "act.service"]);
+    let event = agent.one(&["wait", "act.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["cause"], "exited", "{event}");
+    drop(agent);
+    assert!(
+        sandbox.host_path(socket).exists(),
+        "the agent removed a socket it did not create"
+    );
+
+    // A restart is handed the same socket: clients keep the path, the watch set is kept.
+    let agent = Agent::spawn(
+        &sandbox,
+        activated_agent(&sandbox, listener.as_raw_fd()),
+        socket,
+    );
+    let entry = agent.entry("act.service").expect("still listed");
+    assert_eq!(entry["phase"], "proven", "{entry}");
+}
+
+fn a_handed_over_socket_that_is_not_a_listening_stream_is_refused() {
+    let sandbox = Sandbox::start("activate-bad");
+    let datagram = UnixDatagram::bind(sandbox.host_path("/run/dgram.sock")).expect("bind");
+    let output = activated_agent(&sandbox, datagram.as_raw_fd())
+        .output()
+        .expect("run the agent");
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("socket activation: file descriptor 3 is a Datagram socket"),
+        "{stderr}"
+    );
+    assert!(
+        !sandbox.host_path("/run/user/0/exitproof.sock").exists(),
+        "the agent fell back to a socket of its own"
+    );
+}
+
+/// The CLI against the socket at `socket` (a host path); its one JSON line.
+fn cli_one(socket: &std::path::Path, args: &[&str]) -> Value {
+    let output = Command::new(binary())
+        .arg("--socket")
+        .arg(socket)
+        .args(args)
+        .output()
+        .expect("run the CLI");
+    assert!(output.status.success(), "exitproof {args:?}: {output:?}");
+    serde_json::from_slice(&output.stdout).expect("one JSON line")
+}
+
+fn a_socket_unit_starts_the_agent_and_keeps_its_socket_across_a_restart() {
+    let sandbox = Sandbox::start("socket-unit");
+    sandbox.install_unit(
+        "ep.socket",
+        "[Socket]\nListenStream=/run/ep-unit.sock\nSocketMode=0600\n",
+    );
+    sandbox.install_unit(
+        "ep.service",
+        &format!(
+            "[Service]\nType=notify\nExecStart={} agent --user --state-dir /run/ep-unit-state\n",
+            binary_in_sandbox()
+        ),
+    );
+    sandbox.systemctl_ok(&["start", "ep.socket"]);
+    assert_eq!(sandbox.show("ep.service", "ActiveState"), "inactive");
+    let socket = sandbox.host_path("/run/ep-unit.sock");
+    // The first connection starts the agent, which answers on the socket systemd holds.
+    let version = cli_one(&socket, &["version"]);
+    assert_eq!(version["agent"]["protocol"], 1, "{version}");
+    assert_eq!(sandbox.show("ep.service", "ActiveState"), "active");
+
+    run_unit(&sandbox, "su.service", &[], &["sleep", "1000"]);
+    cli_one(&socket, &["watch", "su.service"]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "su.service"]);
+    cli_one(&socket, &["wait", "su.service", "--timeout", PATIENCE_ARG]);
+
+    let first = sandbox.show("ep.service", "MainPID");
+    sandbox.systemctl_ok(&["restart", "ep.service"]);
+    assert_ne!(sandbox.show("ep.service", "MainPID"), first);
+    let event = cli_one(&socket, &["wait", "su.service", "--timeout", "0s"]);
+    assert_eq!(event["cause"], "exited", "the proof is kept: {event}");
+
+    sandbox.systemctl_ok(&["stop", "ep.service"]);
+    assert!(socket.exists(), "the agent removed systemd's socket");
+    sandbox.systemctl_ok(&["stop", "ep.socket"]);
+}
