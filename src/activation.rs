@@ -21,6 +21,7 @@ const VARIABLES: [&str; 3] = ["LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"];
 /// A listening socket handed to this process.
 #[derive(Debug)]
 pub struct Activated {
+    /// The listening socket, to serve as it is.
     pub listener: UnixListener,
     /// The socket's path, as it was bound (for logs; an abstract socket reads `@name`).
     pub path: PathBuf,

@@ -339,9 +339,8 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Stats => {
-            let response = call(&socket, &json!({"cmd": "stats"}))?;
-            print_line(&response["stats"])?;
-            Ok(ExitCode::SUCCESS)
+            let stats = connect(&socket)?.stats().map_err(|e| e.to_string())?;
+            print(format, &stats)
         }
         #[cfg(feature = "docs")]
         Cmd::Completions { shell } => {

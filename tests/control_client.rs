@@ -12,7 +12,8 @@ use exitproof::control::protocol::{
 };
 use exitproof::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
 use exitproof::control::wire::{
-    Cause, EventAnswer, EventKind, Level, ListAnswer, Phase, ProofEvent, SanitizedRecord,
+    AgentStats, Bucket, Cause, CoreStats, EventAnswer, EventKind, InotifyStats, LatencySummary,
+    Level, ListAnswer, Phase, PhaseCounts, ProofCounts, ProofEvent, SanitizedRecord, StatsAnswer,
     VersionAnswer, WatchAnswer, WatchView,
 };
 use exitproof::unit_name::UnitName;
@@ -348,6 +349,13 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
             },
         )
         .to_line(),
+        Command::Stats => Response::ok(
+            id,
+            StatsAnswer {
+                stats: sample_stats(),
+            },
+        )
+        .to_line(),
         Command::Events => {
             let mut newer = serde_json::to_value(proof_event("b.service")).expect("event");
             newer["cause"] = json!("a-cause-from-the-future");
@@ -361,6 +369,53 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
         }
     };
     Reply::Lines(vec![line])
+}
+
+/// Figures with every field set apart from the others, so a field read into another shows.
+fn sample_stats() -> AgentStats {
+    AgentStats {
+        core: CoreStats {
+            watches: PhaseCounts {
+                watching: 1,
+                stopping: 2,
+                proven: 3,
+            },
+            blocked: 4,
+            proofs: ProofCounts {
+                exited: 5,
+                replaced_after_stop: 6,
+                restarted_outside: 7,
+                rebooted: 8,
+            },
+            resyncs: 9,
+            proof_latency: LatencySummary {
+                buckets: vec![
+                    Bucket {
+                        le_us: Some(100),
+                        count: 10,
+                    },
+                    Bucket {
+                        le_us: None,
+                        count: 11,
+                    },
+                ],
+                sum_us: 12,
+                count: 11,
+            },
+        },
+        bus_reconnects: 13,
+        inotify: InotifyStats {
+            watches: 14,
+            overflows: 15,
+        },
+    }
+}
+
+#[test]
+fn stats_come_back_as_the_agent_sent_them() {
+    let agent = Agent::answering(typed_answer);
+    let mut client = connect(&agent.path);
+    assert_eq!(client.stats().expect("stats"), sample_stats());
 }
 
 fn unit_name(name: &str) -> UnitName {

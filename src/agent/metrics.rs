@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{self, OFlag};
 use nix::sys::stat::Mode;
 
-use super::core::LatencySummary;
-use super::stats::AgentStats;
+use crate::control::wire::{AgentStats, LatencySummary};
+
 use crate::atomic_file;
 
 /// The least time between two refreshes of the file.

@@ -42,6 +42,7 @@ use crate::control::ControlError;
 use crate::control::protocol::{Response, event_line, list_reply};
 use crate::control::server::{ControlServer, ServerEvent, ServerOptions};
 use crate::control::wire;
+use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
 use crate::service::Notifier;
 use crate::systemd::ConnectError;
@@ -50,7 +51,7 @@ use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use dirs::DirError;
 use state::{AgentState, StateError, StateSave};
-use stats::{AgentStats, DriverCounters};
+use stats::DriverCounters;
 use store::StateStore;
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
@@ -134,7 +135,9 @@ pub enum AgentError {
     Save(StateError),
     /// A missing directory of the socket or the state could not be created.
     Dir(DirError),
+    /// The metrics file could not be set up.
     Metrics(String),
+    /// The socket handed over by socket activation cannot be served.
     Activation(crate::activation::ActivationError),
 }
 
@@ -809,7 +812,12 @@ fn answer_line(
         Answer::Event(event) => Response::ok(id, wire::EventAnswer { event: *event }),
         Answer::Units(units) => Response::ok(id, wire::ListAnswer { units }),
         Answer::Version(version) => Response::ok(id, wire::VersionAnswer { version }),
-        Answer::Stats(core) => Response::ok(id, wire::StatsAnswer { stats: stats(*core) }),
+        Answer::Stats(core) => Response::ok(
+            id,
+            wire::StatsAnswer {
+                stats: stats(*core),
+            },
+        ),
         Answer::Error(kind, message) => Response::error(id, kind, message),
     };
     response.to_line()

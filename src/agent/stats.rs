@@ -2,9 +2,7 @@
 //! sees (bus reconnects, inotify watches and overflows), as the `stats` answer and the metrics
 //! file carry them.
 
-use serde::Serialize;
-
-use super::core::CoreStats;
+use crate::control::wire::{AgentStats, CoreStats, InotifyStats};
 
 /// What only the driver counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -15,25 +13,8 @@ pub struct DriverCounters {
     pub inotify_overflows: u64,
 }
 
-/// The inotify instance.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct InotifyStats {
-    /// Watches held now (a watched cgroup's `cgroup.events` and its parent directory, which
-    /// sibling units share).
-    pub watches: u64,
-    pub overflows: u64,
-}
-
-/// Everything `stats` answers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AgentStats {
-    #[serde(flatten)]
-    pub core: CoreStats,
-    pub bus_reconnects: u64,
-    pub inotify: InotifyStats,
-}
-
 impl AgentStats {
+    /// The core's figures completed with the driver's.
     pub fn new(core: CoreStats, counters: DriverCounters, inotify_watches: usize) -> AgentStats {
         AgentStats {
             core,

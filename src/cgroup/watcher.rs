@@ -234,7 +234,6 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         first_error.map_or(Ok(()), Err)
     }
 
-    #[cfg(test)]
     /// Returns how many inotify watches are held now.
     pub fn watch_count(&self) -> usize {
         self.watches.len()

@@ -8,7 +8,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::control::wire::{Phase, ProofEvent, Version, WatchView};
+use crate::control::wire::{AgentStats, LatencySummary, Phase, ProofEvent, Version, WatchView};
 use crate::unit_name::UnitName;
 
 /// A result the CLI prints.
@@ -215,6 +215,76 @@ impl Render for Versions {
     }
 }
 
+/// `stats`: the agent's figures, one per line for a person.
+impl Render for AgentStats {
+    fn human(&self) -> String {
+        let core = &self.core;
+        let (w, p) = (&core.watches, &core.proofs);
+        let mut text = format!(
+            "watches: {} watching, {} stopping, {} proven\n\
+             blocked by remaining processes: {}\n\
+             proofs: {} exited, {} replaced-after-stop, {} restarted-outside, {} rebooted\n",
+            w.watching,
+            w.stopping,
+            w.proven,
+            core.blocked,
+            p.exited,
+            p.replaced_after_stop,
+            p.restarted_outside,
+            p.rebooted,
+        );
+        let _ = writeln!(
+            text,
+            "proof latency: {}",
+            latency_words(&core.proof_latency)
+        );
+        let _ = writeln!(
+            text,
+            "resyncs: {}; bus reconnects: {}; inotify: {} watches, {} overflows",
+            core.resyncs, self.bus_reconnects, self.inotify.watches, self.inotify.overflows
+        );
+        text
+    }
+
+    fn json(&self) -> String {
+        json_line(self)
+    }
+}
+
+/// A latency histogram in a person's words: how many, their mean, and the bound under which
+/// half and 99 % of them fell.
+fn latency_words(summary: &LatencySummary) -> String {
+    if summary.count == 0 {
+        return "none yet".to_owned();
+    }
+    let within = |share: u64| {
+        let needed = summary.count.saturating_mul(share).div_ceil(100);
+        match summary.buckets.iter().find(|b| b.count >= needed) {
+            Some(bucket) => bucket.le_us.map_or_else(
+                || "over the largest bound".to_owned(),
+                |us| format!("≤ {}", micros(us)),
+            ),
+            None => "-".to_owned(),
+        }
+    };
+    format!(
+        "{} proofs, mean {}, p50 {}, p99 {}",
+        summary.count,
+        micros(summary.sum_us / summary.count),
+        within(50),
+        within(99)
+    )
+}
+
+/// Microseconds in a person's unit: `250us`, `2.5ms`, `1.2s`.
+fn micros(us: u64) -> String {
+    match us {
+        0..1000 => format!("{us}us"),
+        1000..1_000_000 => format!("{:.1}ms", us as f64 / 1e3),
+        _ => format!("{:.1}s", us as f64 / 1e6),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -390,5 +460,61 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
         };
         assert_eq!(unknown.json(), "{\"agent\":null,\"cli\":\"0.1.0\"}\n");
         assert_eq!(unknown.human(), "cli 0.1.0, agent unknown\n");
+    }
+
+    #[test]
+    fn stats_read_as_lines_for_a_person_with_the_latency_in_words() {
+        use crate::control::wire::{
+            Bucket, CoreStats, InotifyStats, LatencySummary, PhaseCounts, ProofCounts,
+        };
+        let stats = AgentStats {
+            core: CoreStats {
+                watches: PhaseCounts {
+                    watching: 3,
+                    stopping: 1,
+                    proven: 2,
+                },
+                blocked: 1,
+                proofs: ProofCounts {
+                    exited: 2,
+                    ..ProofCounts::default()
+                },
+                resyncs: 0,
+                proof_latency: LatencySummary {
+                    buckets: vec![
+                        Bucket {
+                            le_us: Some(500),
+                            count: 1,
+                        },
+                        Bucket {
+                            le_us: Some(2_500),
+                            count: 2,
+                        },
+                        Bucket {
+                            le_us: None,
+                            count: 2,
+                        },
+                    ],
+                    sum_us: 2_100,
+                    count: 2,
+                },
+            },
+            bus_reconnects: 1,
+            inotify: InotifyStats {
+                watches: 8,
+                overflows: 0,
+            },
+        };
+        assert_eq!(
+            stats.human(),
+            "watches: 3 watching, 1 stopping, 2 proven\n\
+             blocked by remaining processes: 1\n\
+             proofs: 2 exited, 0 replaced-after-stop, 0 restarted-outside, 0 rebooted\n\
+             proof latency: 2 proofs, mean 1.1ms, p50 ≤ 500us, p99 ≤ 2.5ms\n\
+             resyncs: 0; bus reconnects: 1; inotify: 8 watches, 0 overflows\n"
+        );
+        let json: serde_json::Value = serde_json::from_str(&stats.json()).expect("one JSON line");
+        assert_eq!(json["watches"]["watching"], 3);
+        assert_eq!(json["inotify"]["watches"], 8);
     }
 }

@@ -33,8 +33,8 @@ use serde_json::Value;
 use super::ControlError;
 use super::protocol::{Command, ErrorKind, Request, UnwatchArgs, WaitArgs, WatchArgs};
 use super::wire::{
-    Done, EventAnswer, EventKind, ListAnswer, ProofEvent, Version, VersionAnswer, WatchAnswer,
-    WatchView,
+    AgentStats, Done, EventAnswer, EventKind, ListAnswer, ProofEvent, StatsAnswer, Version,
+    VersionAnswer, WatchAnswer, WatchView,
 };
 use crate::unit_name::UnitName;
 
@@ -200,6 +200,12 @@ impl Client {
     pub fn version(&mut self) -> Result<Version, ControlError> {
         self.call::<VersionAnswer>(Command::Version)
             .map(|answer| answer.version)
+    }
+
+    /// The agent's counters and gauges.
+    pub fn stats(&mut self) -> Result<AgentStats, ControlError> {
+        self.call::<StatsAnswer>(Command::Stats)
+            .map(|answer| answer.stats)
     }
 
     /// Subscribes this connection to the event stream, which it then carries alone.

@@ -113,3 +113,92 @@ pub struct VersionAnswer {
 /// The payload of an answer with nothing more to say (`unwatch`, `events`): `{}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Done {}
+
+/// The payload of a successful `stats` answer: `{"stats":…}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatsAnswer {
+    /// The agent's counters and gauges.
+    pub stats: AgentStats,
+}
+
+/// One cumulative bucket: how many observations were at most `le_us` (`None`: all of them).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Bucket {
+    /// The bucket's upper bound in microseconds; `null` for the last one (`+Inf`).
+    pub le_us: Option<u64>,
+    /// Observations at most `le_us`, cumulative.
+    pub count: u64,
+}
+
+/// A histogram as reported, in microseconds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LatencySummary {
+    /// Cumulative buckets, in increasing bound.
+    pub buckets: Vec<Bucket>,
+    /// The sum of every observation, in microseconds.
+    pub sum_us: u64,
+    /// How many observations.
+    pub count: u64,
+}
+
+/// Proofs made since the agent started, by cause.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct ProofCounts {
+    /// Proofs with cause `exited`.
+    pub exited: u64,
+    /// Proofs with cause `replaced-after-stop`.
+    pub replaced_after_stop: u64,
+    /// Proofs with cause `restarted-outside`.
+    pub restarted_outside: u64,
+    /// Proofs with cause `rebooted`.
+    pub rebooted: u64,
+}
+
+/// The watches as they stand, by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseCounts {
+    /// Watches in phase `watching`.
+    pub watching: u64,
+    /// Watches in phase `stopping`.
+    pub stopping: u64,
+    /// Proven watches still listed.
+    pub proven: u64,
+}
+
+/// The core's figures, counters and gauges, as the `stats` answer carries them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoreStats {
+    /// The watches by phase.
+    pub watches: PhaseCounts,
+    /// Unproven units whose invocation is terminal while their cgroup was last read populated.
+    pub blocked: u64,
+    /// Proofs made since the agent started, by cause.
+    pub proofs: ProofCounts,
+    /// Safety-net relists of every unit since the agent started.
+    pub resyncs: u64,
+    /// From the core learning of systemd's terminal state of an invocation to its proof.
+    pub proof_latency: LatencySummary,
+}
+
+/// The inotify instance.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InotifyStats {
+    /// Watches held now (a watched cgroup's `cgroup.events` and its parent directory, which
+    /// sibling units share).
+    pub watches: u64,
+    /// Times the kernel dropped inotify events.
+    pub overflows: u64,
+}
+
+/// Everything `stats` answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStats {
+    /// The core's figures, flattened into the answer.
+    #[serde(flatten)]
+    pub core: CoreStats,
+    /// Connections to the bus taken into use after the first.
+    pub bus_reconnects: u64,
+    /// The inotify instance.
+    pub inotify: InotifyStats,
+}

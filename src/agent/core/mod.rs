@@ -28,7 +28,7 @@ mod facts;
 mod persist;
 mod proven;
 mod requests;
-mod stats;
+pub(crate) mod stats;
 mod systemd;
 #[cfg(test)]
 mod tests;
@@ -40,9 +40,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 pub use crate::cgroup::procs::NextInvocation;
+pub use crate::control::wire::CoreStats;
 pub use event::{ProofEvent, WatchView};
 use persist::Unsaved;
-pub use stats::{Bucket, CoreStats, LATENCY_BOUNDS_US, LatencySummary, PhaseCounts, ProofCounts};
 use waiters::Waiters;
 use watch::{Watch, Watches};
 

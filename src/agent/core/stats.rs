@@ -5,10 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-
 use super::Core;
 use crate::cgroup::CgroupReading;
+use crate::control::wire::{Bucket, CoreStats, LatencySummary, PhaseCounts, ProofCounts};
 use crate::proof::{Cause, Phase};
 
 /// The upper bounds of the proof-latency histogram's buckets, in microseconds; a last bucket
@@ -74,31 +73,6 @@ impl Histogram {
     }
 }
 
-/// One cumulative bucket: how many observations were at most `le_us` (`None`: all of them).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Bucket {
-    pub le_us: Option<u64>,
-    pub count: u64,
-}
-
-/// A histogram as reported, in microseconds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct LatencySummary {
-    pub buckets: Vec<Bucket>,
-    pub sum_us: u64,
-    pub count: u64,
-}
-
-/// Proofs made since the agent started, by cause.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub struct ProofCounts {
-    pub exited: u64,
-    pub replaced_after_stop: u64,
-    pub restarted_outside: u64,
-    pub rebooted: u64,
-}
-
 impl ProofCounts {
     fn count(&mut self, cause: Cause) {
         let counter = match cause {
@@ -106,17 +80,11 @@ impl ProofCounts {
             Cause::ReplacedAfterStop => &mut self.replaced_after_stop,
             Cause::RestartedOutside => &mut self.restarted_outside,
             Cause::Rebooted => &mut self.rebooted,
+            // Only a client reading a newer agent's cause has it; this core never makes it.
+            Cause::Other => return,
         };
         *counter += 1;
     }
-}
-
-/// The watches as they stand, by phase.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct PhaseCounts {
-    pub watching: u64,
-    pub stopping: u64,
-    pub proven: u64,
 }
 
 /// What the core counts as it goes.
@@ -125,18 +93,6 @@ pub struct Counters {
     proofs: ProofCounts,
     resyncs: u64,
     latency: Histogram,
-}
-
-/// The core's figures, counters and gauges, as the `stats` answer carries them.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CoreStats {
-    pub watches: PhaseCounts,
-    /// Unproven units whose invocation is terminal while their cgroup was last read populated.
-    pub blocked: u64,
-    pub proofs: ProofCounts,
-    pub resyncs: u64,
-    /// From the core learning of systemd's terminal state of an invocation to its proof.
-    pub proof_latency: LatencySummary,
 }
 
 impl Core {

@@ -46,7 +46,10 @@ impl Script {
     }
 
     fn restored(state: AgentState, boot_id: &str) -> Script {
-        let config = config(boot_id);
+        Script::with_config(config(boot_id), state)
+    }
+
+    fn with_config(config: CoreConfig, state: AgentState) -> Script {
         let now = config.clock_anchor.0;
         let mut script = Script {
             core: Core::new(config, state, now),

@@ -1,8 +1,9 @@
 use std::os::unix::fs::MetadataExt;
 
 use super::*;
-use crate::agent::core::{Bucket, CoreStats, LATENCY_BOUNDS_US};
+use crate::agent::core::stats::LATENCY_BOUNDS_US;
 use crate::agent::stats::DriverCounters;
+use crate::control::wire::{Bucket, CoreStats};
 
 fn sample() -> AgentStats {
     let mut buckets: Vec<Bucket> = LATENCY_BOUNDS_US
@@ -17,13 +18,13 @@ fn sample() -> AgentStats {
         count: 3,
     });
     let core = CoreStats {
-        watches: crate::agent::core::PhaseCounts {
+        watches: crate::control::wire::PhaseCounts {
             watching: 4,
             stopping: 1,
             proven: 2,
         },
         blocked: 1,
-        proofs: crate::agent::core::ProofCounts {
+        proofs: crate::control::wire::ProofCounts {
             exited: 2,
             replaced_after_stop: 1,
             restarted_outside: 0,

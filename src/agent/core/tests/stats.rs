@@ -87,16 +87,7 @@ fn a_watch_from_another_boot_counts_as_rebooted() {
 fn each_safety_net_relist_is_counted() {
     let mut config = config("boot-1");
     config.resync_interval = Some(Duration::from_secs(60));
-    let now = config.clock_anchor.0;
-    let mut s = Script {
-        core: Core::new(config, AgentState::default(), now),
-        now,
-        cgroups: HashMap::new(),
-        leftovers: HashMap::new(),
-        counted_against: None,
-        outputs: Vec::new(),
-        serial: 100,
-    };
+    let mut s = Script::with_config(config, AgentState::default());
     s.pass(Duration::from_secs(59));
     assert_eq!(stats(&mut s).resyncs, 0);
     s.pass(Duration::from_secs(1));
@@ -111,10 +102,13 @@ fn the_latency_histogram_puts_a_bound_in_its_own_bucket_and_the_rest_past_the_la
     histogram.observe(Duration::from_micros(101));
     histogram.observe(Duration::from_secs(3600));
     let summary = histogram.summary();
-    assert_eq!(summary.buckets.len(), LATENCY_BOUNDS_US.len() + 1);
+    assert_eq!(
+        summary.buckets.len(),
+        super::super::stats::LATENCY_BOUNDS_US.len() + 1
+    );
     assert_eq!(summary.buckets[0].count, 1, "le is inclusive");
     assert_eq!(summary.buckets[1].count, 2);
-    let last_bound = summary.buckets[LATENCY_BOUNDS_US.len() - 1].count;
+    let last_bound = summary.buckets[super::super::stats::LATENCY_BOUNDS_US.len() - 1].count;
     assert_eq!(last_bound, 2);
     assert_eq!(summary.buckets.last().map(|b| b.count), Some(3));
     assert_eq!(summary.count, 3);
