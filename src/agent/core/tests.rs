@@ -45,6 +45,18 @@ impl Script {
         Script::restored(AgentState::default(), "boot-1")
     }
 
+    /// `g.service` watched as generation 3 with its launch file, read active with invocation
+    /// `A` and a populated cgroup.
+    fn watching_generation_3() -> Script {
+        let mut s = Script::new();
+        s.input(Input::BusUp);
+        s.cgroups
+            .insert("/app.slice/g.service".into(), CgroupReading::Populated);
+        s.request(r#"{"cmd":"watch","unit":"g.service","gen":3,"launch_file":"/run/g/launch-3"}"#);
+        s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/g.service")));
+        s
+    }
+
     fn restored(state: AgentState, boot_id: &str) -> Script {
         Script::with_config(config(boot_id), state)
     }
@@ -441,12 +453,7 @@ fn a_watch_made_with_an_alias_adopts_the_invocation_read_after_the_name_resolved
 
 #[test]
 fn replaced_after_stop_releases_no_generation_files() {
-    let mut s = Script::new();
-    s.input(Input::BusUp);
-    s.cgroups
-        .insert("/app.slice/g.service".into(), CgroupReading::Populated);
-    s.request(r#"{"cmd":"watch","unit":"g.service","gen":3,"launch_file":"/run/g/launch-3"}"#);
-    s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/g.service")));
+    let mut s = Script::watching_generation_3();
     s.request(r#"{"cmd":"stop","unit":"g.service"}"#);
     assert_eq!(
         s.stops(),
@@ -489,12 +496,7 @@ fn the_final_stop_waits_for_a_read_after_the_proof_and_reaches_only_a_loaded_uni
     // An unloaded unit holds nothing to stop, and a StopUnit would load it under whatever
     // name it goes by by then: an alias of a unit started since (found by the simulator).
     for loaded in [true, false] {
-        let mut s = Script::new();
-        s.input(Input::BusUp);
-        s.cgroups
-            .insert("/app.slice/g.service".into(), CgroupReading::Populated);
-        s.request(r#"{"cmd":"watch","unit":"g.service","gen":3,"launch_file":"/run/g/launch-3"}"#);
-        s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/g.service")));
+        let mut s = Script::watching_generation_3();
         s.cgroups
             .insert("/app.slice/g.service".into(), CgroupReading::Empty);
         s.changed("g.service", "failed", A);
@@ -853,12 +855,7 @@ fn the_last_leftover_exiting_is_counted_again_for_what_it_forked() {
 fn a_generations_proof_is_saved_before_its_files_go_and_anyone_is_told() {
     // The driver carries out nothing after a save that failed, so what follows the save may
     // rely on it: an agent stopped there releases nothing and tells nobody.
-    let mut s = Script::new();
-    s.input(Input::BusUp);
-    s.cgroups
-        .insert("/app.slice/g.service".into(), CgroupReading::Populated);
-    s.request(r#"{"cmd":"watch","unit":"g.service","gen":3,"launch_file":"/run/g/launch-3"}"#);
-    s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/g.service")));
+    let mut s = Script::watching_generation_3();
     s.request(r#"{"cmd":"wait","unit":"g.service"}"#);
     s.take();
     s.cgroups
