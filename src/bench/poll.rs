@@ -1,11 +1,11 @@
 //! The polling contender: the design exitproof replaces, implemented inside the bench as a
 //! baseline and labelled as such. It is not a mode of the agent.
 //!
-//! Faithful to the seed: every watched unit is polled every interval; its state comes from a
-//! spawned `systemctl show -p ActiveState -p InvocationID UNIT` (the seed's default
-//! `systemctlUnitState`), its cgroup from a read of `cgroup.events`, and the decision from the
-//! very same rules (it drives a [`UnitProof`] per unit). The seed ran one goroutine per unit;
-//! here each round spawns the `systemctl`s of every unwatched-yet-unproven unit at once.
+//! Faithful to that design (docs/replaced-design.md): every watched unit is polled every
+//! interval; its state comes from a spawned `systemctl show -p ActiveState -p InvocationID UNIT`,
+//! its cgroup from a read of `cgroup.events`, and the decision from the very same rules (it
+//! drives a [`UnitProof`] per unit). That design ran one goroutine per unit; here each round
+//! spawns the `systemctl`s of every unwatched-yet-unproven unit at once.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use super::BenchError;
 use crate::agent::monotonic_ns;
-use crate::cgroup::{CgroupReading, parse_populated};
+use crate::cgroup::read_events_file;
 use crate::proof::{Input, Output, UnitProof, UnitState};
 use crate::systemd::Bus;
 
@@ -138,14 +138,14 @@ fn poll_loop(bus: Bus, interval: Duration, shared: &Mutex<Shared>, stop: &Atomic
                 .ok()
                 .filter(|out| out.status.success())
                 .and_then(|out| parse_show(&String::from_utf8_lossy(&out.stdout)));
-            // A failed systemctl is not a state: the seed logs it and decides nothing.
+            // A failed systemctl is not a state: it is logged and decides nothing.
             let Some(state) = state else { continue };
             let now = Instant::now();
             unit.proof.handle_input(Input::State(state), now);
             while let Some(output) = unit.proof.poll_output() {
                 match output {
                     Output::ReadCgroup => {
-                        let reading = read_events(&unit.cgroup_dir);
+                        let reading = read_events_file(&unit.cgroup_dir.join("cgroup.events"));
                         unit.proof.handle_input(Input::Cgroup(reading), now);
                     }
                     Output::Proven(_) => proven.push((unit.unit.clone(), monotonic_ns())),
@@ -174,26 +174,6 @@ fn parse_show(text: &str) -> Option<UnitState> {
         active_state: active_state?,
         invocation: invocation?,
     })
-}
-
-/// The seed's `cgroupEventsUnder`: a read of `cgroup.events`, gone on ENOENT or ENODEV.
-fn read_events(dir: &std::path::Path) -> CgroupReading {
-    match std::fs::read(dir.join("cgroup.events")) {
-        Ok(bytes) => match parse_populated(&bytes) {
-            Ok(true) => CgroupReading::Populated,
-            Ok(false) => CgroupReading::Empty,
-            Err(e) => CgroupReading::Unreadable(e.to_string()),
-        },
-        Err(e)
-            if matches!(
-                e.raw_os_error().map(nix::errno::Errno::from_raw),
-                Some(nix::errno::Errno::ENOENT | nix::errno::Errno::ENODEV)
-            ) =>
-        {
-            CgroupReading::Gone
-        }
-        Err(e) => CgroupReading::Unreadable(e.to_string()),
-    }
 }
 
 #[cfg(test)]

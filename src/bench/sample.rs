@@ -82,7 +82,7 @@ pub struct UnitSample {
     pub t_signal_ns: Option<u64>,
     /// When the exitproof agent proved it (`proven_mono_ns`).
     pub t_event_ns: Option<u64>,
-    /// When the polling contender (the seed's algorithm) proved it.
+    /// When the polling contender (the replaced design) proved it.
     pub t_poll_ns: Option<u64>,
 }
 

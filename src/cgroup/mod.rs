@@ -13,9 +13,9 @@ use std::io;
 use std::path::PathBuf;
 
 pub use events::CgroupReading;
-#[cfg(feature = "bench")]
-pub use events::parse_populated;
 pub use mount::cgroup2_mount;
+#[cfg(feature = "bench")]
+pub use watcher::read_events_file;
 pub use watcher::{CgroupWatcher, Notice};
 
 /// Where the kernel's limit on inotify watches per user is set; named in [`CgroupError::WatchLimit`].

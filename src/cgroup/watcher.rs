@@ -505,7 +505,7 @@ fn classify_add_error(path: &Path, error: io::Error) -> Result<(), CgroupError> 
 
 /// Reads a `cgroup.events` file now. A missing file (or a cgroup being removed, ENODEV) is
 /// [`CgroupReading::Gone`]; any other failure is [`CgroupReading::Unreadable`], naming the path.
-fn read_events_file(path: &Path) -> CgroupReading {
+pub fn read_events_file(path: &Path) -> CgroupReading {
     let mut contents = Vec::new();
     // One byte more than allowed, to tell a full-size file from an oversized one.
     let limit = MAX_EVENTS_FILE_BYTES as u64 + 1;

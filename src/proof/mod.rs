@@ -11,7 +11,7 @@
 //!
 //! | systemd says (with `stop` = a stop of ours was requested) | then |
 //! |---|---|
-//! | `stop`, not terminal, invocation foreign or empty | read the cgroup; if populated, count the processes not certainly the new invocation's (stricter than the Go design, which proved at once) |
+//! | `stop`, not terminal, invocation foreign or empty | read the cgroup; if populated, count the processes not certainly the new invocation's (stricter than the replaced design, which proved at once) |
 //! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
 //! | terminal, or foreign and stopped by us | read the cgroup |
 //! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside |
@@ -39,7 +39,8 @@ use serde::{Deserialize, Serialize};
 
 pub use crate::cgroup::CgroupReading;
 
-/// How often a repeated condition may be logged for one unit (the seed's rate limit).
+/// How often a repeated condition may be logged for one unit: one line per condition per
+/// interval, however often the facts repeat it.
 pub const LOG_INTERVAL: Duration = Duration::from_secs(2);
 /// The first wait before a cgroup that could not be read is read again.
 pub const RETRY_FIRST: Duration = Duration::from_millis(50);
@@ -82,7 +83,7 @@ pub enum Input {
     StateUnknown,
     /// A read of the unit's cgroup, made when it was handed in.
     Cgroup(CgroupReading),
-    /// The owner asks for the unit to be stopped (the seed's `Stop`).
+    /// The owner asks for the unit to be stopped: marked stop-requested first, then StopUnit.
     StopRequested,
     /// The machine rebooted since the invocation was watched: every process of it died with
     /// the machine, whatever systemd says of the unit now.
@@ -165,7 +166,7 @@ pub enum Output {
     /// invocation's), follow them until they exit, and hand the count back as
     /// [`Input::Leftovers`] whenever it changes.
     CountLeftovers,
-    /// Log this line (already rate-limited where the seed rate-limits it).
+    /// Log this line (already rate-limited to one per [`LOG_INTERVAL`] where it repeats).
     Log(Level, String),
     /// The invocation is proven over. Emitted exactly once; nothing follows it.
     Proven(Proof),
@@ -216,7 +217,7 @@ impl Retry {
     }
 }
 
-/// How the seed classifies a state against our invocation.
+/// How a state is classified against our invocation: terminal or not, ours or foreign.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Verdict {
     terminal: bool,
@@ -350,7 +351,7 @@ impl UnitProof {
             Input::Rebooted => self.prove(Cause::Rebooted, Level::Warn, REBOOTED.into()),
             Input::Leftovers(count) => self.on_leftovers(count, now),
             Input::StopRequested => {
-                // Marked before the StopUnit goes out, as in the seed: from here on a new
+                // Marked before the StopUnit goes out: from here on a new
                 // invocation is proof that ours is over, not a foreign one to stop.
                 self.stop_requested = true;
                 self.outputs

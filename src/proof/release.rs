@@ -1,5 +1,6 @@
-//! What a generation's watch releases once, and only once, its proof is in: the seed's
-//! `finaliseGen`, as a pure state machine.
+//! What a generation's watch releases once, and only once, its proof is in, as a pure state
+//! machine: the generation's launch file is removed, then one final StopUnit is sent unless a
+//! stop of ours already succeeded, decided only once no stop of ours is still in flight.
 //!
 //! A generation (a unit whose number is never reused) leaves files behind: its launch file,
 //! which the agent removes, and the control side's drop-in and layout, which a StopUnit of the

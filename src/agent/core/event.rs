@@ -28,9 +28,10 @@ pub fn systemd_record(exit: &ServiceExit) -> ExitRecord {
     }
 }
 
-/// The wording of a terminal proof: from the record when the watch names one (whatever the
-/// read gave, the seed's rule), else from systemd's own exit status. Level and message come
-/// from the same value, so they cannot disagree.
+/// The wording of a terminal proof: from the record when the watch names one, whatever its
+/// read gave (a missing or unreadable record is worded as such, never replaced by systemd's
+/// status), else from systemd's own exit status. Level and message come from the same value,
+/// so they cannot disagree.
 pub fn terminal_wording(
     names_record: bool,
     record: Option<&ExitRecord>,
