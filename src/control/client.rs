@@ -161,12 +161,7 @@ impl Client {
         unit: &UnitName,
         timeout: Option<Duration>,
     ) -> Result<ProofEvent, ControlError> {
-        let args = WaitArgs {
-            unit: unit.clone(),
-            timeout,
-        };
-        self.call::<EventAnswer>(Command::Wait(args))
-            .map(|answer| answer.event)
+        self.proof(Command::Wait, unit, timeout)
     }
 
     /// Stops the unit (a stop of ours requested, then systemd's StopUnit) and waits for its
@@ -176,11 +171,21 @@ impl Client {
         unit: &UnitName,
         timeout: Option<Duration>,
     ) -> Result<ProofEvent, ControlError> {
+        self.proof(Command::Stop, unit, timeout)
+    }
+
+    /// Sends `wait` or `stop` (`command`) and reads the proof it answers with.
+    fn proof(
+        &mut self,
+        command: fn(WaitArgs) -> Command,
+        unit: &UnitName,
+        timeout: Option<Duration>,
+    ) -> Result<ProofEvent, ControlError> {
         let args = WaitArgs {
             unit: unit.clone(),
             timeout,
         };
-        self.call::<EventAnswer>(Command::Stop(args))
+        self.call::<EventAnswer>(command(args))
             .map(|answer| answer.event)
     }
 
