@@ -112,6 +112,13 @@ pub fn default_socket(bus: Bus) -> PathBuf {
     }
 }
 
+// A subcommand that asks the agent, with its output for people and for programs (--json):
+// 1. the request: a `Command` variant in `control::protocol`, its answer's payload in
+//    `control::wire` (the agent serializes it, the client reads it back);
+// 2. a typed `Client` method in `control::client` returning that value;
+// 3. a variant here, and its arm in `run`: call the client, hand the result to `print`;
+// 4. `impl Render` for the result in `cli/render.rs`: its line(s) for a person, tested there, and
+//    its JSON line(s), the agent's own values.
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Run the agent in the foreground (logs to stderr; RUST_LOG sets the level).

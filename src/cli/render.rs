@@ -315,21 +315,23 @@ mod tests {
         }
     }
 
+    /// A watch as the agent sends it: the CLI renders what it decoded from such a line.
     fn view(unit: &str) -> WatchView {
-        WatchView {
-            unit: unit.to_owned(),
-            invocation: Some(INVOCATION.to_owned()),
-            active_state: Some("active".to_owned()),
-            sub_state: Some("running".to_owned()),
-            populated: Some(true),
-            phase: Phase::Watching,
-            stop_requested: false,
-            run_dir: None,
-            record: None,
-            generation: None,
-            launch_file: None,
-            proof: None,
-        }
+        let line = serde_json::json!({
+            "unit": unit,
+            "invocation": INVOCATION,
+            "active_state": "active",
+            "sub_state": "running",
+            "populated": true,
+            "phase": "watching",
+            "stop_requested": false,
+            "run_dir": null,
+            "record": null,
+            "gen": null,
+            "launch_file": null,
+            "proof": null,
+        });
+        serde_json::from_value(line).expect("a watch view")
     }
 
     fn proven(unit: &str, proven_mono_ns: u64) -> WatchView {

@@ -161,12 +161,7 @@ impl Client {
         unit: &UnitName,
         timeout: Option<Duration>,
     ) -> Result<ProofEvent, ControlError> {
-        let args = WaitArgs {
-            unit: unit.clone(),
-            timeout,
-        };
-        self.call::<EventAnswer>(Command::Wait(args))
-            .map(|answer| answer.event)
+        self.proof(Command::Wait, unit, timeout)
     }
 
     /// Stops the unit (a stop of ours requested, then systemd's StopUnit) and waits for its
@@ -176,11 +171,21 @@ impl Client {
         unit: &UnitName,
         timeout: Option<Duration>,
     ) -> Result<ProofEvent, ControlError> {
+        self.proof(Command::Stop, unit, timeout)
+    }
+
+    /// Sends `wait` or `stop` (`command`) and reads the proof it answers with.
+    fn proof(
+        &mut self,
+        command: fn(WaitArgs) -> Command,
+        unit: &UnitName,
+        timeout: Option<Duration>,
+    ) -> Result<ProofEvent, ControlError> {
         let args = WaitArgs {
             unit: unit.clone(),
             timeout,
         };
-        self.call::<EventAnswer>(Command::Stop(args))
+        self.call::<EventAnswer>(command(args))
             .map(|answer| answer.event)
     }
 
@@ -235,12 +240,20 @@ impl Client {
     /// Reads the next answer and decodes its payload as `T` (a [`wire`](super::wire) answer such
     /// as [`WatchAnswer`]); an error answer is [`ControlError::Refused`].
     pub fn receive<T: DeserializeOwned>(&mut self) -> Result<T, ControlError> {
+        let line = self.answer_line()?;
+        self.decode(&line)
+    }
+
+    /// Reads the next answer: its line when it succeeded, the refusal when not. Apart from
+    /// [`Client::receive`], which is instantiated once per answer type, so that only the
+    /// payload's decoding is.
+    fn answer_line(&mut self) -> Result<String, ControlError> {
         let line = self.read_raw()?.ok_or_else(|| ControlError::Disconnected {
             path: self.path.clone(),
         })?;
         let envelope: Envelope = self.decode(&line)?;
         match (envelope.ok, envelope.error) {
-            (true, _) => self.decode(&line),
+            (true, _) => Ok(line),
             (false, Some(ErrorBody { kind, message })) => Err(ControlError::Refused {
                 path: self.path.clone(),
                 kind,
@@ -282,7 +295,7 @@ impl Client {
 
     /// Reads the next whole line, newline included; `Ok(None)` when the agent closed the
     /// connection cleanly between lines.
-    fn read_raw(&mut self) -> Result<Option<Vec<u8>>, ControlError> {
+    fn read_raw(&mut self) -> Result<Option<String>, ControlError> {
         self.read_line()?;
         if self.partial.is_empty() {
             return Ok(None);
@@ -290,11 +303,15 @@ impl Client {
         if self.partial.last() != Some(&b'\n') {
             return Err(self.bad_response("connection closed in the middle of a line".to_owned()));
         }
-        Ok(Some(std::mem::take(&mut self.partial)))
+        String::from_utf8(std::mem::take(&mut self.partial))
+            .map(Some)
+            .map_err(|e| self.bad_response(format!("not UTF-8: {e}")))
     }
 
-    fn decode<T: DeserializeOwned>(&self, line: &[u8]) -> Result<T, ControlError> {
-        serde_json::from_slice(line).map_err(|e| self.bad_response(e.to_string()))
+    fn decode<T: DeserializeOwned>(&self, line: &str) -> Result<T, ControlError> {
+        // From text, not bytes: the agent decodes the events of its state file from text, and
+        // one parser per type serves both (the binary is also the agent's).
+        serde_json::from_str(line).map_err(|e| self.bad_response(e.to_string()))
     }
 
     fn bad_response(&self, message: String) -> ControlError {

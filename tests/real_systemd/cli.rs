@@ -76,11 +76,31 @@ fn the_cli_prints_lines_and_a_table_for_people() {
     assert_eq!(units.len(), 1, "{json}");
     assert_eq!(units[0]["unit"], "people.service");
     assert_eq!(units[0]["invocation"], ours.as_str());
+    // Byte for byte the lines the CLI printed before it printed for people: each of the agent's
+    // values as one JSON line, keys sorted.
+    let mut raw = agent.connect();
+    let listed = raw.request(&json!({"cmd": "list"}));
+    assert_eq!(json, format!("{}\n", listed["units"][0]), "{listed}");
+    assert_eq!(
+        stdout(&agent, &["--json", "watch", "people.service"]),
+        format!("{}\n", listed["units"][0])
+    );
 
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "people.service"]);
     let line = stdout(&agent, &["wait", "people.service", "--timeout", "30s"]);
     let event = agent.one(&["wait", "people.service"]);
     assert_eq!(event["unit"], "people.service", "{event}");
+    let told = raw.request(&json!({"cmd": "stop", "unit": "people.service"}));
+    for args in [
+        ["stop", "people.service", "--json"],
+        ["--json", "wait", "people.service"],
+    ] {
+        assert_eq!(
+            stdout(&agent, &args),
+            format!("{}\n", told["event"]),
+            "{args:?}"
+        );
+    }
     assert_eq!(
         line,
         format!(
