@@ -18,6 +18,7 @@ pub mod cli;
 pub mod control;
 pub mod duration;
 pub mod exit;
+pub mod journald;
 pub mod memory;
 pub mod proof;
 #[cfg(any(test, feature = "bench"))]

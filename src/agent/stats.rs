@@ -24,6 +24,13 @@ pub struct InotifyStats {
     pub overflows: u64,
 }
 
+/// The agent's records sent to journald's native socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct JournaldStats {
+    /// Records dropped because journald's socket was full (the loop never waits on it).
+    pub dropped: u64,
+}
+
 /// Everything `stats` answers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct AgentStats {
@@ -31,16 +38,26 @@ pub struct AgentStats {
     pub core: CoreStats,
     pub bus_reconnects: u64,
     pub inotify: InotifyStats,
+    /// Structured logging to journald.
+    pub journald: JournaldStats,
 }
 
 impl AgentStats {
-    pub fn new(core: CoreStats, counters: DriverCounters, inotify_watches: usize) -> AgentStats {
+    pub fn new(
+        core: CoreStats,
+        counters: DriverCounters,
+        inotify_watches: usize,
+        journald_dropped: u64,
+    ) -> AgentStats {
         AgentStats {
             core,
             bus_reconnects: counters.bus_reconnects,
             inotify: InotifyStats {
                 watches: u64::try_from(inotify_watches).unwrap_or(u64::MAX),
                 overflows: counters.inotify_overflows,
+            },
+            journald: JournaldStats {
+                dropped: journald_dropped,
             },
         }
     }

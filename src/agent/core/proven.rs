@@ -139,7 +139,9 @@ impl Core {
             crate::proof::Level::Info => log::Level::Info,
             crate::proof::Level::Warn => log::Level::Warn,
         };
-        self.log(
+        self.log_about(
+            key,
+            Some(event.cause),
             level,
             format!(
                 "{}: proven: {} ({:?})",

@@ -205,7 +205,12 @@ impl Core {
                     // Only a client's own new watch may be refused.
                     self.fail_watch(key, &message);
                 } else {
-                    self.log(log::Level::Warn, format!("{message}; reading it again"));
+                    self.log_about(
+                        key,
+                        None,
+                        log::Level::Warn,
+                        format!("{message}; reading it again"),
+                    );
                     self.retry_later(key, now);
                 }
                 return;
@@ -349,7 +354,9 @@ impl Core {
                     self.fail_watch(key, &message);
                     return;
                 }
-                self.log(
+                self.log_about(
+                    key,
+                    None,
                     log::Level::Error,
                     format!("{message}; trying again (until then only reads prove it)"),
                 );
@@ -367,7 +374,7 @@ impl Core {
     /// watched: everyone waiting on it gets the error, nothing of it stays, and its
     /// generation number is not used up.
     pub(super) fn fail_watch(&mut self, key: UnitKey, message: &str) {
-        self.log(log::Level::Warn, message.to_owned());
+        self.log_about(key, None, log::Level::Warn, message.to_owned());
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
@@ -415,7 +422,7 @@ impl Core {
                 first_read,
             }));
             self.dirty = true;
-            self.log(log::Level::Info, line);
+            self.log_about(key, None, log::Level::Info, line);
             if final_stop {
                 self.read_unit(key);
             } else {
@@ -436,7 +443,7 @@ impl Core {
         }
         let unit = watch.id.clone();
         let line = format!("{}: stopping ({kind})", watch.unit);
-        self.log(log::Level::Info, line);
+        self.log_about(key, None, log::Level::Info, line);
         self.outputs.push_back(Output::StopUnit { key, unit, kind });
     }
 
@@ -484,7 +491,7 @@ impl Core {
                 "{}: stop ({kind}) not sent: the unit is {now_runs} now",
                 watch.unit
             );
-            self.log(log::Level::Info, line);
+            self.log_about(key, None, log::Level::Info, line);
         }
     }
 
@@ -503,7 +510,7 @@ impl Core {
                 format!("{}: stop ({kind}) failed", watch.unit),
             )
         };
-        self.log(line.0, line.1);
+        self.log_about(key, None, line.0, line.1);
         self.release(key, ReleaseInput::StopFinished { succeeded });
         self.dirty = true;
     }
