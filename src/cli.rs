@@ -165,6 +165,11 @@ enum Cmd {
     Version,
     /// Print the agent's counters and gauges as one JSON line.
     Stats,
+    /// Print a watched unit's watch, its facts and what blocks its proof, as one JSON line.
+    Status {
+        #[arg(value_parser = parse_unit)]
+        unit: UnitName,
+    },
     /// Print the completion script for a shell, generated from this command line's definition.
     #[cfg(feature = "docs")]
     Completions { shell: clap_complete::Shell },
@@ -303,6 +308,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             // The CLI's own version is worth printing even when the agent cannot be asked.
             print_line(&json!({"cli": env!("CARGO_PKG_VERSION"), "agent": agent.as_ref().ok()}))?;
             agent?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Status { unit } => {
+            let response = call(&socket, &json!({"cmd": "status", "unit": unit.as_str()}))?;
+            print_line(&response["status"])?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Stats => {

@@ -11,6 +11,7 @@ mod bus;
 pub mod core;
 pub mod dirs;
 mod metrics;
+mod remaining;
 #[cfg(test)]
 mod sim;
 pub mod state;
@@ -542,7 +543,10 @@ impl Agent {
                     self.server
                         .send_streamed(self.poll.registry(), to.client, reply);
                 }
-                Output::Reply { to, answer } => {
+                Output::Reply { to, mut answer } => {
+                    if let Answer::Status(status) = &mut answer {
+                        remaining::add_remaining(&self.cgroup_root, status);
+                    }
                     let line = answer_line(to.id, answer, |core| self.stats(core));
                     self.server.send(self.poll.registry(), to.client, &line);
                 }
@@ -814,6 +818,7 @@ fn answer_line(
         Answer::Units(views) => ok(id, "units", &views),
         Answer::Version(version) => ok(id, "version", &version),
         Answer::Stats(core) => ok(id, "stats", &stats(*core)),
+        Answer::Status(status) => ok(id, "status", &status),
         Answer::Error(kind, message) => Response::error(id, kind, message).to_line(),
     }
 }

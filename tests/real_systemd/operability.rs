@@ -39,6 +39,10 @@ pub const TESTS: &[Test] = &[
         "under_journald_a_proof_is_logged_with_the_units_fields",
         under_journald_a_proof_is_logged_with_the_units_fields,
     ),
+    (
+        "status_names_the_process_that_blocks_the_proof",
+        status_names_the_process_that_blocks_the_proof,
+    ),
 ];
 
 fn stats(agent: &Agent) -> Value {
@@ -329,4 +333,59 @@ fn under_journald_a_proof_is_logged_with_the_units_fields() {
         "the proof went to the journal's socket, not down the stream: {}",
         agent.log_text()
     );
+}
+
+fn status_names_the_process_that_blocks_the_proof() {
+    let sandbox = Sandbox::start("status");
+    let agent = Agent::start(&sandbox);
+    // The main process leaves a child behind (KillMode=process): the unit is over for
+    // systemd, not for the proof.
+    let script = format!(
+        "sleep 1000 & echo $! > /run/blocker.pid; {}",
+        exit_when("/run/blocker.go", 0)
+    );
+    run_unit(
+        &sandbox,
+        "blocker.service",
+        &["-p", "KillMode=process"],
+        &["sh", "-c", &script],
+    );
+    agent.one(&["watch", "blocker.service"]);
+    let running = agent.one(&["status", "blocker.service"]);
+    assert_eq!(running["blocked"], false, "{running}");
+    assert_eq!(running["watch"]["phase"], "watching", "{running}");
+    let cgroup = sandbox.show("blocker.service", "ControlGroup");
+    assert_eq!(running["cgroup"], cgroup.as_str(), "{running}");
+
+    std::fs::write(sandbox.host_path("/run/blocker.go"), "").expect("write the go file");
+    sandbox.wait_until("the main process exits", PATIENCE, || {
+        let state = sandbox.show("blocker.service", "ActiveState");
+        state == "inactive" || state == "failed"
+    });
+    agent.barrier();
+    let pid: i64 = std::fs::read_to_string(sandbox.host_path("/run/blocker.pid"))
+        .expect("the pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let blocked = agent.one(&["status", "blocker.service"]);
+    assert_eq!(blocked["blocked"], true, "{blocked}");
+    assert!(
+        blocked["terminal_since_mono_ns"].as_u64() > Some(0),
+        "{blocked}"
+    );
+    assert!(blocked["terminal_for_ms"].is_u64(), "{blocked}");
+    assert_eq!(blocked["remaining_total"], 1, "{blocked}");
+    let process = &blocked["remaining"][0];
+    assert_eq!(process["pid"], pid, "{blocked}");
+    assert_eq!(process["comm"], "sleep", "{blocked}");
+    assert_eq!(process["state"], "S", "{blocked}");
+    assert_eq!(process["cgroup"], cgroup.as_str(), "{blocked}");
+
+    sandbox.run("kill", &["-KILL", &pid.to_string()]);
+    agent.one(&["wait", "blocker.service", "--timeout", PATIENCE_ARG]);
+    let proven = agent.one(&["status", "blocker.service"]);
+    assert_eq!(proven["blocked"], false, "{proven}");
+    assert_eq!(proven["remaining"], Value::Null, "{proven}");
+    assert_eq!(proven["watch"]["phase"], "proven", "{proven}");
 }

@@ -28,6 +28,7 @@ mod persist;
 mod proven;
 mod requests;
 mod stats;
+mod status;
 mod systemd;
 #[cfg(test)]
 mod tests;
@@ -41,6 +42,7 @@ use std::time::{Duration, Instant};
 pub use crate::cgroup::procs::NextInvocation;
 pub use event::{ProofEvent, WatchView};
 pub use stats::{Bucket, CoreStats, LATENCY_BOUNDS_US, LatencySummary, PhaseCounts, ProofCounts};
+pub use status::{MAX_REMAINING, RemainingProcess, UnitStatus};
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -101,6 +103,8 @@ pub enum Answer {
     Version(Version),
     /// The core's figures (`stats`); the driver adds its own.
     Stats(Box<CoreStats>),
+    /// One watch (`status`); the driver lists the processes that block it.
+    Status(Box<UnitStatus>),
     Error(ErrorKind, String),
 }
 

@@ -937,3 +937,4 @@ fn the_log_line_of_a_proof_names_its_unit_invocation_and_cause() {
 }
 
 mod stats;
+mod status;
