@@ -17,6 +17,7 @@ use crate::control::client::Client;
 use crate::control::protocol::parse_invocation_id;
 use crate::duration::{parse_duration, parse_interval};
 use crate::exit::write::{default_record_name, record_from_env, write_record};
+use crate::transient;
 use crate::unit_name::{self, UnitName};
 
 /// Proves that every process of a systemd unit is gone.
@@ -170,6 +171,24 @@ enum Cmd {
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
     },
+    /// Start CMD as a transient service, wait until every process of it is gone, print the
+    /// proof and exit with its main process's exit status (128 + the signal's number if a
+    /// signal ended it).
+    Run {
+        /// The service's name [default: exitproof-run-<random>.service].
+        #[arg(long, value_parser = parse_unit)]
+        unit: Option<UnitName>,
+        /// A property of the service (repeatable): KillMode=process, Environment=VAR=value,
+        /// RuntimeMaxSec=5m, ... (see the README for the ones it can set).
+        #[arg(short = 'p', long = "property", value_name = "NAME=VALUE")]
+        properties: Vec<String>,
+        /// The deadline of each D-Bus call.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        method_timeout: Duration,
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
     /// Print the completion script for a shell, generated from this command line's definition.
     #[cfg(feature = "docs")]
     Completions { shell: clap_complete::Shell },
@@ -315,6 +334,12 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             print_line(&response["status"])?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Run {
+            unit,
+            properties,
+            method_timeout,
+            command,
+        } => run_command(&socket, unit, &properties, &command, method_timeout),
         Cmd::Stats => {
             let response = call(&socket, &json!({"cmd": "stats"}))?;
             print_line(&response["stats"])?;
@@ -368,6 +393,52 @@ fn wait_like(
     check(&response)?;
     print_line(&response["event"])?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `exitproof run`: start, watch the invocation it began, wait for its proof.
+fn run_command(
+    socket: &SocketArgs,
+    unit: Option<UnitName>,
+    properties: &[String],
+    command: &[String],
+    method_timeout: Duration,
+) -> Result<ExitCode, String> {
+    let properties = properties
+        .iter()
+        .map(|p| transient::property(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let unit = match unit {
+        Some(unit) => unit,
+        None => parse_unit(&transient::generated_unit_name().map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?,
+    };
+    // The agent must be there before anything starts.
+    let mut client = connect(socket)?;
+    let started = transient::start(socket.bus(), &unit, properties, command, method_timeout)
+        .map_err(|e| e.to_string())?;
+    let watch = json!({"cmd": "watch", "unit": started.unit, "invocation": started.invocation});
+    let response = client.request(&watch).map_err(|e| e.to_string())?;
+    check(&response)?;
+    let response = client
+        .request(&json!({"cmd": "wait", "unit": started.unit}))
+        .map_err(|e| e.to_string())?;
+    check(&response)?;
+    let event = &response["event"];
+    print_line(event)?;
+    let systemd = &event["systemd"];
+    let status = transient::exit_status(
+        systemd["code"].as_str().unwrap_or(""),
+        systemd["status"].as_str().unwrap_or(""),
+    );
+    drop(started);
+    status.map(ExitCode::from).ok_or_else(|| {
+        format!(
+            "{}: proven gone ({}), but systemd gave no exit status of its main process",
+            unit,
+            event["cause"].as_str().unwrap_or("?")
+        )
+    })
 }
 
 fn connect(socket: &SocketArgs) -> Result<Client, String> {

@@ -25,4 +25,5 @@ pub mod proof;
 mod rng;
 pub mod service;
 pub mod systemd;
+pub mod transient;
 pub mod unit_name;

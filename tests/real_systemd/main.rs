@@ -14,6 +14,7 @@ mod dynamics;
 mod faults;
 mod operability;
 mod records;
+mod run;
 mod sandbox_smoke;
 mod scale;
 
@@ -31,6 +32,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("faults", faults::TESTS),
     ("dynamics", dynamics::TESTS),
     ("operability", operability::TESTS),
+    ("run", run::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).
