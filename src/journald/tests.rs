@@ -112,16 +112,38 @@ fn the_cause_field_is_spelled_as_on_the_wire() {
     }
 }
 
+/// A socket bound where journald's would be (in a temporary directory kept with it), and a
+/// [`Journald`] addressing it.
+struct FakeJournald {
+    dir: tempfile::TempDir,
+    receiver: UnixDatagram,
+    journald: Journald,
+}
+
+impl FakeJournald {
+    fn bind() -> FakeJournald {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let receiver = UnixDatagram::bind(dir.path().join("socket")).expect("bind");
+        let journald = Journald::connect(&dir.path().join("socket")).expect("connect");
+        FakeJournald {
+            dir,
+            receiver,
+            journald,
+        }
+    }
+
+    /// Sends the unit record and returns the fields the receiver got.
+    fn round_trip(&self) -> Vec<(String, Vec<u8>)> {
+        unit_record(|record| assert!(self.journald.send(record).expect("sent")));
+        let mut buffer = vec![0; 4096];
+        let n = self.receiver.recv(&mut buffer).expect("receive");
+        parse(&buffer[..n])
+    }
+}
+
 #[test]
 fn a_record_reaches_a_socket_bound_where_the_journal_would_be() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("socket");
-    let receiver = UnixDatagram::bind(&path).expect("bind");
-    let journal = Journald::connect(&path).expect("connect");
-    unit_record(|record| assert!(journal.send(record).expect("sent")));
-    let mut buffer = vec![0; 4096];
-    let n = receiver.recv(&mut buffer).expect("receive");
-    let fields = parse(&buffer[..n]);
+    let fields = FakeJournald::bind().round_trip();
     assert_eq!(
         field(&fields, "EXITPROOF_UNIT"),
         Some(&b"backup.service"[..])
@@ -134,16 +156,13 @@ fn a_record_reaches_a_socket_bound_where_the_journal_would_be() {
 
 #[test]
 fn a_full_journal_drops_and_counts_instead_of_blocking() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("socket");
-    let _receiver = UnixDatagram::bind(&path).expect("bind");
-    let journal = Journald::connect(&path).expect("connect");
+    let fake = FakeJournald::bind();
     let before = dropped();
     let mut sent = 0;
     // Nobody reads: the receiver's queue fills, and sends stop being taken (never blocking).
     let full = (0..100_000).any(|_| {
         let mut taken = true;
-        unit_record(|record| taken = journal.send(record).expect("no hard error"));
+        unit_record(|record| taken = fake.journald.send(record).expect("no hard error"));
         sent += 1;
         !taken
     });
@@ -160,18 +179,12 @@ fn no_journald_socket_is_an_error_the_caller_falls_back_on() {
 
 #[test]
 fn records_reach_a_journald_restarted_since_the_agent_started() {
-    let dir = tempfile::tempdir().expect("a temp dir");
-    let path = dir.path().join("socket");
-    let first = UnixDatagram::bind(&path).expect("bind");
-    let journal = Journald::connect(&path).expect("connect");
-    drop(first);
+    let mut fake = FakeJournald::bind();
+    let path = fake.dir.path().join("socket");
     std::fs::remove_file(&path).expect("remove the old socket");
-    let restarted = UnixDatagram::bind(&path).expect("bind again");
-    unit_record(|record| assert!(journal.send(record).expect("sent")));
-    let mut buffer = vec![0; 4096];
-    let n = restarted.recv(&mut buffer).expect("receive");
+    fake.receiver = UnixDatagram::bind(&path).expect("bind again");
     assert_eq!(
-        field(&parse(&buffer[..n]), "EXITPROOF_UNIT"),
+        field(&fake.round_trip(), "EXITPROOF_UNIT"),
         Some(&b"backup.service"[..])
     );
 }
