@@ -71,15 +71,23 @@ pub fn passed_fds(
 }
 
 /// Takes the control socket this process was handed, if any, and removes the protocol's
-/// variables from the environment. Must run before any thread starts (it changes the
-/// environment).
+/// variables from the environment (if this is the process's only thread: an embedder's other
+/// threads might read it).
 pub fn take_listener() -> Result<Option<Activated>, ActivationError> {
     let listen_pid = std::env::var("LISTEN_PID").ok();
     let listen_fds = std::env::var("LISTEN_FDS").ok();
-    for variable in VARIABLES {
-        // SAFETY: called at the agent's start, before it starts any thread, so nothing reads
-        // the environment concurrently.
-        unsafe { std::env::remove_var(variable) };
+    if crate::service::is_single_threaded() {
+        for variable in VARIABLES {
+            // SAFETY: `remove_var` is unsound only while another thread reads or writes the
+            // environment; `/proc/self/task` has just listed this thread alone, and only this
+            // thread could start another.
+            unsafe { std::env::remove_var(variable) };
+        }
+    } else if listen_pid.is_some() {
+        log::warn!(
+            "more than one thread is running, so LISTEN_PID and LISTEN_FDS stay in the \
+             environment (children would inherit them)"
+        );
     }
     match passed_fds(
         listen_pid.as_deref(),

@@ -22,6 +22,7 @@ use crate::control::protocol::{ErrorKind, WatchArgs, parse_invocation_id};
 use crate::control::wire::ProofEvent;
 use crate::duration::{parse_duration, parse_interval};
 use crate::exit::write::{default_record_name, record_from_env, write_record};
+use crate::transient;
 use crate::unit_name::{self, UnitName};
 
 mod render;
@@ -208,6 +209,29 @@ enum Cmd {
     Version,
     /// Print the agent's counters and gauges as one JSON line.
     Stats,
+    /// Print a watched unit's watch, its facts and what blocks its proof, as one JSON line.
+    Status {
+        #[arg(value_parser = parse_unit)]
+        unit: UnitName,
+    },
+    /// Start CMD as a transient service, wait until every process of it is gone, print the
+    /// proof and exit with its main process's exit status (128 + the signal's number if a
+    /// signal ended it).
+    Run {
+        /// The service's name [default: exitproof-run-<random>.service].
+        #[arg(long, value_parser = parse_unit)]
+        unit: Option<UnitName>,
+        /// A property of the service (repeatable): KillMode=process, Environment=VAR=value,
+        /// RuntimeMaxSec=5m, ... (see the README for the ones it can set).
+        #[arg(short = 'p', long = "property", value_name = "NAME=VALUE")]
+        properties: Vec<String>,
+        /// The deadline of each D-Bus call.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        method_timeout: Duration,
+        /// The command and its arguments.
+        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+        command: Vec<String>,
+    },
     /// Print the completion script for a shell, generated from this command line's definition.
     #[cfg(feature = "docs")]
     Completions { shell: clap_complete::Shell },
@@ -345,6 +369,17 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             agent?;
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Status { unit } => {
+            let response = call(&socket, &json!({"cmd": "status", "unit": unit.as_str()}))?;
+            print_line(&response["status"])?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Run {
+            unit,
+            properties,
+            method_timeout,
+            command,
+        } => run_command(&socket, unit, &properties, &command, method_timeout),
         Cmd::Stats => {
             let stats = connect(&socket)?.stats().map_err(|e| e.to_string())?;
             print(format, &stats)
@@ -402,6 +437,52 @@ fn absolute(field: &str, path: PathBuf) -> Result<PathBuf, String> {
         return Err(format!("{field} {} is not UTF-8", path.display()));
     }
     Ok(absolute)
+}
+
+/// `exitproof run`: start, watch the invocation it began, wait for its proof.
+fn run_command(
+    socket: &SocketArgs,
+    unit: Option<UnitName>,
+    properties: &[String],
+    command: &[String],
+    method_timeout: Duration,
+) -> Result<ExitCode, String> {
+    let properties = properties
+        .iter()
+        .map(|p| transient::property(p))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    let unit = match unit {
+        Some(unit) => unit,
+        None => parse_unit(&transient::generated_unit_name().map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?,
+    };
+    // The agent must be there before anything starts.
+    let mut client = connect(socket)?;
+    let started = transient::start(socket.bus(), &unit, properties, command, method_timeout)
+        .map_err(|e| e.to_string())?;
+    let watch = json!({"cmd": "watch", "unit": started.unit, "invocation": started.invocation});
+    let response = client.request(&watch).map_err(|e| e.to_string())?;
+    check(&response)?;
+    let response = client
+        .request(&json!({"cmd": "wait", "unit": started.unit}))
+        .map_err(|e| e.to_string())?;
+    check(&response)?;
+    let event = &response["event"];
+    print_line(event)?;
+    let systemd = &event["systemd"];
+    let status = transient::exit_status(
+        systemd["code"].as_str().unwrap_or(""),
+        systemd["status"].as_str().unwrap_or(""),
+    );
+    drop(started);
+    status.map(ExitCode::from).ok_or_else(|| {
+        format!(
+            "{}: proven gone ({}), but systemd gave no exit status of its main process",
+            unit,
+            event["cause"].as_str().unwrap_or("?")
+        )
+    })
 }
 
 fn connect(socket: &SocketArgs) -> Result<Client, String> {

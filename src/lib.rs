@@ -26,10 +26,13 @@ pub mod control;
 #[cfg(feature = "cli")]
 pub(crate) mod duration;
 pub mod exit;
+pub(crate) mod journald;
 pub(crate) mod memory;
 pub mod proof;
 #[cfg(any(test, feature = "bench"))]
 mod rng;
 pub(crate) mod service;
 pub mod systemd;
+#[cfg(feature = "cli")]
+pub(crate) mod transient;
 pub mod unit_name;

@@ -338,7 +338,7 @@ fn forget_notify_environment() {
 }
 
 /// Whether the process has exactly one thread; `false` if that cannot be read.
-fn is_single_threaded() -> bool {
+pub(crate) fn is_single_threaded() -> bool {
     fs::read_dir("/proc/self/task").is_ok_and(|tasks| tasks.count() == 1)
 }
 
@@ -350,10 +350,21 @@ fn is_single_threaded() -> bool {
 pub fn init_logging() {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
+    let mut no_journald = None;
     if stderr_is_journal() {
+        // Records go to the journal's native socket, with their fields; a record it cannot
+        // take at all (too large, the journal gone) goes down the stream as before.
+        let journal =
+            crate::journald::Journald::connect(std::path::Path::new(crate::journald::SOCKET));
+        let journal = journal.map_err(|e| no_journald = Some(e)).ok();
         builder
             .write_style(env_logger::WriteStyle::Never)
-            .format(|out, record| {
+            .format(move |out, record| {
+                if let Some(journal) = &journal
+                    && journal.send(record).is_ok()
+                {
+                    return Ok(());
+                }
                 let text =
                     journal_lines(record.level(), record.target(), &record.args().to_string());
                 out.write_all(text.as_bytes())
@@ -361,6 +372,12 @@ pub fn init_logging() {
     }
     // Only a logger already installed makes this fail, and keeping that one is what is wanted.
     let _ = builder.try_init();
+    if let Some(e) = no_journald {
+        log::info!(
+            "{}: {e}; logging to stderr, without structured fields",
+            crate::journald::SOCKET
+        );
+    }
 }
 
 /// The syslog priority prefix the journal reads from the start of a line: `<3>` error, `<4>`

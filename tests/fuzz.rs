@@ -90,6 +90,7 @@ const REQUEST_SHAPE: &[Field] = &[
             r#""list""#,
             r#""events""#,
             r#""stats""#,
+            r#""status""#,
         ],
     },
     Field {
@@ -552,6 +553,7 @@ fn check_accepted(bytes: &[u8], request: &Request) -> Result<(), String> {
             )?;
         }
         Command::Unwatch(args) => check_unit(&args.unit, &fields)?,
+        Command::Status(args) => check_unit(&args.unit, &fields)?,
         Command::List | Command::Events | Command::Version | Command::Stats => {
             let extra = fields.keys().find(|name| *name != "id" && *name != "cmd");
             same("extra field", extra, None)?;

@@ -72,6 +72,11 @@ pub fn render(stats: &AgentStats) -> String {
             "Times the kernel dropped inotify events.",
             stats.inotify.overflows,
         ),
+        (
+            "exitproof_journald_dropped_total",
+            "Log records dropped because journald's socket was full.",
+            stats.journald.dropped,
+        ),
     ];
     for (name, help, value) in counters {
         family(&mut out, name, "counter", help, [(String::new(), value)]);

@@ -12,6 +12,7 @@ pub(crate) mod core;
 pub(crate) mod dirs;
 mod journal;
 mod metrics;
+mod remaining;
 #[cfg(test)]
 mod sim;
 pub(crate) mod state;
@@ -557,9 +558,13 @@ impl Agent {
                     // unlink never follows the final component: a symlink is removed, never
                     // what it points to.
                     match std::fs::remove_file(&path) {
-                        Ok(()) => log::info!("{unit}: removed {}", path.display()),
+                        Ok(()) => {
+                            log::info!(unit = unit.as_str(); "{unit}: removed {}", path.display())
+                        }
                         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                        Err(e) => log::warn!("{unit}: remove {}: {e}", path.display()),
+                        Err(e) => {
+                            log::warn!(unit = unit.as_str(); "{unit}: remove {}: {e}", path.display())
+                        }
                     }
                 }
                 // At 100,000 watches the list is tens of MB: it is written as the client reads.
@@ -571,7 +576,10 @@ impl Agent {
                     self.server
                         .send_streamed(self.poll.registry(), to.client, reply);
                 }
-                Output::Reply { to, answer } => {
+                Output::Reply { to, mut answer } => {
+                    if let Answer::Status(status) = &mut answer {
+                        remaining::add_remaining(&self.cgroup_root, status);
+                    }
                     let line = answer_line(to.id, answer, |core| self.stats(core));
                     self.server.send(self.poll.registry(), to.client, &line);
                 }
@@ -583,7 +591,22 @@ impl Agent {
                     }
                     Err(e) => log::error!("{}: encode the proof event: {e}", event.unit),
                 },
-                Output::Log { level, line } => log::log!(level, "{line}"),
+                Output::Log {
+                    level,
+                    line,
+                    about: None,
+                } => log::log!(level, "{line}"),
+                Output::Log {
+                    level,
+                    line,
+                    about: Some(about),
+                } => log::log!(
+                    level,
+                    unit = about.unit.as_str(),
+                    invocation = about.invocation.as_str(),
+                    cause = about.cause.map_or("", crate::proof::Cause::name);
+                    "{line}"
+                ),
                 Output::Save(save) => {
                     if let Some(store) = &mut self.state_store {
                         let started = Instant::now();
@@ -648,7 +671,7 @@ impl Agent {
                     result,
                 } => {
                     if let Err(e) = &result {
-                        log::warn!("{unit}: stop ({kind}): {e}");
+                        log::warn!(unit = unit.as_str(); "{unit}: stop ({kind}): {e}");
                     }
                     let succeeded = result.is_ok();
                     self.input(Input::StopDone {
@@ -692,7 +715,7 @@ impl Agent {
 
     fn stop_unit(&mut self, key: UnitKey, unit: String, kind: StopKind) {
         let Some(conn) = self.conn.clone() else {
-            log::warn!("{unit}: stop ({kind}) not sent: the bus is down");
+            log::warn!(unit = unit.as_str(); "{unit}: stop ({kind}) not sent: the bus is down");
             self.input(Input::StopDone {
                 key,
                 kind,
@@ -775,7 +798,12 @@ impl Agent {
 
     /// The agent's figures, from the core's.
     fn stats(&self, core: self::core::CoreStats) -> AgentStats {
-        AgentStats::new(core, self.counters, self.cgroups.watch_count())
+        AgentStats::new(
+            core,
+            self.counters,
+            self.cgroups.watch_count(),
+            crate::journald::dropped(),
+        )
     }
 
     fn on_time(&mut self, now: Instant) {
@@ -818,6 +846,7 @@ fn answer_line(
                 stats: stats(*core),
             },
         ),
+        Answer::Status(status) => Response::ok(id, wire::StatusAnswer { status: *status }),
         Answer::Error(kind, message) => Response::error(id, kind, message),
     };
     response.to_line()

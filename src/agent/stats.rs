@@ -15,13 +15,21 @@ pub struct DriverCounters {
 
 impl AgentStats {
     /// The core's figures completed with the driver's.
-    pub fn new(core: CoreStats, counters: DriverCounters, inotify_watches: usize) -> AgentStats {
+    pub fn new(
+        core: CoreStats,
+        counters: DriverCounters,
+        inotify_watches: usize,
+        journald_dropped: u64,
+    ) -> AgentStats {
         AgentStats {
             core,
             bus_reconnects: counters.bus_reconnects,
             inotify: InotifyStats {
                 watches: u64::try_from(inotify_watches).unwrap_or(u64::MAX),
                 overflows: counters.inotify_overflows,
+            },
+            journald: JournaldStats {
+                dropped: journald_dropped,
             },
         }
     }

@@ -93,6 +93,8 @@ pub enum Command {
     Version,
     /// Tell the agent's counters and gauges.
     Stats,
+    /// Tell one watch, its facts and what blocks its proof.
+    Status(StatusArgs),
 }
 
 impl Command {
@@ -107,6 +109,7 @@ impl Command {
             Command::Events => "events",
             Command::Version => "version",
             Command::Stats => "stats",
+            Command::Status(_) => "status",
         }
     }
 }
@@ -261,6 +264,14 @@ fn timeout_as_ms<S: serde::Serializer>(
 #[serde(deny_unknown_fields)]
 pub struct UnwatchArgs {
     /// The unit to stop watching.
+    pub unit: UnitName,
+}
+
+/// Arguments of `status`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusArgs {
+    /// The watched unit, by the name it was watched by.
     pub unit: UnitName,
 }
 
@@ -447,13 +458,14 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
         "events" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Events),
         "version" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Version),
         "stats" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Stats),
+        "status" => args(fields).map(Command::Status),
         other => {
             let quoted: String = other.chars().take(64).collect();
             Err((
                 ErrorKind::UnknownCommand,
                 format!(
-                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events, version \
-                     or stats)",
+                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events, version, \
+                     stats or status)",
                     quoted.escape_debug()
                 ),
             ))
@@ -907,6 +919,15 @@ mod tests {
                 Request {
                     id: Some(RequestId::Text("v".to_owned())),
                     command: Command::Version,
+                },
+            ),
+            (
+                r#"{"cmd":"status","unit":"x.service"}"#.to_owned(),
+                Request {
+                    id: None,
+                    command: Command::Status(StatusArgs {
+                        unit: unit("x.service"),
+                    }),
                 },
             ),
             (

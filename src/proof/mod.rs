@@ -132,6 +132,18 @@ pub enum Cause {
     Other,
 }
 
+impl Cause {
+    /// The cause as the wire spells it (`exited`, `replaced-after-stop`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::Exited => "exited",
+            Cause::ReplacedAfterStop => "replaced-after-stop",
+            Cause::RestartedOutside => "restarted-outside",
+            Cause::Rebooted => "rebooted",
+        }
+    }
+}
+
 /// The proof that every process of our invocation is gone.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Proof {

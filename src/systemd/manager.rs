@@ -393,28 +393,53 @@ pub async fn start_transient_service(
             zbus::Error::Failure("an empty command line".into()),
         ));
     };
-    let exec_start = vec![(
-        program.to_string(),
-        argv.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
-        false,
-    )];
-    let properties: Vec<(&str, zbus::Variant<'_>)> = vec![
-        (
-            "Description",
-            zbus::Variant::from("exitproof benchmark unit"),
-        ),
-        ("ExecStart", zbus::Variant::from(exec_start)),
-    ];
-    let aux: Vec<(&str, Vec<(&str, zbus::Variant<'_>)>)> = Vec::new();
-    call_manager(
+    let properties = [
+        ("Description", owned_variant("exitproof benchmark unit")),
+        ("ExecStart", owned_variant(exec_start(program, argv))),
+    ]
+    .into_iter()
+    .map(|(name, value)| value.map(|value| (name.to_owned(), value)))
+    .collect::<zbus::Result<_>>()
+    .map_err(ManagerError::new(format!("start {unit}")))?;
+    start_transient_unit(conn, SYSTEMD, unit, properties)
+        .await
+        .map(|_| ())
+}
+
+/// The value of a transient service's `ExecStart`: `program` (an absolute path) run with
+/// `argv` (its first element the process's name), its failure not ignored.
+pub fn exec_start<S: AsRef<str>>(program: &str, argv: &[S]) -> Vec<(String, Vec<String>, bool)> {
+    let argv = argv.iter().map(|a| a.as_ref().to_owned()).collect();
+    vec![(program.to_owned(), argv, false)]
+}
+
+/// A property value as `StartTransientUnit` takes it.
+pub fn owned_variant<'a>(value: impl Into<zbus::Variant<'a>>) -> zbus::Result<OwnedVariant> {
+    OwnedVariant::try_from(value.into())
+}
+
+/// Starts the transient unit `unit` with `properties` (`StartTransientUnit`, mode `fail`) from
+/// `systemd` (a bus name); returns the start job's object path, which `JobRemoved` names.
+pub async fn start_transient_unit(
+    conn: &Connection,
+    systemd: &str,
+    unit: &str,
+    properties: Vec<(String, OwnedVariant)>,
+) -> Result<OwnedObjectPath, ManagerError> {
+    let what = || format!("start {unit}");
+    let aux: Vec<(&str, Vec<(&str, OwnedVariant)>)> = Vec::new();
+    let reply = call_manager(
         conn,
-        SYSTEMD,
+        systemd,
         "StartTransientUnit",
-        &(unit, "replace", properties, aux),
+        &(unit, "fail", properties, aux),
     )
     .await
-    .map(|_| ())
-    .map_err(ManagerError::new(format!("start {unit}")))
+    .map_err(ManagerError::new(what()))?;
+    reply
+        .body()
+        .deserialize::<OwnedObjectPath>()
+        .map_err(ManagerError::new(what()))
 }
 
 #[cfg(test)]

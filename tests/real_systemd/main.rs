@@ -15,6 +15,7 @@ mod dynamics;
 mod faults;
 mod operability;
 mod records;
+mod run;
 mod sandbox_smoke;
 mod scale;
 
@@ -33,6 +34,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("dynamics", dynamics::TESTS),
     ("cli", cli::TESTS),
     ("operability", operability::TESTS),
+    ("run", run::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).

@@ -35,6 +35,14 @@ pub const TESTS: &[Test] = &[
         "a_socket_unit_starts_the_agent_and_keeps_its_socket_across_a_restart",
         a_socket_unit_starts_the_agent_and_keeps_its_socket_across_a_restart,
     ),
+    (
+        "under_journald_a_proof_is_logged_with_the_units_fields",
+        under_journald_a_proof_is_logged_with_the_units_fields,
+    ),
+    (
+        "status_names_the_process_that_blocks_the_proof",
+        status_names_the_process_that_blocks_the_proof,
+    ),
 ];
 
 fn stats(agent: &Agent) -> Value {
@@ -265,4 +273,119 @@ fn a_socket_unit_starts_the_agent_and_keeps_its_socket_across_a_restart() {
     sandbox.systemctl_ok(&["stop", "ep.service"]);
     assert!(socket.exists(), "the agent removed systemd's socket");
     sandbox.systemctl_ok(&["stop", "ep.socket"]);
+}
+
+/// Whether `haystack` holds `needle`.
+fn holds(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+fn under_journald_a_proof_is_logged_with_the_units_fields() {
+    let sandbox = Sandbox::start("journald");
+    // Where journald's native socket is: the sandbox's /run is its own, with no journald.
+    let dir = sandbox.host_path("/run/systemd/journal");
+    std::fs::create_dir_all(&dir).expect("make the journal's directory");
+    let journal = UnixDatagram::bind(dir.join("socket")).expect("bind the journal's socket");
+    journal
+        .set_read_timeout(Some(PATIENCE))
+        .expect("set a read timeout");
+    // Its stderr is "the journal stream" as systemd names it, so the agent logs natively.
+    let mut command = sandbox.command("sh");
+    command.args([
+        "-c",
+        "export RUST_LOG=info JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2); \
+         exec \"$0\" \"$@\"",
+        &binary_in_sandbox(),
+        "agent",
+        "--user",
+        "--socket",
+        crate::support::agent::SOCKET,
+        "--state-dir",
+        STATE_DIR,
+    ]);
+    let agent = Agent::spawn(&sandbox, command, crate::support::agent::SOCKET);
+    run_unit(&sandbox, "j.service", &[], &["sleep", "1000"]);
+    agent.one(&["watch", "j.service"]);
+    let invocation = sandbox.show("j.service", "InvocationID");
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "j.service"]);
+    agent.one(&["wait", "j.service", "--timeout", PATIENCE_ARG]);
+
+    let wanted = [
+        b"EXITPROOF_UNIT=j.service\n".to_vec(),
+        format!("EXITPROOF_INVOCATION={invocation}\n").into_bytes(),
+        b"EXITPROOF_CAUSE=exited\n".to_vec(),
+        b"PRIORITY=".to_vec(),
+        b"SYSLOG_IDENTIFIER=exitproof\n".to_vec(),
+    ];
+    let mut buffer = vec![0; 65536];
+    loop {
+        let n = journal
+            .recv(&mut buffer)
+            .expect("a record with the proof's fields before the timeout");
+        let record = &buffer[..n];
+        if wanted.iter().all(|field| holds(record, field)) {
+            assert!(holds(record, b"MESSAGE=j.service: proven: "), "{record:?}");
+            break;
+        }
+    }
+    assert!(
+        !agent.log_text().contains("proven"),
+        "the proof went to the journal's socket, not down the stream: {}",
+        agent.log_text()
+    );
+}
+
+fn status_names_the_process_that_blocks_the_proof() {
+    let sandbox = Sandbox::start("status");
+    let agent = Agent::start(&sandbox);
+    // The main process leaves a child behind (KillMode=process): the unit is over for
+    // systemd, not for the proof.
+    let script = format!(
+        "sleep 1000 & echo $! > /run/blocker.pid; {}",
+        exit_when("/run/blocker.go", 0)
+    );
+    run_unit(
+        &sandbox,
+        "blocker.service",
+        &["-p", "KillMode=process"],
+        &["sh", "-c", &script],
+    );
+    agent.one(&["watch", "blocker.service"]);
+    let running = agent.one(&["status", "blocker.service"]);
+    assert_eq!(running["blocked"], false, "{running}");
+    assert_eq!(running["watch"]["phase"], "watching", "{running}");
+    let cgroup = sandbox.show("blocker.service", "ControlGroup");
+    assert_eq!(running["cgroup"], cgroup.as_str(), "{running}");
+
+    std::fs::write(sandbox.host_path("/run/blocker.go"), "").expect("write the go file");
+    sandbox.wait_until("the main process exits", PATIENCE, || {
+        let state = sandbox.show("blocker.service", "ActiveState");
+        state == "inactive" || state == "failed"
+    });
+    agent.barrier();
+    let pid: i64 = std::fs::read_to_string(sandbox.host_path("/run/blocker.pid"))
+        .expect("the pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let blocked = agent.one(&["status", "blocker.service"]);
+    assert_eq!(blocked["blocked"], true, "{blocked}");
+    assert!(
+        blocked["terminal_since_mono_ns"].as_u64() > Some(0),
+        "{blocked}"
+    );
+    assert!(blocked["terminal_for_ms"].is_u64(), "{blocked}");
+    assert_eq!(blocked["remaining_total"], 1, "{blocked}");
+    let process = &blocked["remaining"][0];
+    assert_eq!(process["pid"], pid, "{blocked}");
+    assert_eq!(process["comm"], "sleep", "{blocked}");
+    assert_eq!(process["state"], "S", "{blocked}");
+    assert_eq!(process["cgroup"], cgroup.as_str(), "{blocked}");
+
+    sandbox.run("kill", &["-KILL", &pid.to_string()]);
+    agent.one(&["wait", "blocker.service", "--timeout", PATIENCE_ARG]);
+    let proven = agent.one(&["status", "blocker.service"]);
+    assert_eq!(proven["blocked"], false, "{proven}");
+    assert_eq!(proven["remaining"], Value::Null, "{proven}");
+    assert_eq!(proven["watch"]["phase"], "proven", "{proven}");
 }

@@ -29,6 +29,7 @@ mod persist;
 mod proven;
 mod requests;
 pub(crate) mod stats;
+mod status;
 mod systemd;
 #[cfg(test)]
 mod tests;
@@ -43,6 +44,7 @@ pub use crate::cgroup::procs::NextInvocation;
 pub use crate::control::wire::CoreStats;
 pub use event::{ProofEvent, WatchView};
 use persist::Unsaved;
+pub use status::{MAX_REMAINING, RemainingProcess, UnitStatus};
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -103,6 +105,8 @@ pub enum Answer {
     Version(Version),
     /// The core's figures (`stats`); the driver adds its own.
     Stats(Box<CoreStats>),
+    /// One watch (`status`); the driver lists the processes that block it.
+    Status(Box<UnitStatus>),
     Error(ErrorKind, String),
 }
 
@@ -179,10 +183,7 @@ pub enum Input {
 pub enum Output {
     /// Read the unit's state and cgroup path (`GetUnit`, `GetAll`); answer with
     /// [`Input::UnitRead`].
-    ReadUnit {
-        key: UnitKey,
-        unit: String,
-    },
+    ReadUnit { key: UnitKey, unit: String },
     /// Issue StopUnit; answer with [`Input::StopDone`].
     StopUnit {
         key: UnitKey,
@@ -190,15 +191,10 @@ pub enum Output {
         kind: StopKind,
     },
     /// (Re)build the inotify watches of this cgroup for `key` (synchronous).
-    WatchCgroup {
-        key: UnitKey,
-        cgroup: String,
-    },
+    WatchCgroup { key: UnitKey, cgroup: String },
     /// Drop every kernel watch held for `key`: its inotify watches and the pidfds of its
     /// leftovers.
-    Release {
-        key: UnitKey,
-    },
+    Release { key: UnitKey },
     /// Count the processes in this cgroup and below that are not certainly `next`'s, hold a
     /// pidfd for each, and answer with their pids (synchronous, [`Input::Leftovers`]); report
     /// each one's exit later with [`Input::LeftoverExited`]. Replaces what was held for `key`.
@@ -210,10 +206,7 @@ pub enum Output {
         held: Vec<i32>,
     },
     /// Read `cgroup.events` of this cgroup now (synchronous).
-    ReadCgroup {
-        key: UnitKey,
-        cgroup: String,
-    },
+    ReadCgroup { key: UnitKey, cgroup: String },
     /// Read the advisory exit record `name` beneath `run_dir` once, and remove it
     /// (synchronous).
     TakeExitRecord {
@@ -222,15 +215,9 @@ pub enum Output {
         name: String,
     },
     /// Remove a generation's launch file (never following a final symlink).
-    RemoveLaunchFile {
-        unit: String,
-        path: PathBuf,
-    },
+    RemoveLaunchFile { unit: String, path: PathBuf },
     /// Answer one caller.
-    Reply {
-        to: ReplyTo,
-        answer: Answer,
-    },
+    Reply { to: ReplyTo, answer: Answer },
     /// Send a proof event to every subscriber listed.
     Broadcast {
         clients: Vec<ClientId>,
@@ -239,12 +226,26 @@ pub enum Output {
     Log {
         level: log::Level,
         line: String,
+        /// The unit the line is about, for structured logging (journald fields).
+        about: Option<Box<LogSubject>>,
     },
     /// Make this durable (a turn's changes, or the whole state) before carrying out any output
     /// after it: those may promise that it is saved (answers to `watch` and `unwatch`, the
     /// release of a proven generation). A driver that cannot save must carry out nothing after
     /// it.
     Save(Box<StateSave>),
+}
+
+/// The unit a log line is about: the watch's name, our invocation (empty while unknown), and
+/// for the line of a proof, its cause.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LogSubject {
+    /// The unit's name as the client watches it (`EXITPROOF_UNIT`).
+    pub unit: String,
+    /// Our invocation's ID, empty while unknown (`EXITPROOF_INVOCATION`).
+    pub invocation: String,
+    /// The proof's cause, on the line of a proof (`EXITPROOF_CAUSE`).
+    pub cause: Option<crate::proof::Cause>,
 }
 
 /// How the core behaves.
@@ -626,7 +627,29 @@ impl Core {
     }
 
     fn log(&mut self, level: log::Level, line: String) {
-        self.outputs.push_back(Output::Log { level, line });
+        self.outputs.push_back(Output::Log {
+            level,
+            line,
+            about: None,
+        });
+    }
+
+    /// Logs a line about the unit of `key` (and the proof's `cause`), which carries it as fields.
+    fn log_about(
+        &mut self,
+        key: UnitKey,
+        cause: Option<crate::proof::Cause>,
+        level: log::Level,
+        line: String,
+    ) {
+        let about = self.units.get(&key).map(|watch| {
+            Box::new(LogSubject {
+                unit: watch.unit.to_string(),
+                invocation: watch.our_invocation().unwrap_or_default().to_owned(),
+                cause,
+            })
+        });
+        self.outputs.push_back(Output::Log { level, line, about });
     }
 
     fn reply(&mut self, to: ReplyTo, answer: Answer) {
@@ -835,7 +858,7 @@ impl Core {
                 ProofOutput::StopUnit(reason) => self.stop(key, StopKind::Proof(reason)),
                 ProofOutput::Log(level, line) => {
                     let line = format!("{}: {line}", watch.unit);
-                    self.log(to_log_level(level), line);
+                    self.log_about(key, None, to_log_level(level), line);
                 }
                 ProofOutput::Proven(proof) => self.on_proof(key, proof, now),
             }

@@ -52,8 +52,6 @@ impl Core {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
-        let (anchor, anchor_ns) = self.config.clock_anchor;
-        let since_anchor = now.saturating_duration_since(anchor).as_nanos();
         let mut event = ProofEvent {
             kind: EventKind::Proven,
             unit: watch.unit.to_string(),
@@ -61,7 +59,7 @@ impl Core {
             level: proof.level,
             message: proof.message,
             cause: proof.cause,
-            proven_mono_ns: anchor_ns.saturating_add(u64::try_from(since_anchor).unwrap_or(0)),
+            proven_mono_ns: self.mono_ns(now),
             stop_requested: watch.stop_requested(),
             systemd: None,
             record: None,
@@ -140,7 +138,9 @@ impl Core {
             crate::proof::Level::Info => log::Level::Info,
             crate::proof::Level::Warn => log::Level::Warn,
         };
-        self.log(
+        self.log_about(
+            key,
+            Some(event.cause),
             level,
             format!(
                 "{}: proven: {} ({:?})",

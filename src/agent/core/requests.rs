@@ -5,7 +5,7 @@ use std::time::Instant;
 use super::watch::{Watch, WatchSpec};
 use super::{Answer, Core, ReplyTo, UnitKey};
 use crate::control::protocol::{
-    Command, ErrorKind, Request, UnwatchArgs, Version, WaitArgs, WatchArgs,
+    Command, ErrorKind, Request, StatusArgs, UnwatchArgs, Version, WaitArgs, WatchArgs,
 };
 use crate::control::server::ClientId;
 use crate::proof::Input as ProofInput;
@@ -79,6 +79,7 @@ impl Core {
             }
             Command::Version => self.reply(reply, Answer::Version(Version::CURRENT)),
             Command::Stats => self.reply(reply, Answer::Stats(Box::new(self.stats()))),
+            Command::Status(StatusArgs { unit }) => self.cmd_status(reply, &unit, now),
         }
     }
 

@@ -205,7 +205,12 @@ impl Core {
                     // Only a client's own new watch may be refused.
                     self.fail_watch(key, &message);
                 } else {
-                    self.log(log::Level::Warn, format!("{message}; reading it again"));
+                    self.log_about(
+                        key,
+                        None,
+                        log::Level::Warn,
+                        format!("{message}; reading it again"),
+                    );
                     self.retry_later(key, now);
                 }
                 return;
@@ -349,7 +354,9 @@ impl Core {
                     self.fail_watch(key, &message);
                     return;
                 }
-                self.log(
+                self.log_about(
+                    key,
+                    None,
                     log::Level::Error,
                     format!("{message}; trying again (until then only reads prove it)"),
                 );
@@ -367,7 +374,7 @@ impl Core {
     /// watched: everyone waiting on it gets the error, nothing of it stays, and its
     /// generation number is not used up.
     pub(super) fn fail_watch(&mut self, key: UnitKey, message: &str) {
-        self.log(log::Level::Warn, message.to_owned());
+        self.log_about(key, None, log::Level::Warn, message.to_owned());
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
@@ -419,7 +426,7 @@ impl Core {
                 first_read,
             }));
             self.unsaved.unit(watch.unit.as_str());
-            self.log(log::Level::Info, line);
+            self.log_about(key, None, log::Level::Info, line);
             if final_stop {
                 self.read_unit(key);
             } else {
@@ -440,7 +447,7 @@ impl Core {
         }
         let unit = watch.id.clone();
         let line = format!("{}: stopping ({kind})", watch.unit);
-        self.log(log::Level::Info, line);
+        self.log_about(key, None, log::Level::Info, line);
         self.outputs.push_back(Output::StopUnit { key, unit, kind });
     }
 
@@ -488,7 +495,7 @@ impl Core {
                 "{}: stop ({kind}) not sent: the unit is {now_runs} now",
                 watch.unit
             );
-            self.log(log::Level::Info, line);
+            self.log_about(key, None, log::Level::Info, line);
         }
     }
 
@@ -507,7 +514,7 @@ impl Core {
                 format!("{}: stop ({kind}) failed", watch.unit),
             )
         };
-        self.log(line.0, line.1);
+        self.log_about(key, None, line.0, line.1);
         self.release(key, ReleaseInput::StopFinished { succeeded });
         self.mark_changed(key);
     }

@@ -1048,4 +1048,34 @@ fn a_reboots_proofs_are_saved_with_every_watch_before_any_release() {
         other => panic!("expected a save, got {other:?}"),
     }
 }
+#[test]
+fn the_log_line_of_a_proof_names_its_unit_invocation_and_cause() {
+    let mut s = watching("b.service", "active");
+    s.changed("b.service", "inactive", A);
+    s.cgroups
+        .insert("/app.slice/b.service".into(), CgroupReading::Empty);
+    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    let subjects: Vec<LogSubject> = s
+        .take()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Log {
+                about: Some(about), ..
+            } => Some(*about),
+            _ => None,
+        })
+        .collect();
+    let proof = LogSubject {
+        unit: "b.service".into(),
+        invocation: A.into(),
+        cause: Some(Cause::Exited),
+    };
+    assert!(subjects.contains(&proof), "{subjects:?}");
+    assert!(
+        subjects.iter().all(|about| about.unit == "b.service"),
+        "{subjects:?}"
+    );
+}
+
 mod stats;
+mod status;

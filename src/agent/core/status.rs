@@ -1,0 +1,89 @@
+//! `status`: one watch as it stands, with the facts behind it and, when systemd says our
+//! invocation is over but its cgroup still holds processes, since when that blocks the proof.
+//! The processes themselves are listed by the driver ([`RemainingProcess`]).
+
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::event::WatchView;
+use super::{Answer, Core, ReplyTo};
+use crate::control::protocol::ErrorKind;
+use crate::unit_name::UnitName;
+
+/// At most this many remaining processes are listed; `remaining_total` counts them all.
+pub const MAX_REMAINING: usize = 32;
+
+/// One process left in a blocked unit's cgroup, as `/proc` shows it when asked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct RemainingProcess {
+    pub pid: i32,
+    /// The command name (`/proc/PID/stat`'s second field), lossily decoded.
+    pub comm: String,
+    /// The state letter: `R`, `S`, `D` (uninterruptible: often what a stop waits on), `Z`, ...
+    pub state: String,
+    /// The cgroup holding it, as systemd names cgroups (the unit's own, or one below it).
+    pub cgroup: String,
+}
+
+/// What `status` answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct UnitStatus {
+    pub watch: WatchView,
+    /// The unit's cgroup as systemd last reported it (`null` before the first read or if it
+    /// has none).
+    pub cgroup: Option<String>,
+    /// Unproven, terminal for systemd, and its cgroup last read populated.
+    pub blocked: bool,
+    /// CLOCK_MONOTONIC, in nanoseconds, when the agent learned our invocation is terminal;
+    /// `null` until then and once proven.
+    pub terminal_since_mono_ns: Option<u64>,
+    /// Milliseconds since then, when the status was taken.
+    pub terminal_for_ms: Option<u64>,
+    /// Processes followed as possibly ours beside a new invocation (replaced after stop).
+    pub leftovers: Vec<i32>,
+    /// When blocked: the processes in the cgroup and below, at most [`MAX_REMAINING`], listed
+    /// by the driver; `null` when not blocked or if they could not be listed.
+    pub remaining: Option<Vec<RemainingProcess>>,
+    /// How many processes the listing found; `null` with `remaining`.
+    pub remaining_total: Option<usize>,
+    /// Why the processes could not be listed, if they could not.
+    pub remaining_error: Option<String>,
+}
+
+impl Core {
+    pub(super) fn cmd_status(&mut self, reply: ReplyTo, unit: &UnitName, now: Instant) {
+        let Some(watch) = self
+            .by_name
+            .get(unit.as_str())
+            .and_then(|key| self.units.get(key))
+        else {
+            let message = format!("{unit} is not watched");
+            self.reply(reply, Answer::Error(ErrorKind::NotWatched, message));
+            return;
+        };
+        let unproven = watch.event.is_none();
+        let terminal_at = watch.terminal_at.filter(|_| unproven);
+        let status = UnitStatus {
+            watch: watch.view(),
+            cgroup: (!watch.control_group.is_empty()).then(|| watch.control_group.clone()),
+            blocked: unproven && watch.blocked(),
+            terminal_since_mono_ns: terminal_at.map(|at| self.mono_ns(at)),
+            terminal_for_ms: terminal_at.map(|at| {
+                u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX)
+            }),
+            leftovers: watch.leftovers.iter().copied().collect(),
+            remaining: None,
+            remaining_total: None,
+            remaining_error: None,
+        };
+        self.reply(reply, Answer::Status(Box::new(status)));
+    }
+
+    /// CLOCK_MONOTONIC nanoseconds at `at`, from the clock anchor the driver gave.
+    pub(super) fn mono_ns(&self, at: Instant) -> u64 {
+        let (anchor, anchor_ns) = self.config.clock_anchor;
+        let since_anchor = at.saturating_duration_since(anchor).as_nanos();
+        anchor_ns.saturating_add(u64::try_from(since_anchor).unwrap_or(u64::MAX))
+    }
+}
