@@ -34,7 +34,7 @@ pub fn render(stats: &AgentStats) -> String {
         "exitproof_watches",
         "gauge",
         "Watched units by phase (proven ones are retained for a while).",
-        watches.map(|(phase, n)| (format!("{{phase=\"{phase}\"}}"), n)),
+        labelled("phase", watches),
     );
     family(
         &mut out,
@@ -54,7 +54,7 @@ pub fn render(stats: &AgentStats) -> String {
         "exitproof_proofs_total",
         "counter",
         "Proofs made since the agent started, by cause.",
-        proofs.map(|(cause, n)| (format!("{{cause=\"{cause}\"}}"), n)),
+        labelled("cause", proofs),
     );
     let counters = [
         (
@@ -95,6 +95,11 @@ pub fn render(stats: &AgentStats) -> String {
         &core.proof_latency,
     );
     out
+}
+
+/// Samples with one label, `label="value"` each.
+fn labelled<const N: usize>(label: &str, values: [(&str, u64); N]) -> [(String, u64); N] {
+    values.map(|(value, n)| (format!("{{{label}=\"{value}\"}}"), n))
 }
 
 /// One metric family: its HELP and TYPE lines, then a sample per label set.

@@ -45,6 +45,38 @@ pub const TESTS: &[Test] = &[
     ),
 ];
 
+/// Starts `unit`, watched by `agent`, whose main process leaves a `sleep` behind when it ends
+/// (KillMode=process): the unit is then over for systemd, not for the proof.
+fn start_leaving_a_child(sandbox: &Sandbox, agent: &Agent, unit: &str) {
+    let script = format!(
+        "sleep 1000 & echo $! > /run/{unit}.pid; {}",
+        exit_when(&format!("/run/{unit}.go"), 0)
+    );
+    run_unit(
+        sandbox,
+        unit,
+        &["-p", "KillMode=process"],
+        &["sh", "-c", &script],
+    );
+    agent.one(&["watch", unit]);
+}
+
+/// Ends the main process of a unit of [`start_leaving_a_child`], returns once systemd and the
+/// agent know it, and gives the pid of the child left behind.
+fn end_leaving_the_child(sandbox: &Sandbox, agent: &Agent, unit: &str) -> i64 {
+    std::fs::write(sandbox.host_path(&format!("/run/{unit}.go")), "").expect("write the go file");
+    sandbox.wait_until("the main process exits", PATIENCE, || {
+        let state = sandbox.show(unit, "ActiveState");
+        state == "inactive" || state == "failed"
+    });
+    agent.barrier();
+    std::fs::read_to_string(sandbox.host_path(&format!("/run/{unit}.pid")))
+        .expect("the pid")
+        .trim()
+        .parse()
+        .expect("a pid")
+}
+
 fn stats(agent: &Agent) -> Value {
     agent.one(&["stats"])
 }
@@ -52,28 +84,13 @@ fn stats(agent: &Agent) -> Value {
 fn stats_count_a_unit_blocked_by_a_leftover_then_its_proof() {
     let sandbox = Sandbox::start("stats");
     let agent = Agent::start(&sandbox);
-    let script = format!(
-        "sleep 1000 & echo $! > /run/left.pid; {}",
-        exit_when("/run/left.go", 0)
-    );
-    run_unit(
-        &sandbox,
-        "left.service",
-        &["-p", "KillMode=process"],
-        &["sh", "-c", &script],
-    );
-    agent.one(&["watch", "left.service"]);
+    start_leaving_a_child(&sandbox, &agent, "left.service");
     let before = stats(&agent);
     assert_eq!(before["watches"]["watching"], 1, "{before}");
     assert_eq!(before["blocked"], 0, "{before}");
     assert!(before["inotify"]["watches"].as_u64() >= Some(1), "{before}");
 
-    std::fs::write(sandbox.host_path("/run/left.go"), "").expect("write the go file");
-    sandbox.wait_until("the main process exits", PATIENCE, || {
-        let state = sandbox.show("left.service", "ActiveState");
-        state == "inactive" || state == "failed"
-    });
-    agent.barrier();
+    let pid = end_leaving_the_child(&sandbox, &agent, "left.service");
     let blocked = stats(&agent);
     assert_eq!(blocked["blocked"], 1, "the sleep is left: {blocked}");
     assert_eq!(
@@ -81,8 +98,7 @@ fn stats_count_a_unit_blocked_by_a_leftover_then_its_proof() {
         "the barrier's own: {blocked}"
     );
 
-    let pid = std::fs::read_to_string(sandbox.host_path("/run/left.pid")).expect("the pid");
-    sandbox.run("kill", &["-KILL", pid.trim()]);
+    sandbox.run("kill", &["-KILL", &pid.to_string()]);
     let event = agent.one(&["wait", "left.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["cause"], "exited", "{event}");
     let after = stats(&agent);
@@ -338,36 +354,14 @@ fn under_journald_a_proof_is_logged_with_the_units_fields() {
 fn status_names_the_process_that_blocks_the_proof() {
     let sandbox = Sandbox::start("status");
     let agent = Agent::start(&sandbox);
-    // The main process leaves a child behind (KillMode=process): the unit is over for
-    // systemd, not for the proof.
-    let script = format!(
-        "sleep 1000 & echo $! > /run/blocker.pid; {}",
-        exit_when("/run/blocker.go", 0)
-    );
-    run_unit(
-        &sandbox,
-        "blocker.service",
-        &["-p", "KillMode=process"],
-        &["sh", "-c", &script],
-    );
-    agent.one(&["watch", "blocker.service"]);
+    start_leaving_a_child(&sandbox, &agent, "blocker.service");
     let running = agent.one(&["status", "blocker.service"]);
     assert_eq!(running["blocked"], false, "{running}");
     assert_eq!(running["watch"]["phase"], "watching", "{running}");
     let cgroup = sandbox.show("blocker.service", "ControlGroup");
     assert_eq!(running["cgroup"], cgroup.as_str(), "{running}");
 
-    std::fs::write(sandbox.host_path("/run/blocker.go"), "").expect("write the go file");
-    sandbox.wait_until("the main process exits", PATIENCE, || {
-        let state = sandbox.show("blocker.service", "ActiveState");
-        state == "inactive" || state == "failed"
-    });
-    agent.barrier();
-    let pid: i64 = std::fs::read_to_string(sandbox.host_path("/run/blocker.pid"))
-        .expect("the pid")
-        .trim()
-        .parse()
-        .expect("a pid");
+    let pid = end_leaving_the_child(&sandbox, &agent, "blocker.service");
     let blocked = agent.one(&["status", "blocker.service"]);
     assert_eq!(blocked["blocked"], true, "{blocked}");
     assert!(

@@ -58,10 +58,10 @@ impl Script {
     }
 
     fn restored(state: AgentState, boot_id: &str) -> Script {
-        Script::with_config(config(boot_id), state)
+        Script::configured(config(boot_id), state)
     }
 
-    fn with_config(config: CoreConfig, state: AgentState) -> Script {
+    fn configured(config: CoreConfig, state: AgentState) -> Script {
         let now = config.clock_anchor.0;
         let mut script = Script {
             core: Core::new(config, state, now),
@@ -231,20 +231,26 @@ impl Script {
             .collect()
     }
 
-    fn list(&mut self) -> Vec<WatchView> {
-        self.request(r#"{"cmd":"list"}"#);
+    /// Sends `line` and returns the last answer `pick` takes; the other outputs stay.
+    fn ask<T>(&mut self, line: &str, mut pick: impl FnMut(&Answer) -> Option<T>) -> Option<T> {
+        self.request(line);
         let outputs = self.take();
-        let mut views = None;
+        let mut picked = None;
         for output in outputs {
-            match output {
-                Output::Reply {
-                    answer: Answer::Units(units),
-                    ..
-                } => views = Some(units),
-                other => self.outputs.push(other),
+            match &output {
+                Output::Reply { answer, .. } if pick(answer).is_some() => picked = pick(answer),
+                _ => self.outputs.push(output),
             }
         }
-        views.expect("a list answer")
+        picked
+    }
+
+    fn list(&mut self) -> Vec<WatchView> {
+        self.ask(r#"{"cmd":"list"}"#, |answer| match answer {
+            Answer::Units(units) => Some(units.clone()),
+            _ => None,
+        })
+        .expect("a list answer")
     }
 
     fn phase(&mut self, unit: &str) -> Phase {

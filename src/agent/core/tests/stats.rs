@@ -4,19 +4,11 @@ use super::*;
 
 /// The `stats` answer, asked for as a client would.
 fn stats(s: &mut Script) -> CoreStats {
-    s.request(r#"{"cmd":"stats"}"#);
-    let outputs = s.take();
-    let mut stats = None;
-    for output in outputs {
-        match output {
-            Output::Reply {
-                answer: Answer::Stats(answer),
-                ..
-            } => stats = Some(*answer),
-            other => s.outputs.push(other),
-        }
-    }
-    stats.expect("a stats answer")
+    s.ask(r#"{"cmd":"stats"}"#, |answer| match answer {
+        Answer::Stats(stats) => Some((**stats).clone()),
+        _ => None,
+    })
+    .expect("a stats answer")
 }
 
 fn bucket(stats: &CoreStats, le_us: Option<u64>) -> u64 {
@@ -87,7 +79,7 @@ fn a_watch_from_another_boot_counts_as_rebooted() {
 fn each_safety_net_relist_is_counted() {
     let mut config = config("boot-1");
     config.resync_interval = Some(Duration::from_secs(60));
-    let mut s = Script::with_config(config, AgentState::default());
+    let mut s = Script::configured(config, AgentState::default());
     s.pass(Duration::from_secs(59));
     assert_eq!(stats(&mut s).resyncs, 0);
     s.pass(Duration::from_secs(1));

@@ -3,19 +3,12 @@
 use super::*;
 
 fn status(s: &mut Script, unit: &str) -> Answer {
-    s.request(&format!(r#"{{"cmd":"status","unit":"{unit}"}}"#));
-    let outputs = s.take();
-    let mut answer = None;
-    for output in outputs {
-        match output {
-            Output::Reply {
-                answer: a @ (Answer::Status(_) | Answer::Error(..)),
-                ..
-            } => answer = Some(a),
-            other => s.outputs.push(other),
-        }
-    }
-    answer.expect("an answer")
+    let line = format!(r#"{{"cmd":"status","unit":"{unit}"}}"#);
+    s.ask(&line, |answer| match answer {
+        Answer::Status(_) | Answer::Error(..) => Some(answer.clone()),
+        _ => None,
+    })
+    .expect("an answer")
 }
 
 fn unit_status(s: &mut Script, unit: &str) -> UnitStatus {
