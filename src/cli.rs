@@ -370,16 +370,15 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Status { unit } => {
-            let response = call(&socket, &json!({"cmd": "status", "unit": unit.as_str()}))?;
-            print_line(&response["status"])?;
-            Ok(ExitCode::SUCCESS)
+            let status = connect(&socket)?.status(&unit).map_err(|e| e.to_string())?;
+            print(format, &status)
         }
         Cmd::Run {
             unit,
             properties,
             method_timeout,
             command,
-        } => run_command(&socket, unit, &properties, &command, method_timeout),
+        } => run_command(&socket, format, unit, &properties, &command, method_timeout),
         Cmd::Stats => {
             let stats = connect(&socket)?.stats().map_err(|e| e.to_string())?;
             print(format, &stats)
@@ -442,6 +441,7 @@ fn absolute(field: &str, path: PathBuf) -> Result<PathBuf, String> {
 /// `exitproof run`: start, watch the invocation it began, wait for its proof.
 fn run_command(
     socket: &SocketArgs,
+    format: Format,
     unit: Option<UnitName>,
     properties: &[String],
     command: &[String],
@@ -461,26 +461,22 @@ fn run_command(
     let mut client = connect(socket)?;
     let started = transient::start(socket.bus(), &unit, properties, command, method_timeout)
         .map_err(|e| e.to_string())?;
-    let watch = json!({"cmd": "watch", "unit": started.unit, "invocation": started.invocation});
-    let response = client.request(&watch).map_err(|e| e.to_string())?;
-    check(&response)?;
-    let response = client
-        .request(&json!({"cmd": "wait", "unit": started.unit}))
-        .map_err(|e| e.to_string())?;
-    check(&response)?;
-    let event = &response["event"];
-    print_line(event)?;
-    let systemd = &event["systemd"];
-    let status = transient::exit_status(
-        systemd["code"].as_str().unwrap_or(""),
-        systemd["status"].as_str().unwrap_or(""),
-    );
+    let watch = WatchArgs {
+        invocation: Some(started.invocation.clone()),
+        ..WatchArgs::new(unit.clone())
+    };
+    client.watch(watch).map_err(|e| e.to_string())?;
+    let event = client.wait(&unit, None).map_err(|e| e.to_string())?;
+    print(format, &event)?;
+    let status = event
+        .systemd
+        .as_ref()
+        .and_then(|systemd| transient::exit_status(&systemd.code, &systemd.status));
     drop(started);
     status.map(ExitCode::from).ok_or_else(|| {
         format!(
-            "{}: proven gone ({}), but systemd gave no exit status of its main process",
-            unit,
-            event["cause"].as_str().unwrap_or("?")
+            "{unit}: proven gone ({}), but systemd gave no exit status of its main process",
+            event.cause.name()
         )
     })
 }

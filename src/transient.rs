@@ -211,8 +211,6 @@ pub fn generated_unit_name() -> Result<String, RunError> {
 
 /// A started unit, kept loaded (`AddRef`) while this value lives.
 pub struct Started {
-    /// The unit's name.
-    pub unit: String,
     /// The invocation the start job began.
     pub invocation: String,
     // The connection holds systemd's reference to the unit: dropped, the unit may be
@@ -296,7 +294,6 @@ pub fn start(
         return Err(RunError::NoInvocation(unit));
     }
     Ok(Started {
-        unit,
         invocation,
         _conn: conn,
         _runtime: runtime,

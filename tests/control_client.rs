@@ -12,9 +12,10 @@ use exitproof::control::protocol::{
 };
 use exitproof::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
 use exitproof::control::wire::{
-    AgentStats, Bucket, Cause, CoreStats, EventAnswer, EventKind, InotifyStats, LatencySummary,
-    Level, ListAnswer, Phase, PhaseCounts, ProofCounts, ProofEvent, SanitizedRecord, StatsAnswer,
-    VersionAnswer, WatchAnswer, WatchView,
+    AgentStats, Bucket, Cause, CoreStats, EventAnswer, EventKind, InotifyStats, JournaldStats,
+    LatencySummary, Level, ListAnswer, Phase, PhaseCounts, ProofCounts, ProofEvent,
+    RemainingProcess, SanitizedRecord, StatsAnswer, StatusAnswer, UnitStatus, VersionAnswer,
+    WatchAnswer, WatchView,
 };
 use exitproof::unit_name::UnitName;
 use mio::{Events, Poll, Token, Waker};
@@ -349,6 +350,13 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
             },
         )
         .to_line(),
+        Command::Status(args) => Response::ok(
+            id,
+            StatusAnswer {
+                status: sample_status(args.unit.as_str()),
+            },
+        )
+        .to_line(),
         Command::Stats => Response::ok(
             id,
             StatsAnswer {
@@ -369,6 +377,37 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
         }
     };
     Reply::Lines(vec![line])
+}
+
+/// A blocked unit's status, one process listed of two.
+fn sample_status(unit: &str) -> UnitStatus {
+    UnitStatus {
+        watch: watch_view(unit),
+        cgroup: Some(format!("/app.slice/{unit}")),
+        blocked: true,
+        terminal_since_mono_ns: Some(5_000_000_000),
+        terminal_for_ms: Some(1500),
+        leftovers: vec![41],
+        remaining: Some(vec![RemainingProcess {
+            pid: 42,
+            comm: "flush".to_owned(),
+            state: "D".to_owned(),
+            cgroup: format!("/app.slice/{unit}/worker"),
+        }]),
+        remaining_total: Some(2),
+        remaining_error: None,
+    }
+}
+
+#[test]
+fn status_comes_back_as_the_agent_sent_it() {
+    let agent = Agent::answering(typed_answer);
+    let mut client = connect(&agent.path);
+    let web = unit_name("web.service");
+    assert_eq!(
+        client.status(&web).expect("status"),
+        sample_status("web.service")
+    );
 }
 
 /// Figures with every field set apart from the others, so a field read into another shows.
@@ -408,6 +447,7 @@ fn sample_stats() -> AgentStats {
             watches: 14,
             overflows: 15,
         },
+        journald: JournaldStats { dropped: 16 },
     }
 }
 

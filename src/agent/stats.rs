@@ -2,7 +2,7 @@
 //! sees (bus reconnects, inotify watches and overflows), as the `stats` answer and the metrics
 //! file carry them.
 
-use crate::control::wire::{AgentStats, CoreStats, InotifyStats};
+use crate::control::wire::{AgentStats, CoreStats, InotifyStats, JournaldStats};
 
 /// What only the driver counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

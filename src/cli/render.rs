@@ -8,7 +8,9 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::control::wire::{AgentStats, LatencySummary, Phase, ProofEvent, Version, WatchView};
+use crate::control::wire::{
+    AgentStats, LatencySummary, Phase, ProofEvent, UnitStatus, Version, WatchView,
+};
 use crate::unit_name::UnitName;
 
 /// A result the CLI prints.
@@ -240,9 +242,61 @@ impl Render for AgentStats {
         );
         let _ = writeln!(
             text,
-            "resyncs: {}; bus reconnects: {}; inotify: {} watches, {} overflows",
-            core.resyncs, self.bus_reconnects, self.inotify.watches, self.inotify.overflows
+            "resyncs: {}; bus reconnects: {}; inotify: {} watches, {} overflows; journald: {} \
+             dropped",
+            core.resyncs,
+            self.bus_reconnects,
+            self.inotify.watches,
+            self.inotify.overflows,
+            self.journald.dropped
         );
+        text
+    }
+
+    fn json(&self) -> String {
+        json_line(self)
+    }
+}
+
+/// `status`: the watch's line, its cgroup and, when its proof is blocked, since when and by
+/// which processes, as a table.
+impl Render for UnitStatus {
+    fn human(&self) -> String {
+        let mut text = self.watch.human();
+        let _ = writeln!(text, "cgroup: {}", self.cgroup.as_deref().unwrap_or("-"));
+        if !self.leftovers.is_empty() {
+            let pids: Vec<String> = self.leftovers.iter().map(i32::to_string).collect();
+            let _ = writeln!(text, "followed beside a new invocation: {}", pids.join(" "));
+        }
+        if !self.blocked {
+            return text;
+        }
+        let since = self
+            .terminal_for_ms
+            .map_or_else(String::new, |ms| format!(" for {}", age(ms * 1_000_000)));
+        let _ = writeln!(
+            text,
+            "blocked{since}: systemd says it ended, but its cgroup still holds {} process(es)",
+            self.remaining_total
+                .map_or_else(|| "?".to_owned(), |n| n.to_string())
+        );
+        if let Some(error) = &self.remaining_error {
+            let _ = writeln!(text, "cannot list them: {error}");
+        }
+        if let Some(remaining) = &self.remaining {
+            let _ = writeln!(text, "{:<8} {:<5} {:<16} CGROUP", "PID", "STATE", "COMMAND");
+            for p in remaining {
+                let _ = writeln!(
+                    text,
+                    "{:<8} {:<5} {:<16} {}",
+                    p.pid, p.state, p.comm, p.cgroup
+                );
+            }
+            let shown = remaining.len();
+            if let Some(total) = self.remaining_total.filter(|total| *total > shown) {
+                let _ = writeln!(text, "({} more not shown)", total - shown);
+            }
+        }
         text
     }
 
@@ -467,7 +521,8 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
     #[test]
     fn stats_read_as_lines_for_a_person_with_the_latency_in_words() {
         use crate::control::wire::{
-            Bucket, CoreStats, InotifyStats, LatencySummary, PhaseCounts, ProofCounts,
+            Bucket, CoreStats, InotifyStats, JournaldStats, LatencySummary, PhaseCounts,
+            ProofCounts,
         };
         let stats = AgentStats {
             core: CoreStats {
@@ -506,6 +561,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
                 watches: 8,
                 overflows: 0,
             },
+            journald: JournaldStats { dropped: 0 },
         };
         assert_eq!(
             stats.human(),
@@ -513,10 +569,57 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
              blocked by remaining processes: 1\n\
              proofs: 2 exited, 0 replaced-after-stop, 0 restarted-outside, 0 rebooted\n\
              proof latency: 2 proofs, mean 1.1ms, p50 ≤ 500us, p99 ≤ 2.5ms\n\
-             resyncs: 0; bus reconnects: 1; inotify: 8 watches, 0 overflows\n"
+             resyncs: 0; bus reconnects: 1; inotify: 8 watches, 0 overflows; journald: 0 \
+             dropped\n"
         );
         let json: serde_json::Value = serde_json::from_str(&stats.json()).expect("one JSON line");
         assert_eq!(json["watches"]["watching"], 3);
         assert_eq!(json["inotify"]["watches"], 8);
+    }
+
+    #[test]
+    fn a_blocked_status_says_since_when_and_lists_what_blocks_it() {
+        use crate::control::wire::RemainingProcess;
+        let status = UnitStatus {
+            watch: view("web.service"),
+            cgroup: Some("/app.slice/web.service".to_owned()),
+            blocked: true,
+            terminal_since_mono_ns: Some(SECOND),
+            terminal_for_ms: Some(12_000),
+            leftovers: Vec::new(),
+            remaining: Some(vec![RemainingProcess {
+                pid: 4242,
+                comm: "flush".to_owned(),
+                state: "D".to_owned(),
+                cgroup: "/app.slice/web.service/worker".to_owned(),
+            }]),
+            remaining_total: Some(3),
+            remaining_error: None,
+        };
+        let text = status.human();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], view("web.service").human().trim_end());
+        assert_eq!(
+            lines[1..],
+            [
+                "cgroup: /app.slice/web.service",
+                "blocked for 12s: systemd says it ended, but its cgroup still holds 3 process(es)",
+                "PID      STATE COMMAND          CGROUP",
+                "4242     D     flush            /app.slice/web.service/worker",
+                "(2 more not shown)",
+            ]
+        );
+        let unblocked = UnitStatus {
+            blocked: false,
+            remaining: None,
+            remaining_total: None,
+            ..status
+        };
+        assert_eq!(
+            unblocked.human().lines().count(),
+            2,
+            "{}",
+            unblocked.human()
+        );
     }
 }

@@ -31,10 +31,10 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ControlError;
-use super::protocol::{Command, ErrorKind, Request, UnwatchArgs, WaitArgs, WatchArgs};
+use super::protocol::{Command, ErrorKind, Request, StatusArgs, UnwatchArgs, WaitArgs, WatchArgs};
 use super::wire::{
-    AgentStats, Done, EventAnswer, EventKind, ListAnswer, ProofEvent, StatsAnswer, Version,
-    VersionAnswer, WatchAnswer, WatchView,
+    AgentStats, Done, EventAnswer, EventKind, ListAnswer, ProofEvent, StatsAnswer, StatusAnswer,
+    UnitStatus, Version, VersionAnswer, WatchAnswer, WatchView,
 };
 use crate::unit_name::UnitName;
 
@@ -211,6 +211,13 @@ impl Client {
     pub fn stats(&mut self) -> Result<AgentStats, ControlError> {
         self.call::<StatsAnswer>(Command::Stats)
             .map(|answer| answer.stats)
+    }
+
+    /// One watch, its facts and, when its proof is blocked, the processes that block it.
+    pub fn status(&mut self, unit: &UnitName) -> Result<UnitStatus, ControlError> {
+        let args = StatusArgs { unit: unit.clone() };
+        self.call::<StatusAnswer>(Command::Status(args))
+            .map(|answer| answer.status)
     }
 
     /// Subscribes this connection to the event stream, which it then carries alone.

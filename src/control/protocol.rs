@@ -268,7 +268,7 @@ pub struct UnwatchArgs {
 }
 
 /// Arguments of `status`.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StatusArgs {
     /// The watched unit, by the name it was watched by.

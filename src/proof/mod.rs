@@ -140,6 +140,7 @@ impl Cause {
             Cause::ReplacedAfterStop => "replaced-after-stop",
             Cause::RestartedOutside => "restarted-outside",
             Cause::Rebooted => "rebooted",
+            Cause::Other => "other",
         }
     }
 }

@@ -42,9 +42,10 @@ use std::time::{Duration, Instant};
 
 pub use crate::cgroup::procs::NextInvocation;
 pub use crate::control::wire::CoreStats;
+pub use crate::control::wire::{RemainingProcess, UnitStatus};
 pub use event::{ProofEvent, WatchView};
 use persist::Unsaved;
-pub use status::{MAX_REMAINING, RemainingProcess, UnitStatus};
+pub use status::MAX_REMAINING;
 use waiters::Waiters;
 use watch::{Watch, Watches};
 

@@ -4,52 +4,13 @@
 
 use std::time::Instant;
 
-use serde::Serialize;
-
-use super::event::WatchView;
 use super::{Answer, Core, ReplyTo};
 use crate::control::protocol::ErrorKind;
+use crate::control::wire::UnitStatus;
 use crate::unit_name::UnitName;
 
 /// At most this many remaining processes are listed; `remaining_total` counts them all.
 pub const MAX_REMAINING: usize = 32;
-
-/// One process left in a blocked unit's cgroup, as `/proc` shows it when asked.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RemainingProcess {
-    pub pid: i32,
-    /// The command name (`/proc/PID/stat`'s second field), lossily decoded.
-    pub comm: String,
-    /// The state letter: `R`, `S`, `D` (uninterruptible: often what a stop waits on), `Z`, ...
-    pub state: String,
-    /// The cgroup holding it, as systemd names cgroups (the unit's own, or one below it).
-    pub cgroup: String,
-}
-
-/// What `status` answers.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct UnitStatus {
-    pub watch: WatchView,
-    /// The unit's cgroup as systemd last reported it (`null` before the first read or if it
-    /// has none).
-    pub cgroup: Option<String>,
-    /// Unproven, terminal for systemd, and its cgroup last read populated.
-    pub blocked: bool,
-    /// CLOCK_MONOTONIC, in nanoseconds, when the agent learned our invocation is terminal;
-    /// `null` until then and once proven.
-    pub terminal_since_mono_ns: Option<u64>,
-    /// Milliseconds since then, when the status was taken.
-    pub terminal_for_ms: Option<u64>,
-    /// Processes followed as possibly ours beside a new invocation (replaced after stop).
-    pub leftovers: Vec<i32>,
-    /// When blocked: the processes in the cgroup and below, at most [`MAX_REMAINING`], listed
-    /// by the driver; `null` when not blocked or if they could not be listed.
-    pub remaining: Option<Vec<RemainingProcess>>,
-    /// How many processes the listing found; `null` with `remaining`.
-    pub remaining_total: Option<usize>,
-    /// Why the processes could not be listed, if they could not.
-    pub remaining_error: Option<String>,
-}
 
 impl Core {
     pub(super) fn cmd_status(&mut self, reply: ReplyTo, unit: &UnitName, now: Instant) {
