@@ -40,7 +40,7 @@ impl Run {
     fn spawn(sandbox: &Sandbox, args: &[&str]) -> Run {
         let mut command: Command = sandbox.command(&binary_in_sandbox());
         let child = command
-            .args(["--user", "--socket", SOCKET, "run"])
+            .args(["--user", "--socket", SOCKET, "--json", "run"])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
