@@ -245,6 +245,7 @@ fn a_handed_over_socket_that_is_not_a_listening_stream_is_refused() {
 /// The CLI against the socket at `socket` (a host path); its one JSON line.
 fn cli_one(socket: &std::path::Path, args: &[&str]) -> Value {
     let output = Command::new(binary())
+        .arg("--json")
         .arg("--socket")
         .arg(socket)
         .args(args)
