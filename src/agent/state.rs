@@ -35,7 +35,7 @@ pub const STATE_VERSION: u32 = 3;
 const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// The state file's name in the state directory.
-const STATE_FILE_NAME: &str = "state.json";
+pub(super) const STATE_FILE_NAME: &str = "state.json";
 
 /// What a temporary file's name starts with: `.state.json.<pid>.<random>.tmp`, and the
 /// journal's `.state.journal.<pid>.<random>.tmp`.
