@@ -116,6 +116,26 @@ pub struct WatchRecord {
     pub stop_unsent: bool,
 }
 
+#[cfg(test)]
+impl WatchRecord {
+    /// A watch of `unit` for `invocation` with nothing else set, for tests to build on.
+    pub(crate) fn bare(unit: &str, invocation: &str) -> WatchRecord {
+        WatchRecord {
+            unit: unit.to_owned(),
+            invocation: invocation.to_owned(),
+            stop_requested: false,
+            generation: None,
+            run_dir: None,
+            record: None,
+            launch_file: None,
+            stop_succeeded: false,
+            proof: None,
+            control_group: None,
+            stop_unsent: false,
+        }
+    }
+}
+
 /// Everything the agent keeps across a restart.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -618,19 +638,7 @@ mod tests {
     use std::os::unix::fs::{PermissionsExt, symlink};
 
     fn watch(unit: &str) -> WatchRecord {
-        WatchRecord {
-            unit: unit.to_owned(),
-            invocation: String::new(),
-            stop_requested: false,
-            generation: None,
-            run_dir: None,
-            record: None,
-            launch_file: None,
-            stop_succeeded: false,
-            proof: None,
-            control_group: None,
-            stop_unsent: false,
-        }
+        WatchRecord::bare(unit, "")
     }
 
     fn sample_state() -> AgentState {

@@ -220,17 +220,8 @@ mod tests {
 
     fn record(unit: &str) -> WatchRecord {
         WatchRecord {
-            unit: unit.to_owned(),
-            invocation: "6f6c8d4b3b33415a9c74b562581b76a5".to_owned(),
-            stop_requested: false,
-            generation: None,
-            run_dir: None,
-            record: None,
-            launch_file: None,
-            stop_succeeded: false,
-            proof: None,
             control_group: Some(format!("/app.slice/{unit}")),
-            stop_unsent: false,
+            ..WatchRecord::bare(unit, "6f6c8d4b3b33415a9c74b562581b76a5")
         }
     }
 
