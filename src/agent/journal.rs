@@ -203,19 +203,7 @@ mod tests {
     use crate::agent::state::WatchRecord;
 
     fn record(unit: &str, invocation: &str) -> WatchRecord {
-        WatchRecord {
-            unit: unit.to_owned(),
-            invocation: invocation.to_owned(),
-            stop_requested: false,
-            generation: None,
-            run_dir: None,
-            record: None,
-            launch_file: None,
-            stop_succeeded: false,
-            proof: None,
-            control_group: None,
-            stop_unsent: false,
-        }
+        WatchRecord::bare(unit, invocation)
     }
 
     /// A snapshot naming journal 5, with two watches and a generation.

@@ -35,7 +35,7 @@ pub const STATE_VERSION: u32 = 3;
 const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// The state file's name in the state directory.
-const STATE_FILE_NAME: &str = "state.json";
+pub(super) const STATE_FILE_NAME: &str = "state.json";
 
 /// What a temporary file's name starts with: `.state.json.<pid>.<random>.tmp`, and the
 /// journal's `.state.journal.<pid>.<random>.tmp`.
@@ -114,6 +114,26 @@ pub struct WatchRecord {
     /// restart if the unit still runs our invocation.
     #[serde(default)]
     pub stop_unsent: bool,
+}
+
+#[cfg(test)]
+impl WatchRecord {
+    /// A watch of `unit` for `invocation` with nothing else set, for tests to build on.
+    pub(crate) fn bare(unit: &str, invocation: &str) -> WatchRecord {
+        WatchRecord {
+            unit: unit.to_owned(),
+            invocation: invocation.to_owned(),
+            stop_requested: false,
+            generation: None,
+            run_dir: None,
+            record: None,
+            launch_file: None,
+            stop_succeeded: false,
+            proof: None,
+            control_group: None,
+            stop_unsent: false,
+        }
+    }
 }
 
 /// Everything the agent keeps across a restart.
@@ -619,19 +639,7 @@ mod tests {
     use std::os::unix::fs::{PermissionsExt, symlink};
 
     fn watch(unit: &str) -> WatchRecord {
-        WatchRecord {
-            unit: unit.to_owned(),
-            invocation: String::new(),
-            stop_requested: false,
-            generation: None,
-            run_dir: None,
-            record: None,
-            launch_file: None,
-            stop_succeeded: false,
-            proof: None,
-            control_group: None,
-            stop_unsent: false,
-        }
+        WatchRecord::bare(unit, "")
     }
 
     fn sample_state() -> AgentState {

@@ -6,13 +6,20 @@
 //! first, naming a journal one higher than the old one, and the old journal is then replaced
 //! by the new journal's header. Killed in between, the old journal is older than the snapshot
 //! and is not applied (its changes are in the snapshot).
+//!
+//! A journal file is there whenever a snapshot of version 3 is: where there was none (the
+//! first start, or a state of an older version), an empty journal numbered below the snapshot
+//! is put there before the snapshot is written. So a snapshot found without any journal lost
+//! it after it was written, with whatever changes were acknowledged since, and it is not
+//! taken up alone (it could bring back watches since unwatched, and proofs since released).
 
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
 use super::journal::{self, JOURNAL_FILE_NAME, JournalFile, Replayed};
 use super::state::{
-    AgentState, Found, STATE_VERSION, StateError, StateFile, StateSave, now_seconds, open_dir,
+    AgentState, Found, STATE_FILE_NAME, STATE_VERSION, StateError, StateFile, StateSave,
+    now_seconds, open_dir,
 };
 
 /// The journal is compacted into a new snapshot once it is longer than this, or than twice the
@@ -34,6 +41,8 @@ pub struct StateStore {
     snapshot: StateFile,
     /// The journal being appended to, once a snapshot was written by this agent.
     journal: Option<JournalFile>,
+    /// A journal file is in the directory (one was found at load, or this store started one).
+    journal_on_disk: bool,
     /// The number the next snapshot names: above every journal on disk.
     next_journal: u64,
     snapshot_len: u64,
@@ -46,6 +55,7 @@ impl StateStore {
             snapshot: StateFile::new(dir),
             journal: None,
             next_journal: 1,
+            journal_on_disk: false,
             snapshot_len: 0,
         }
     }
@@ -67,7 +77,18 @@ impl StateStore {
             }
         };
         self.next_journal = state.journal + 1;
-        let reason = match journal::read(&self.snapshot)? {
+        let found = journal::read(&self.snapshot)?;
+        self.journal_on_disk = !matches!(found, Found::Nothing);
+        let reason = match found {
+            Found::Nothing if state.journal > 0 => {
+                let reason = format!(
+                    "its journal {} (number {}) is missing: the changes saved after the \
+                     snapshot are lost",
+                    self.journal_path().display(),
+                    state.journal
+                );
+                return Err(self.move_snapshot_aside_because(reason));
+            }
             Found::Nothing => return Ok(Loaded { state, note: None }),
             Found::NotAFile(what) => format!("it is {what}"),
             Found::Bytes(bytes) => match journal::replay(&mut state, &bytes) {
@@ -116,6 +137,13 @@ impl StateStore {
                 state.journal = number;
                 // The old journal is useless from here, whatever happens next.
                 self.journal = None;
+                if !self.journal_on_disk {
+                    // Left out once the snapshot names a higher number; there, it says the
+                    // snapshot had a journal.
+                    self.snapshot
+                        .replace(JOURNAL_FILE_NAME, &journal::header(number - 1))?;
+                    self.journal_on_disk = true;
+                }
                 let bytes = self.snapshot.save(&state)?;
                 self.next_journal = number + 1;
                 self.snapshot_len = bytes as u64;
@@ -152,6 +180,20 @@ impl StateStore {
         let _ = self.move_journal_aside_because(seconds, String::new());
     }
 
+    fn move_snapshot_aside_because(&self, reason: String) -> StateError {
+        match open_dir(self.snapshot.dir()) {
+            Ok(dirfd) => {
+                self.snapshot
+                    .move_aside(dirfd.as_fd(), STATE_FILE_NAME, now_seconds(), reason)
+            }
+            Err(errno) => StateError::Corrupt {
+                path: self.snapshot.path().to_owned(),
+                moved_to: None,
+                reason: format!("{reason}; moving it aside failed: {errno}"),
+            },
+        }
+    }
+
     fn move_journal_aside_because(&self, seconds: u64, reason: String) -> StateError {
         let dir = self.snapshot.dir();
         match open_dir(dir) {
@@ -178,17 +220,8 @@ mod tests {
 
     fn record(unit: &str) -> WatchRecord {
         WatchRecord {
-            unit: unit.to_owned(),
-            invocation: "6f6c8d4b3b33415a9c74b562581b76a5".to_owned(),
-            stop_requested: false,
-            generation: None,
-            run_dir: None,
-            record: None,
-            launch_file: None,
-            stop_succeeded: false,
-            proof: None,
             control_group: Some(format!("/app.slice/{unit}")),
-            stop_unsent: false,
+            ..WatchRecord::bare(unit, "6f6c8d4b3b33415a9c74b562581b76a5")
         }
     }
 
@@ -361,6 +394,65 @@ mod tests {
             damaged
         );
         assert_eq!(load(dir.path()).state, AgentState::default());
+    }
+
+    #[test]
+    fn a_snapshot_whose_journal_is_missing_is_not_taken_up_alone() {
+        for compactions in [0, 1] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let mut store = StateStore::new(dir.path().to_owned());
+            store.load().expect("first start");
+            for _ in 0..=compactions {
+                store
+                    .save(StateSave::Snapshot(state_of(&["a.service"])))
+                    .expect("snapshot");
+            }
+            store
+                .save(StateSave::Changes(ChangeSet {
+                    removed: vec!["a.service".to_owned()],
+                    ..ChangeSet::default()
+                }))
+                .expect("append an acknowledged unwatch");
+            fs::remove_file(dir.path().join(JOURNAL_FILE_NAME)).expect("remove the journal");
+            let error = StateStore::new(dir.path().to_owned())
+                .load()
+                .expect_err("a snapshot without its journal");
+            let message = error.to_string();
+            assert!(
+                message.contains("state.json is corrupt")
+                    && message.contains("is missing")
+                    && message.contains("moved it aside to"),
+                "{message}"
+            );
+            let names = entries(dir.path());
+            assert!(
+                names.len() == 1 && names[0].starts_with("state.json.corrupt-"),
+                "{names:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_start_killed_before_its_first_journal_loads_at_every_step() {
+        // A fresh directory, and starts killed between the snapshot and its journal: the
+        // journal put there before the first snapshot keeps each pair loadable.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let journal_path = dir.path().join(JOURNAL_FILE_NAME);
+        for _ in 0..3 {
+            let mut store = StateStore::new(dir.path().to_owned());
+            let loaded = store.load().expect("load");
+            let number = loaded.state.journal + 1;
+            let before = fs::read(&journal_path).ok();
+            store
+                .save(StateSave::Snapshot(state_of(&["a.service"])))
+                .expect("snapshot");
+            // Undo the journal's start: a kill right after the snapshot's rename leaves the
+            // journal before it, or the empty one put there first.
+            let left = before.unwrap_or_else(|| journal::header(number - 1));
+            fs::write(&journal_path, left).expect("write");
+            let loaded = load(dir.path());
+            assert_eq!(watches(&loaded), ["a.service"]);
+        }
     }
 
     #[test]

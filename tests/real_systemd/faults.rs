@@ -375,9 +375,10 @@ fn a_watch_whose_save_fails_is_never_answered_and_the_agent_stops() {
     let sandbox = Sandbox::start("save-fails");
     sandbox.install_unit("held.service", "[Service]\nExecStart=/bin/sleep 1000\n");
     sandbox.systemctl_ok(&["start", "held.service"]);
-    // A state directory of two pages: the snapshot and the journal's header fill them at
-    // start, so the append of a watch longer than a page finds the file system full (as root,
-    // a read-only directory would not stop a write, nor would it stop an open journal).
+    // A state directory of three pages: the snapshot and the journal's header take two at
+    // start (and the three at once while the journal is started), so the append of a watch
+    // longer than two pages finds the file system full (as root, a read-only directory would
+    // not stop a write, nor would it stop an open journal).
     let out = sandbox.run("mkdir", &["-p", crate::support::agent::STATE_DIR]);
     assert!(out.status.success(), "mkdir: {out:?}");
     let out = sandbox.run(
@@ -386,14 +387,14 @@ fn a_watch_whose_save_fails_is_never_answered_and_the_agent_stops() {
             "-t",
             "tmpfs",
             "-o",
-            "size=8k,mode=0700",
+            "size=12k,mode=0700",
             "tmpfs",
             crate::support::agent::STATE_DIR,
         ],
     );
     assert!(out.status.success(), "mount: {out:?}");
     let mut agent = Agent::start(&sandbox);
-    let launch_file = format!("/run/{}launch-1", "a-long-directory-name/".repeat(250));
+    let launch_file = format!("/run/{}launch-1", "a-long-directory-name/".repeat(500));
     let mut conn = agent.connect();
     conn.send_raw(
         format!(

@@ -547,17 +547,8 @@ fn a_failed_first_read_refuses_a_new_watch_and_keeps_its_generation_free() {
 
 fn saved(unit: &str, invocation: &str) -> WatchRecord {
     WatchRecord {
-        unit: unit.into(),
-        invocation: invocation.into(),
-        stop_requested: false,
-        generation: None,
-        run_dir: None,
-        record: None,
-        launch_file: None,
-        stop_succeeded: false,
-        proof: None,
         control_group: Some(format!("/app.slice/{unit}")),
-        stop_unsent: false,
+        ..WatchRecord::bare(unit, invocation)
     }
 }
 
