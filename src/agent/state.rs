@@ -355,7 +355,6 @@ impl StateFile {
         StateFile { dir, path }
     }
 
-    #[cfg(test)]
     /// The state file's path.
     pub fn path(&self) -> &Path {
         &self.path
