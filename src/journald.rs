@@ -15,7 +15,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use log::kv::Key;
 
 /// journald's native socket.
-#[cfg(feature = "cli")]
 pub const SOCKET: &str = "/run/systemd/journal/socket";
 /// What the agent's records are filed under (`journalctl -t exitproof`).
 const IDENTIFIER: &str = "exitproof";

@@ -26,6 +26,8 @@ pub mod control;
 #[cfg(feature = "cli")]
 pub(crate) mod duration;
 pub mod exit;
+// The CLI's logger writes to journald; the library logs through whatever logger its user set.
+#[cfg(feature = "cli")]
 pub(crate) mod journald;
 pub(crate) mod memory;
 pub mod proof;

@@ -802,7 +802,7 @@ impl Agent {
             core,
             self.counters,
             self.cgroups.watch_count(),
-            crate::journald::dropped(),
+            journald_dropped(),
         )
     }
 
@@ -825,6 +825,14 @@ impl Agent {
             self.metrics = Some(metrics);
         }
     }
+}
+
+/// Records the CLI's journald logger dropped; none where the library runs under another logger.
+fn journald_dropped() -> u64 {
+    #[cfg(feature = "cli")]
+    return crate::journald::dropped();
+    #[cfg(not(feature = "cli"))]
+    0
 }
 
 /// The line answering a caller, its payload one of the wire types the client reads; `stats`

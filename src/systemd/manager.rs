@@ -406,6 +406,8 @@ pub async fn start_transient_service(
         .map(|_| ())
 }
 
+// For `exitproof run` and the benchmark's units.
+#[cfg(any(feature = "cli", feature = "bench"))]
 /// The value of a transient service's `ExecStart`: `program` (an absolute path) run with
 /// `argv` (its first element the process's name), its failure not ignored.
 pub fn exec_start<S: AsRef<str>>(program: &str, argv: &[S]) -> Vec<(String, Vec<String>, bool)> {
@@ -413,11 +415,15 @@ pub fn exec_start<S: AsRef<str>>(program: &str, argv: &[S]) -> Vec<(String, Vec<
     vec![(program.to_owned(), argv, false)]
 }
 
+// For `exitproof run` and the benchmark's units.
+#[cfg(any(feature = "cli", feature = "bench"))]
 /// A property value as `StartTransientUnit` takes it.
 pub fn owned_variant<'a>(value: impl Into<zbus::Variant<'a>>) -> zbus::Result<OwnedVariant> {
     OwnedVariant::try_from(value.into())
 }
 
+// For `exitproof run` and the benchmark's units.
+#[cfg(any(feature = "cli", feature = "bench"))]
 /// Starts the transient unit `unit` with `properties` (`StartTransientUnit`, mode `fail`) from
 /// `systemd` (a bus name); returns the start job's object path, which `JobRemoved` names.
 pub async fn start_transient_unit(
