@@ -41,8 +41,6 @@ pub struct StateStore {
     snapshot: StateFile,
     /// The journal being appended to, once a snapshot was written by this agent.
     journal: Option<JournalFile>,
-    /// A journal file is in the directory (one was found at load, or this store started one).
-    journal_on_disk: bool,
     /// The number the next snapshot names: above every journal on disk.
     next_journal: u64,
     snapshot_len: u64,
@@ -55,7 +53,6 @@ impl StateStore {
             snapshot: StateFile::new(dir),
             journal: None,
             next_journal: 1,
-            journal_on_disk: false,
             snapshot_len: 0,
         }
     }
@@ -78,7 +75,6 @@ impl StateStore {
         };
         self.next_journal = state.journal + 1;
         let found = journal::read(&self.snapshot)?;
-        self.journal_on_disk = !matches!(found, Found::Nothing);
         let reason = match found {
             Found::Nothing if state.journal > 0 => {
                 let reason = format!(
@@ -137,12 +133,12 @@ impl StateStore {
                 state.journal = number;
                 // The old journal is useless from here, whatever happens next.
                 self.journal = None;
-                if !self.journal_on_disk {
+                // Asked of the disk, not remembered: a journal moved aside as corrupt is gone.
+                if !self.journal_path().exists() {
                     // Left out once the snapshot names a higher number; there, it says the
                     // snapshot had a journal.
                     self.snapshot
                         .replace(JOURNAL_FILE_NAME, &journal::header(number - 1))?;
-                    self.journal_on_disk = true;
                 }
                 let bytes = self.snapshot.save(&state)?;
                 self.next_journal = number + 1;
