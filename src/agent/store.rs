@@ -274,14 +274,20 @@ mod tests {
         assert!(text.starts_with(&format!("{{\"version\":{STATE_VERSION},\"journal\":1}}\n")));
     }
 
-    #[test]
-    fn a_new_snapshot_starts_a_new_journal_numbered_above_the_old() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut store = StateStore::new(dir.path().to_owned());
+    /// A store in `dir` whose snapshot holds `a.service`, and whose journal then `b.service`.
+    fn snapshot_of_a_then_b_appended(dir: &Path) -> StateStore {
+        let mut store = StateStore::new(dir.to_owned());
         store
             .save(StateSave::Snapshot(state_of(&["a.service"])))
             .expect("snapshot");
         store.save(put("b.service")).expect("append");
+        store
+    }
+
+    #[test]
+    fn a_new_snapshot_starts_a_new_journal_numbered_above_the_old() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = snapshot_of_a_then_b_appended(dir.path());
         store
             .save(StateSave::Snapshot(state_of(&["a.service", "b.service"])))
             .expect("compact");
@@ -300,11 +306,7 @@ mod tests {
     #[test]
     fn a_compaction_killed_at_any_step_loads_the_same_state() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut store = StateStore::new(dir.path().to_owned());
-        store
-            .save(StateSave::Snapshot(state_of(&["a.service"])))
-            .expect("snapshot");
-        store.save(put("b.service")).expect("append");
+        let mut store = snapshot_of_a_then_b_appended(dir.path());
         let whole = state_of(&["a.service", "b.service"]);
         let journal_path = dir.path().join(JOURNAL_FILE_NAME);
         let old_journal = fs::read(&journal_path).expect("read the journal");
@@ -342,11 +344,7 @@ mod tests {
     #[test]
     fn a_killed_append_is_dropped_with_a_note() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut store = StateStore::new(dir.path().to_owned());
-        store
-            .save(StateSave::Snapshot(state_of(&["a.service"])))
-            .expect("snapshot");
-        store.save(put("b.service")).expect("append");
+        snapshot_of_a_then_b_appended(dir.path());
         let journal_path = dir.path().join(JOURNAL_FILE_NAME);
         let mut bytes = fs::read(&journal_path).expect("read");
         bytes.extend_from_slice(b"{\"seq\":2,\"changes\":{\"removed\":[\"a.ser");
@@ -360,11 +358,7 @@ mod tests {
     #[test]
     fn a_corrupt_journal_goes_aside_with_its_snapshot_and_the_agent_starts_empty() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut store = StateStore::new(dir.path().to_owned());
-        store
-            .save(StateSave::Snapshot(state_of(&["a.service"])))
-            .expect("snapshot");
-        store.save(put("b.service")).expect("append");
+        let mut store = snapshot_of_a_then_b_appended(dir.path());
         store.save(put("c.service")).expect("append");
         let journal_path = dir.path().join(JOURNAL_FILE_NAME);
         let text = fs::read_to_string(&journal_path).expect("read");
@@ -454,11 +448,7 @@ mod tests {
     #[test]
     fn a_corrupt_snapshot_takes_its_journal_aside_too() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut store = StateStore::new(dir.path().to_owned());
-        store
-            .save(StateSave::Snapshot(state_of(&["a.service"])))
-            .expect("snapshot");
-        store.save(put("b.service")).expect("append");
+        snapshot_of_a_then_b_appended(dir.path());
         fs::write(dir.path().join("state.json"), b"{\"version\":3,").expect("damage");
         let error = StateStore::new(dir.path().to_owned())
             .load()
