@@ -207,9 +207,10 @@ enum Cmd {
     Events,
     /// Print this CLI's version and the running agent's (its version and protocol version).
     Version,
-    /// Print the agent's counters and gauges as one JSON line.
+    /// Print the agent's counters and gauges: a line each, or one JSON line with --json.
     Stats,
-    /// Print a watched unit's watch, its facts and what blocks its proof, as one JSON line.
+    /// Print a watched unit's watch, its facts and what blocks its proof: lines and a table of
+    /// the blocking processes, or one JSON line with --json.
     Status {
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
