@@ -54,6 +54,10 @@ pub const TESTS: &[Test] = &[
         "a_transient_unit_collected_after_it_ended_is_proven",
         a_transient_unit_collected_after_it_ended_is_proven,
     ),
+    (
+        "a_unit_restarting_while_it_is_read_is_never_proven_while_it_runs",
+        a_unit_restarting_while_it_is_read_is_never_proven_while_it_runs,
+    ),
 ];
 
 /// A shell command that waits until the file `go` exists: the test decides when it ends.
@@ -432,4 +436,51 @@ fn a_transient_unit_collected_after_it_ended_is_proven() {
     let event = agent.one(&["wait", "brief.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["cause"], "exited", "{event}");
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
+}
+
+/// The agent reads a unit's properties one by one, so a unit that restarts in the middle of a
+/// read must not lend one invocation's state to another: a watch made while the unit restarts
+/// again and again must adopt an invocation and prove it only once it has ended. After each
+/// proof, systemd is asked (in one call, one moment's answer) whether the proven invocation is
+/// still the unit's and running. The simulator provokes the exact interleavings; this is the
+/// same rule against real systemd's timing.
+fn a_unit_restarting_while_it_is_read_is_never_proven_while_it_runs() {
+    let sandbox = Sandbox::start("churn");
+    sandbox.install_unit(
+        "churn.service",
+        "[Unit]\nStartLimitIntervalSec=0\n\
+         [Service]\nExecStart=/bin/sleep 0.05\nRestart=always\nRestartSec=0\n",
+    );
+    sandbox.systemctl_ok(&["start", "churn.service"]);
+    let agent = Agent::start(&sandbox);
+    let mut proven = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let watch = agent.one(&["watch", "churn.service"]);
+        let ours = watch["invocation"].as_str().unwrap_or_default().to_owned();
+        let proof = agent.one(&["wait", "churn.service", "--timeout", PATIENCE_ARG]);
+        let now = sandbox.systemctl(&[
+            "show",
+            "-p",
+            "InvocationID",
+            "-p",
+            "ActiveState",
+            "-p",
+            "SubState",
+            "churn.service",
+        ]);
+        let now = String::from_utf8_lossy(&now.stdout).into_owned();
+        assert_eq!(proof["invocation"], ours.as_str(), "{watch} then {proof}");
+        assert!(
+            !(now.contains(&format!("InvocationID={ours}\n"))
+                && now.contains("ActiveState=active\n")),
+            "proven while it runs: {proof}; systemd says {now}"
+        );
+        proven.insert(ours);
+        agent.cli_json(&["unwatch", "churn.service"], 0);
+    }
+    sandbox.systemctl_ok(&["stop", "churn.service"]);
+    assert!(
+        proven.len() > 1,
+        "the unit never restarted between watches: {proven:?}"
+    );
 }

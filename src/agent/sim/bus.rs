@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use crate::systemd::manager::{SERVICE_PROPERTIES, UNIT_PROPERTIES};
 use crate::systemd::signal::SystemdSignal;
 
 /// What systemd answered a read with.
@@ -41,8 +42,37 @@ pub(crate) enum Msg {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum CallKind {
-    Read,
+    Read(ReadKind),
     Stop,
+}
+
+/// How a read asks systemd, as the driver does (`systemd::manager::read_unit`). Each of its
+/// messages is answered at its own moment, and other calls may be answered in between.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ReadKind {
+    /// It begins with GetUnit (a first attempt; another asks at the path that one gave).
+    pub get_unit: bool,
+    /// InvocationID, each property, InvocationID again; else GetAll of the Unit interface,
+    /// then of the Service interface.
+    pub by_property: bool,
+}
+
+impl ReadKind {
+    /// A read's first attempt.
+    pub(crate) const FIRST: ReadKind = ReadKind {
+        get_unit: true,
+        by_property: true,
+    };
+
+    /// How many answers make the read.
+    pub(crate) fn parts(self) -> usize {
+        let properties = if self.by_property {
+            2 + UNIT_PROPERTIES.len() + SERVICE_PROPERTIES.len()
+        } else {
+            2
+        };
+        usize::from(self.get_unit) + properties
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -51,11 +81,13 @@ pub(crate) struct Call {
     pub epoch: u64,
     pub unit: String,
     pub kind: CallKind,
+    /// A read's answers so far, one per message, each taken when systemd answered it.
+    pub parts: Vec<Snapshot>,
 }
 
 #[derive(Clone, Debug)]
 pub(crate) enum Answer {
-    Read(Result<Snapshot, String>),
+    Read(Result<Vec<Snapshot>, String>),
     /// `Err` carries the D-Bus error name (NoSuchUnit is one).
     Stop(Result<(), String>),
 }
@@ -157,11 +189,12 @@ impl Bus {
             epoch,
             unit: unit.to_owned(),
             kind,
+            parts: Vec::new(),
         };
         if self.stale {
             let error = SERVICE_UNKNOWN.to_owned();
             let answer = match kind {
-                CallKind::Read => Answer::Read(Err(error)),
+                CallKind::Read(_) => Answer::Read(Err(error)),
                 CallKind::Stop => Answer::Stop(Err(error)),
             };
             self.reply(&call, answer);

@@ -16,7 +16,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, Snapshot};
+use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, ReadKind, Snapshot};
 use super::kernel::{Inv, Pid, Reading, TICK_US, within};
 use super::oracle::{Oracle, StopWhy, parse_inv};
 use super::rng::Rng;
@@ -31,9 +31,21 @@ use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_proc
 use crate::control::protocol::RequestId;
 use crate::proof::StopReason;
 use crate::systemd::manager::{CurrentInvocation, ServiceExit, UnitSnapshot};
+use crate::systemd::manager::{PROPERTY_READ_ATTEMPTS, SERVICE_PROPERTIES, UNIT_PROPERTIES};
 use crate::systemd::signal::{SystemdSignal, unit_path};
 
 /// What one simulated run is made of.
+/// What a call in flight is for.
+#[derive(Clone, Copy, Debug)]
+enum CallFor {
+    /// The driver's `attempt`th read of a unit (see `read_again`), asked as `kind` says.
+    Read {
+        attempt: u32,
+        kind: ReadKind,
+    },
+    Stop(StopKind),
+}
+
 pub(crate) struct Sim {
     pub rng: Rng,
     pub world: World,
@@ -46,7 +58,7 @@ pub(crate) struct Sim {
     /// One line per thing that happened, when a transcript is wanted.
     pub trace: Option<Vec<String>>,
     /// Calls in flight: the key they are for, and the stop's kind.
-    calls: BTreeMap<u64, (UnitKey, Option<StopKind>)>,
+    calls: BTreeMap<u64, (UnitKey, CallFor)>,
     /// The cgroup each key's inotify watch is on.
     watches: BTreeMap<UnitKey, String>,
     /// The leftovers each key holds a pidfd of, until their exit is delivered.
@@ -76,6 +88,9 @@ pub(crate) struct Sim {
     /// after that save is carried out.
     dies_at_save: bool,
     pub restarts: u32,
+    /// Reads the driver asked again: the unit began another invocation while read property
+    /// by property.
+    pub reads_asked_again: u32,
     /// Leftover counts answered, and how many of them held a process of the invocation the
     /// unit runs now (which only delays a proof).
     pub counts: u32,
@@ -149,6 +164,7 @@ impl Sim {
             deaths_at_saves: true,
             dies_at_save: false,
             restarts: 0,
+            reads_asked_again: 0,
             counts: 0,
             counts_holding_current: 0,
         };
@@ -223,8 +239,8 @@ impl Sim {
         let why = why.to_owned();
         self.log(|| format!("driver: {why}"));
         self.input(Input::BusLost);
-        for (_, (key, kind)) in std::mem::take(&mut self.calls) {
-            if let Some(kind) = kind {
+        for (_, (key, call)) in std::mem::take(&mut self.calls) {
+            if let CallFor::Stop(kind) = call {
                 self.input(Input::StopDone {
                     key,
                     kind,
@@ -299,8 +315,12 @@ impl Sim {
                     self.key_invs.insert(key, inv);
                 }
                 // Without a connection the real driver drops the read too.
-                if let Some(id) = self.world.bus.send(&unit, CallKind::Read) {
-                    self.calls.insert(id, (key, None));
+                if let Some(id) = self.world.bus.send(&unit, CallKind::Read(ReadKind::FIRST)) {
+                    let call = CallFor::Read {
+                        attempt: 1,
+                        kind: ReadKind::FIRST,
+                    };
+                    self.calls.insert(id, (key, call));
                 }
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
@@ -549,7 +569,7 @@ impl Sim {
             .on_stop(&self.world, unit, ours, why, |inv| seen.contains(&inv));
         match self.world.bus.send(unit, CallKind::Stop) {
             Some(id) => {
-                self.calls.insert(id, (key, Some(kind)));
+                self.calls.insert(id, (key, CallFor::Stop(kind)));
             }
             None => {
                 let now = self.now();
@@ -633,21 +653,28 @@ impl Sim {
         let Some(reply) = self.world.bus.replies.pop_front() else {
             return false;
         };
-        let Some((key, kind)) = self.calls.remove(&reply.id) else {
+        let Some((key, call)) = self.calls.remove(&reply.id) else {
             return true;
         };
-        match (reply.answer, kind) {
-            (BusAnswer::Read(result), _) => {
+        match (reply.answer, call) {
+            (BusAnswer::Read(result), CallFor::Read { attempt, kind }) => {
+                let result = match result.map(|parts| driver_read(kind, &parts)) {
+                    Ok(None) => {
+                        self.read_again(key, attempt);
+                        return true;
+                    }
+                    Ok(Some(snapshot)) => Ok(snapshot),
+                    Err(e) => Err(e),
+                };
                 if let Ok(snapshot) = &result
                     && let Some(u) = self.world.resolve(&snapshot.id)
                 {
                     let inv = parse_inv(&snapshot.invocation);
                     self.seen.entry(u).or_default().insert(inv);
                 }
-                let result = result.map(to_unit_snapshot);
                 self.input(Input::UnitRead { key, result });
             }
-            (BusAnswer::Stop(result), Some(kind)) => {
+            (BusAnswer::Stop(result), CallFor::Stop(kind)) => {
                 // The real driver counts NoSuchUnit as stopped.
                 let succeeded = match result {
                     Ok(()) => true,
@@ -659,9 +686,28 @@ impl Sim {
                     succeeded,
                 });
             }
-            (BusAnswer::Stop(_), None) => {}
+            _ => {}
         }
         true
+    }
+
+    /// The unit began another invocation while it was read property by property: the driver
+    /// asks again at the path it has, and after the last attempt with GetAll.
+    fn read_again(&mut self, key: UnitKey, attempt: u32) {
+        let Some(unit) = self.key_names.get(&key).cloned() else {
+            return;
+        };
+        let kind = ReadKind {
+            get_unit: false,
+            by_property: attempt < PROPERTY_READ_ATTEMPTS,
+        };
+        self.reads_asked_again += 1;
+        self.log(|| format!("driver: {unit} began another invocation while read; again"));
+        if let Some(id) = self.world.bus.send(&unit, CallKind::Read(kind)) {
+            let attempt = attempt + 1;
+            self.calls
+                .insert(id, (key, CallFor::Read { attempt, kind }));
+        }
     }
 
     /// A call times out: the agent hears an error, though systemd may still carry it out.
@@ -671,17 +717,17 @@ impl Sim {
             return false;
         };
         self.world.bus.abandon(id);
-        let Some((key, kind)) = self.calls.remove(&id) else {
+        let Some((key, call)) = self.calls.remove(&id) else {
             return true;
         };
         self.log(|| format!("driver: call #{id} timed out"));
-        match kind {
-            Some(kind) => self.input(Input::StopDone {
+        match call {
+            CallFor::Stop(kind) => self.input(Input::StopDone {
                 key,
                 kind,
                 succeeded: false,
             }),
-            None => self.input(Input::UnitRead {
+            CallFor::Read { .. } => self.input(Input::UnitRead {
                 key,
                 result: Err("Method call timed out".into()),
             }),
@@ -755,30 +801,81 @@ pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
         .collect()
 }
 
-fn to_unit_snapshot(s: Snapshot) -> UnitSnapshot {
-    let exit = s.loaded.then(|| {
+/// What the driver makes of a read's answers (`systemd::manager::read_unit`): the snapshot,
+/// or `None` if the unit began another invocation between the first and the last answer of a
+/// read property by property.
+fn driver_read(kind: ReadKind, parts: &[Snapshot]) -> Option<UnitSnapshot> {
+    let mut parts = parts.iter();
+    if kind.get_unit {
+        let get_unit = parts.next()?;
+        if !get_unit.loaded {
+            return Some(to_unit_snapshot(get_unit, get_unit));
+        }
+    }
+    if !kind.by_property {
+        let (unit, service) = (parts.next()?, parts.next()?);
+        return Some(to_unit_snapshot(&loaded(unit), &loaded(service)));
+    }
+    let before = parts.next()?;
+    let mut read = loaded(before);
+    for (name, part) in UNIT_PROPERTIES
+        .iter()
+        .chain(&SERVICE_PROPERTIES)
+        .zip(&mut parts)
+    {
+        match *name {
+            "Id" => read.id.clone_from(&part.id),
+            "ActiveState" => read.active_state.clone_from(&part.active_state),
+            "SubState" => read.sub_state.clone_from(&part.sub_state),
+            "InactiveExitTimestampMonotonic" => read.inactive_exit_us = part.inactive_exit_us,
+            "ControlGroup" => read.control_group.clone_from(&part.control_group),
+            "Result" => read.result.clone_from(&part.result),
+            "ExecMainCode" => read.exec_main_code = part.exec_main_code,
+            "ExecMainStatus" => read.exec_main_status = part.exec_main_status,
+            "MainPID" => read.main_pid = part.main_pid,
+            "ControlPID" => read.control_pid = part.control_pid,
+            other => panic!("the simulator does not model the property {other}"),
+        }
+    }
+    let after = parts.next()?;
+    (after.invocation == before.invocation).then(|| to_unit_snapshot(&read, &read))
+}
+
+/// A part answered after GetUnit found the unit: the driver takes it as loaded (asking at its
+/// path loads it again if systemd dropped it meanwhile, inactive with no invocation).
+fn loaded(part: &Snapshot) -> Snapshot {
+    Snapshot {
+        loaded: true,
+        ..part.clone()
+    }
+}
+
+/// The snapshot made of the Unit interface's answer (`unit`) and the Service interface's
+/// (`service`: the cgroup, the exit status, the pids), each stamped with its own serial.
+fn to_unit_snapshot(unit: &Snapshot, service: &Snapshot) -> UnitSnapshot {
+    let exit = unit.loaded.then(|| {
         let exit = ServiceExit {
-            result: Some(s.result.clone()),
-            exec_main_code: Some(s.exec_main_code),
-            exec_main_status: Some(s.exec_main_status),
+            result: Some(service.result.clone()),
+            exec_main_code: Some(service.exec_main_code),
+            exec_main_status: Some(service.exec_main_status),
         };
-        (exit, s.serial)
+        (exit, service.serial)
     });
-    // One reply here carries what the real read takes from GetAll of the Unit interface (the
-    // timestamp) and of the Service interface (the pids).
     let current = CurrentInvocation {
-        inactive_exit_us: s.loaded.then_some(s.inactive_exit_us),
-        pids: s.loaded.then_some(((s.main_pid, s.control_pid), s.serial)),
+        inactive_exit_us: unit.loaded.then_some(unit.inactive_exit_us),
+        pids: unit
+            .loaded
+            .then_some(((service.main_pid, service.control_pid), service.serial)),
     };
     UnitSnapshot {
-        serial: s.serial,
-        loaded: s.loaded,
-        path: unit_path(&s.id),
-        id: s.id,
-        active_state: s.active_state,
-        sub_state: s.sub_state,
-        invocation: s.invocation,
-        control_group: s.control_group,
+        serial: unit.serial,
+        loaded: unit.loaded,
+        path: unit_path(&unit.id),
+        id: unit.id.clone(),
+        active_state: unit.active_state.clone(),
+        sub_state: unit.sub_state.clone(),
+        invocation: unit.invocation.clone(),
+        control_group: service.control_group.clone(),
         exit,
         current,
     }

@@ -30,6 +30,7 @@ struct Outcome {
     proofs: u32,
     stop_races: u32,
     restarts: u32,
+    reads_asked_again: u32,
     counts: (u32, u32),
 }
 
@@ -211,6 +212,7 @@ fn run(seed: u64, traced: bool) -> Outcome {
         proofs: sim.oracle.proofs,
         stop_races: sim.oracle.stop_races,
         restarts: sim.restarts,
+        reads_asked_again: sim.reads_asked_again,
         counts: (sim.counts, sim.counts_holding_current),
     }
 }
@@ -235,13 +237,14 @@ fn simulation() {
     let mut kinds: std::collections::BTreeMap<String, Vec<(u64, usize, String)>> =
         Default::default();
     let mut failing = 0;
-    let (mut proofs, mut races, mut restarts) = (0, 0, 0);
+    let (mut proofs, mut races, mut restarts, mut reads_again) = (0, 0, 0, 0);
     let (mut counts, mut holding_current) = (0, 0);
     for seed in 0..seeds {
         let outcome = run(seed, false);
         proofs += outcome.proofs;
         races += outcome.stop_races;
         restarts += outcome.restarts;
+        reads_again += outcome.reads_asked_again;
         counts += outcome.counts.0;
         holding_current += outcome.counts.1;
         failing += usize::from(!outcome.violations.is_empty());
@@ -256,6 +259,10 @@ fn simulation() {
     println!(
         "{seeds} seeds: {proofs} proofs, {restarts} agent restarts, {races} stops that raced \
          an invocation the agent had not heard of yet, {failing} failing seeds"
+    );
+    println!(
+        "{reads_again} reads asked again: the unit began another invocation while read \
+         property by property"
     );
     println!(
         "{counts} leftover counts, {holding_current} of them holding a process of the \

@@ -502,11 +502,35 @@ impl World {
             if !self.bus.systemd_on {
                 break;
             }
-            let Some(call) = self.bus.calls.pop_front() else {
+            let Some(mut call) = self.bus.calls.pop_front() else {
                 break;
             };
             let answer = match call.kind {
-                CallKind::Read => Answer::Read(Ok(self.snapshot(&call.unit))),
+                CallKind::Read(kind) => {
+                    // systemd answers a few of the read's messages now; anything may happen
+                    // before it answers the rest.
+                    let mut burst = 1 + self.rng.below(kind.parts() - call.parts.len());
+                    let mut unloaded = false;
+                    while burst > 0 && !unloaded {
+                        let part = self.snapshot(&call.unit);
+                        unloaded = kind.get_unit && call.parts.is_empty() && !part.loaded;
+                        call.parts.push(part);
+                        burst -= 1;
+                    }
+                    if !unloaded && call.parts.len() < kind.parts() {
+                        // The driver sends the next message once this one is answered.
+                        done.push(format!(
+                            "Read {} #{} ({} of {})",
+                            call.unit,
+                            call.id,
+                            call.parts.len(),
+                            kind.parts()
+                        ));
+                        self.bus.calls.push_back(call);
+                        continue;
+                    }
+                    Answer::Read(Ok(std::mem::take(&mut call.parts)))
+                }
                 CallKind::Stop => match self.resolve(&call.unit) {
                     Some(u) if self.units[u].loaded => {
                         self.bus.next_serial(0);
@@ -524,10 +548,11 @@ impl World {
             } else {
                 " (nobody waits)"
             };
-            done.push(format!(
-                "{:?} {} #{}{dropped}",
-                call.kind, call.unit, call.id
-            ));
+            let kind = match call.kind {
+                CallKind::Read(_) => "Read",
+                CallKind::Stop => "Stop",
+            };
+            done.push(format!("{kind} {} #{}{dropped}", call.unit, call.id));
             self.bus.reply(&call, answer);
         }
         format!("systemd answers {}", done.join(", "))

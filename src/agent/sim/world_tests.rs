@@ -1,6 +1,6 @@
 //! The model against what systemd was seen to do: each test is one observed behaviour.
 
-use super::bus::{Answer, CallKind, Msg};
+use super::bus::{Answer, CallKind, Msg, ReadKind};
 use super::kernel::Reading;
 use super::service::{SvcState, UnitConfig};
 use super::world::{Action, World};
@@ -50,10 +50,14 @@ fn states(signals: &[(u32, SystemdSignal)]) -> Vec<(String, String)> {
 }
 
 fn read(w: &mut World, name: &str) -> super::bus::Snapshot {
-    w.bus.send(name, CallKind::Read);
-    w.apply(Action::ProcessCalls(1));
+    let kind = ReadKind {
+        get_unit: false,
+        by_property: false,
+    };
+    w.bus.send(name, CallKind::Read(kind));
+    w.apply(Action::ProcessCalls(kind.parts()));
     match w.bus.replies.pop_back().map(|r| r.answer) {
-        Some(Answer::Read(Ok(s))) => s,
+        Some(Answer::Read(Ok(mut parts))) => parts.remove(0),
         other => panic!("{other:?}"),
     }
 }
