@@ -46,9 +46,10 @@ impl fmt::Display for NotifyAddress {
 }
 
 /// A failure to set up or use the sd_notify protocol.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum NotifyError {
     /// `NOTIFY_SOCKET` names no address this agent can send to.
+    #[error("invalid NOTIFY_SOCKET {value:?}: {reason}")]
     InvalidSocket {
         /// The variable's value, lossily decoded.
         value: String,
@@ -56,6 +57,7 @@ pub enum NotifyError {
         reason: &'static str,
     },
     /// `WATCHDOG_USEC` or `WATCHDOG_PID` is not a positive whole number.
+    #[error("invalid {variable} {value:?}: expected a whole number greater than 0")]
     InvalidWatchdog {
         /// The variable's name.
         variable: &'static str,
@@ -63,11 +65,13 @@ pub enum NotifyError {
         value: String,
     },
     /// The datagram socket could not be created.
+    #[error("cannot create a datagram socket for sd_notify: {source}")]
     Socket {
         /// The error from `socket(2)`.
         source: Errno,
     },
     /// A notification was not sent; `EAGAIN` means the manager's queue is full.
+    #[error("cannot send {variable} to the notify socket {address}: {source}")]
     Send {
         /// The variable the notification carried, e.g. `READY`.
         variable: &'static str,
@@ -76,40 +80,6 @@ pub enum NotifyError {
         /// The error from `sendto(2)`.
         source: Errno,
     },
-}
-
-impl fmt::Display for NotifyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NotifyError::InvalidSocket { value, reason } => {
-                write!(f, "invalid NOTIFY_SOCKET {value:?}: {reason}")
-            }
-            NotifyError::InvalidWatchdog { variable, value } => write!(
-                f,
-                "invalid {variable} {value:?}: expected a whole number greater than 0"
-            ),
-            NotifyError::Socket { source } => {
-                write!(f, "cannot create a datagram socket for sd_notify: {source}")
-            }
-            NotifyError::Send {
-                variable,
-                address,
-                source,
-            } => write!(
-                f,
-                "cannot send {variable} to the notify socket {address}: {source}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for NotifyError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            NotifyError::Socket { source } | NotifyError::Send { source, .. } => Some(source),
-            NotifyError::InvalidSocket { .. } | NotifyError::InvalidWatchdog { .. } => None,
-        }
-    }
 }
 
 /// Speaks the sd_notify protocol to the service manager that started the agent.

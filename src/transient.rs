@@ -7,7 +7,6 @@
 //! command exits. The start job's `JobRemoved` says when to read the invocation; the watch then
 //! names it, so the proof is of that invocation whenever it was made.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -56,48 +55,36 @@ const DURATIONS: [(&str, &str); 3] = [
 const OWN: [&str; 2] = ["ExecStart", "AddRef"];
 
 /// Why `exitproof run` failed before it could give the command's exit status.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum RunError {
     /// A `-p` assignment that cannot be sent.
+    #[error("{0}")]
     Property(String),
     /// The command to run is not an executable file found where it was looked for.
+    #[error("{0}")]
     Command(String),
     /// `--unit` names no service.
+    #[error("--unit {0}: exitproof run starts a .service")]
     NotAService(String),
     /// No random unit name could be made (`/proc/sys/kernel/random/uuid`).
+    #[error("make a unit name: {0}")]
     UnitName(std::io::Error),
     /// The bus or systemd could not be reached.
+    #[error("{0}")]
     Connect(ConnectError),
     /// A call to systemd failed.
+    #[error("{0}")]
     Manager(ManagerError),
     /// The bus connection's loop failed.
+    #[error("run the bus connection: {0}")]
     Runtime(std::io::Error),
     /// systemd's start job did not succeed (its result: `failed`, `dependency`, ...).
+    #[error("start {unit}: the start job {result}")]
     Job { unit: String, result: String },
     /// The unit has no invocation after its start job finished.
+    #[error("{0} has no invocation ID after its start job")]
     NoInvocation(String),
 }
-
-impl fmt::Display for RunError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RunError::Property(message) | RunError::Command(message) => f.write_str(message),
-            RunError::NotAService(unit) => {
-                write!(f, "--unit {unit}: exitproof run starts a .service")
-            }
-            RunError::UnitName(e) => write!(f, "make a unit name: {e}"),
-            RunError::Connect(e) => write!(f, "{e}"),
-            RunError::Manager(e) => write!(f, "{e}"),
-            RunError::Runtime(e) => write!(f, "run the bus connection: {e}"),
-            RunError::Job { unit, result } => write!(f, "start {unit}: the start job {result}"),
-            RunError::NoInvocation(unit) => {
-                write!(f, "{unit} has no invocation ID after its start job")
-            }
-        }
-    }
-}
-
-impl std::error::Error for RunError {}
 
 /// One `-p NAME=VALUE`, typed as `StartTransientUnit` takes it. `Environment=` takes one
 /// `VAR=value` per `-p` (no splitting), and repeated ones add up.

@@ -2,59 +2,29 @@
 //! they are missing: on a fresh host nothing but the shipped unit's `RuntimeDirectory=` and
 //! `StateDirectory=` would create them.
 
-use std::fmt;
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// A directory the agent needs could not be made ready.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum DirError {
     /// `path`, the directory or one of its ancestors, exists and is not a directory.
+    #[error("{path} exists and is not a directory, so it cannot hold the {purpose}")]
     NotADirectory {
         path: PathBuf,
         /// What the directory is for, e.g. "control socket".
         purpose: &'static str,
     },
     /// The system call named by `action` failed on `path`.
+    #[error("cannot {action} {path} for the {purpose}: {source}")]
     Io {
         action: &'static str,
         path: PathBuf,
         purpose: &'static str,
         source: io::Error,
     },
-}
-
-impl fmt::Display for DirError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DirError::NotADirectory { path, purpose } => write!(
-                f,
-                "{} exists and is not a directory, so it cannot hold the {purpose}",
-                path.display()
-            ),
-            DirError::Io {
-                action,
-                path,
-                purpose,
-                source,
-            } => write!(
-                f,
-                "cannot {action} {} for the {purpose}: {source}",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for DirError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            DirError::NotADirectory { .. } => None,
-            DirError::Io { source, .. } => Some(source),
-        }
-    }
 }
 
 /// Creates `dir` and each of its missing ancestors with exactly `mode` (the umask would narrow

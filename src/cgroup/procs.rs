@@ -13,7 +13,6 @@
 //! other threads of its process still run, and its pidfd becomes readable only once they all exited.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::fmt;
 use std::fs::{self, File};
 use std::hash::Hash;
 use std::io::{self, Read};
@@ -74,196 +73,112 @@ pub struct ProcStat {
 }
 
 /// Why the contents of a `/proc/PID/stat` file were rejected.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StatParseError {
     /// The contents do not end with a newline.
+    #[error("stat does not end with a newline")]
     NoNewline,
     /// No `(` ... `)` around the command name.
+    #[error("stat has no parenthesised command name")]
     NoCommand,
     /// The text before the command name is not `PID `.
+    #[error("stat has pid {0:?}, expected a positive integer")]
     BadPid(String),
     /// Fewer fields than field 22 (starttime) follow the command name.
+    #[error("stat has {0} fields after the command name, expected at least 20")]
     TooFewFields(usize),
     /// The state (field 3) is not one ASCII letter.
+    #[error("stat has state {0:?}, expected one letter")]
     BadState(String),
     /// A numeric field (numbered as in proc(5)) is not a decimal integer, or is out of range.
+    #[error("stat field {field} is {text:?}, expected an integer")]
     BadField { field: usize, text: String },
 }
 
-impl fmt::Display for StatParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NoNewline => write!(f, "stat does not end with a newline"),
-            Self::NoCommand => write!(f, "stat has no parenthesised command name"),
-            Self::BadPid(text) => write!(f, "stat has pid {text:?}, expected a positive integer"),
-            Self::TooFewFields(count) => write!(
-                f,
-                "stat has {count} fields after the command name, expected at least 20"
-            ),
-            Self::BadState(text) => write!(f, "stat has state {text:?}, expected one letter"),
-            Self::BadField { field, text } => {
-                write!(f, "stat field {field} is {text:?}, expected an integer")
-            }
-        }
-    }
-}
-
-impl std::error::Error for StatParseError {}
-
 /// Why the contents of a `cgroup.procs` file were rejected.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ProcsParseError {
     /// The last line has no newline.
+    #[error("cgroup.procs does not end with a newline")]
     NoNewline,
     /// A line is not a positive decimal pid.
+    #[error("cgroup.procs has line {0:?}, expected a pid")]
     BadPid(String),
 }
 
-impl fmt::Display for ProcsParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NoNewline => write!(f, "cgroup.procs does not end with a newline"),
-            Self::BadPid(line) => write!(f, "cgroup.procs has line {line:?}, expected a pid"),
-        }
-    }
-}
-
-impl std::error::Error for ProcsParseError {}
-
 /// A failure to list or track processes, with the path, pid or clock it concerns.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ProcsError {
     /// The cgroup string was rejected before touching the file system.
-    Cgroup(CgroupError),
+    #[error("{0}")]
+    Cgroup(#[source] CgroupError),
     /// A cgroup directory exists but could not be listed.
+    #[error("cannot list cgroup {path}: {source}")]
     ReadDir { path: PathBuf, source: io::Error },
     /// A file exists but could not be read.
+    #[error("cannot read {path}: {source}")]
     ReadFile { path: PathBuf, source: io::Error },
     /// A file is larger than anything the kernel writes there.
+    #[error("{path} is larger than {limit} bytes")]
     FileTooLarge { path: PathBuf, limit: usize },
     /// A `cgroup.procs` file could not be parsed.
+    #[error("{path}: {error}")]
     ProcsParse {
         path: PathBuf,
+        #[source]
         error: ProcsParseError,
     },
     /// A `/proc/PID/stat` file could not be parsed.
+    #[error("{path}: {error}")]
     StatParse {
         path: PathBuf,
+        #[source]
         error: StatParseError,
     },
     /// A `/proc/PID/stat` file names another pid than its directory.
+    #[error("{path} names pid {found}")]
     StatPidMismatch { path: PathBuf, found: i32 },
     /// The unit's own cgroup is threaded: only its threaded domain, above it, lists its processes.
+    #[error("cgroup {path} is threaded; its processes are listed only by its threaded domain")]
     Threaded { path: PathBuf },
     /// The subtree is deeper than [`MAX_CGROUP_DEPTH`] below the unit's cgroup.
+    #[error("cgroup {path} is more than {limit} levels below the unit's cgroup")]
     TooDeep { path: PathBuf, limit: usize },
     /// The subtree has more than [`MAX_CGROUPS`] cgroups.
+    #[error("cgroup {path} has more than {limit} cgroups below it")]
     TooManyCgroups { path: PathBuf, limit: usize },
     /// The subtree holds more than [`MAX_PROCESSES`] processes.
+    #[error("cgroup {path} holds more than {limit} processes")]
     TooManyProcesses { path: PathBuf, limit: usize },
     /// A pid that no process can have (zero or negative).
+    #[error("invalid pid {pid}")]
     InvalidPid { pid: i32 },
     /// `pidfd_open` failed for a reason other than the process being gone.
+    #[error("cannot open a pidfd for pid {pid}: {source}")]
     PidfdOpen { pid: i32, source: Errno },
     /// The pidfd could not be registered with mio.
+    #[error("cannot register the pidfd of pid {pid}: {source}")]
     Register { pid: i32, source: io::Error },
     /// Every token of the tracker's range is in use.
+    #[error("no free token to track pid {pid}: every token is in use")]
     NoToken { pid: i32 },
     /// A clock could not be read.
+    #[error("cannot read {clock}: {source}")]
     Clock { clock: &'static str, source: Errno },
     /// CLOCK_BOOTTIME read less than CLOCK_MONOTONIC (a time namespace can do that), so start times
     /// cannot be placed on CLOCK_MONOTONIC.
+    #[error("CLOCK_BOOTTIME ({boot_ns} ns) is behind CLOCK_MONOTONIC ({mono_ns} ns)")]
     ClockOrder { boot_ns: i128, mono_ns: i128 },
     /// `sysconf(_SC_CLK_TCK)` failed or gave no positive value.
+    #[error("{}", clock_tick_problem(.source))]
     ClkTck { source: Option<Errno> },
 }
 
-impl fmt::Display for ProcsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Cgroup(error) => error.fmt(f),
-            Self::ReadDir { path, source } => {
-                write!(f, "cannot list cgroup {}: {source}", path.display())
-            }
-            Self::ReadFile { path, source } => {
-                write!(f, "cannot read {}: {source}", path.display())
-            }
-            Self::FileTooLarge { path, limit } => {
-                write!(f, "{} is larger than {limit} bytes", path.display())
-            }
-            Self::ProcsParse { path, error } => write!(f, "{}: {error}", path.display()),
-            Self::StatParse { path, error } => write!(f, "{}: {error}", path.display()),
-            Self::StatPidMismatch { path, found } => {
-                write!(f, "{} names pid {found}", path.display())
-            }
-            Self::Threaded { path } => write!(
-                f,
-                "cgroup {} is threaded; its processes are listed only by its threaded domain",
-                path.display()
-            ),
-            Self::TooDeep { path, limit } => write!(
-                f,
-                "cgroup {} is more than {limit} levels below the unit's cgroup",
-                path.display()
-            ),
-            Self::TooManyCgroups { path, limit } => write!(
-                f,
-                "cgroup {} has more than {limit} cgroups below it",
-                path.display()
-            ),
-            Self::TooManyProcesses { path, limit } => write!(
-                f,
-                "cgroup {} holds more than {limit} processes",
-                path.display()
-            ),
-            Self::InvalidPid { pid } => write!(f, "invalid pid {pid}"),
-            Self::PidfdOpen { pid, source } => {
-                write!(f, "cannot open a pidfd for pid {pid}: {source}")
-            }
-            Self::Register { pid, source } => {
-                write!(f, "cannot register the pidfd of pid {pid}: {source}")
-            }
-            Self::NoToken { pid } => {
-                write!(f, "no free token to track pid {pid}: every token is in use")
-            }
-            Self::Clock { clock, source } => write!(f, "cannot read {clock}: {source}"),
-            Self::ClockOrder { boot_ns, mono_ns } => write!(
-                f,
-                "CLOCK_BOOTTIME ({boot_ns} ns) is behind CLOCK_MONOTONIC ({mono_ns} ns)"
-            ),
-            Self::ClkTck {
-                source: Some(source),
-            } => {
-                write!(f, "cannot read the clock tick rate: {source}")
-            }
-            Self::ClkTck { source: None } => {
-                write!(f, "the clock tick rate is not a positive number")
-            }
-        }
-    }
-}
-
-impl std::error::Error for ProcsError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Cgroup(error) => Some(error),
-            Self::ReadDir { source, .. }
-            | Self::ReadFile { source, .. }
-            | Self::Register { source, .. } => Some(source),
-            Self::ProcsParse { error, .. } => Some(error),
-            Self::StatParse { error, .. } => Some(error),
-            Self::PidfdOpen { source, .. } | Self::Clock { source, .. } => Some(source),
-            Self::ClkTck { source } => source.as_ref().map(|source| source as _),
-            Self::FileTooLarge { .. }
-            | Self::StatPidMismatch { .. }
-            | Self::Threaded { .. }
-            | Self::TooDeep { .. }
-            | Self::TooManyCgroups { .. }
-            | Self::TooManyProcesses { .. }
-            | Self::InvalidPid { .. }
-            | Self::NoToken { .. }
-            | Self::ClockOrder { .. } => None,
-        }
+/// What [`ProcsError::ClkTck`] says: the error of `sysconf`, or that its value was not usable.
+fn clock_tick_problem(source: &Option<Errno>) -> String {
+    match source {
+        Some(source) => format!("cannot read the clock tick rate: {source}"),
+        None => "the clock tick rate is not a positive number".to_owned(),
     }
 }
 

@@ -368,7 +368,8 @@ impl fmt::Display for ErrorKind {
 }
 
 /// A request line that could not be parsed, with the request's id when it could be recovered.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
 pub struct RequestError {
     /// The request's id, if the line was an object with a valid `id`.
     pub id: Option<RequestId>,
@@ -377,14 +378,6 @@ pub struct RequestError {
     /// What is wrong, for humans.
     pub message: String,
 }
-
-impl fmt::Display for RequestError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.kind, self.message)
-    }
-}
-
-impl std::error::Error for RequestError {}
 
 /// Parses one request line (without its newline).
 pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
@@ -650,7 +643,8 @@ impl fmt::Debug for StreamedReply {
 /// A piece of a [`StreamedReply`] (in practice an item) failed to serialize. The line is then already
 /// partly sent, so it cannot become an error response; the server drops the client, which sees a
 /// truncated line rather than a list silently missing an item.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("the `{field}` reply failed after {written} items: {source}")]
 pub struct StreamError {
     /// The field the items belong to (`units`).
     pub field: &'static str,
@@ -658,22 +652,6 @@ pub struct StreamError {
     pub written: usize,
     /// Why it failed.
     pub source: serde_json::Error,
-}
-
-impl fmt::Display for StreamError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the `{}` reply failed after {} items: {}",
-            self.field, self.written, self.source
-        )
-    }
-}
-
-impl std::error::Error for StreamError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
-    }
 }
 
 impl StreamedReply {

@@ -4,7 +4,6 @@
 //! connection has a method-call timeout, so a lost reply is an error, never a hang.
 
 use std::collections::HashMap;
-use std::fmt;
 use std::num::NonZeroUsize;
 
 use zbus::export::futures_core::Stream;
@@ -25,7 +24,8 @@ const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 const STREAM_QUEUE: usize = 1024;
 
 /// A failed call to systemd, with what it was for.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
 pub struct ManagerError {
     what: String,
     source: zbus::Error,
@@ -35,18 +35,6 @@ impl ManagerError {
     fn new(what: impl Into<String>) -> impl FnOnce(zbus::Error) -> ManagerError {
         let what = what.into();
         move |source| ManagerError { what, source }
-    }
-}
-
-impl fmt::Display for ManagerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.what, self.source)
-    }
-}
-
-impl std::error::Error for ManagerError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
     }
 }
 

@@ -4,7 +4,6 @@
 //! a hint carrying values, and the agent orders it against replies by serial number.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use zbus::message::Type as MessageType;
 use zbus::{Message, OwnedObjectPath, OwnedVariant};
@@ -72,19 +71,12 @@ pub enum SystemdSignal {
 }
 
 /// Why a message could not be decoded.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("decode signal {member}: {source}")]
 pub struct DecodeError {
     member: String,
     source: zbus::Error,
 }
-
-impl fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "decode signal {}: {}", self.member, self.source)
-    }
-}
-
-impl std::error::Error for DecodeError {}
 
 /// Decodes `message`; `Ok(None)` for messages the agent has no use for.
 pub fn decode(message: &Message) -> Result<Option<SystemdSignal>, DecodeError> {
