@@ -35,6 +35,7 @@ pub mod proof;
 mod rng;
 pub(crate) mod service;
 pub mod systemd;
+pub(crate) mod token_pool;
 #[cfg(feature = "cli")]
 pub(crate) mod transient;
 pub mod unit_name;

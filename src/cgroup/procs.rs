@@ -12,7 +12,7 @@
 //! pidfd alone. `/proc` state letters are not evidence of exit: a thread-group leader shows `Z` while
 //! other threads of its process still run, and its pidfd becomes readable only once they all exited.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::hash::Hash;
 use std::io::{self, Read};
@@ -29,6 +29,7 @@ use nix::unistd::{SysconfVar, sysconf};
 
 use super::CgroupError;
 use super::watcher::locate;
+use crate::token_pool::TokenPool;
 
 /// The file of a cgroup that lists the processes (thread-group ids) in it, one per line.
 const PROCS_FILE: &str = "cgroup.procs";
@@ -819,7 +820,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
 
     /// Whether `token` belongs to this tracker's range.
     pub fn owns(&self, token: Token) -> bool {
-        self.tokens.range.contains(&token.0)
+        self.tokens.owns(token)
     }
 
     /// Handles a readiness event for `token`: if its process has exited, stops tracking it and
@@ -932,37 +933,6 @@ fn pidfd_open(pid: i32) -> Result<OwnedFd, Errno> {
     let raw = RawFd::try_from(result).map_err(|_| Errno::EBADF)?;
     // SAFETY: the kernel has just returned this descriptor to us, and nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
-}
-
-/// Hands out tokens from a range, fresh ones before freed ones.
-#[derive(Debug)]
-struct TokenPool {
-    range: Range<usize>,
-    next_fresh: usize,
-    freed: VecDeque<usize>,
-}
-
-impl TokenPool {
-    fn new(range: Range<usize>) -> Self {
-        Self {
-            next_fresh: range.start,
-            range,
-            freed: VecDeque::new(),
-        }
-    }
-
-    fn take(&mut self) -> Option<Token> {
-        if self.next_fresh < self.range.end {
-            self.next_fresh += 1;
-            Some(Token(self.next_fresh - 1))
-        } else {
-            self.freed.pop_front().map(Token)
-        }
-    }
-
-    fn give_back(&mut self, token: Token) {
-        self.freed.push_back(token.0);
-    }
 }
 
 #[cfg(test)]
