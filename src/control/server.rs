@@ -285,7 +285,7 @@ impl ControlServer {
     /// the client is gone, or was dropped just now because it failed or its unsent output exceeded
     /// `max_queued`; such a drop is reported as `Closed` by the next [`ControlServer::take_closed`] or
     /// [`ControlServer::handle_event`]. `line` must not contain a newline (build it with
-    /// [`Response::to_line`] or [`super::protocol::event_line`]).
+    /// [`super::protocol::Response::to_line`] or [`super::protocol::event_line`]).
     pub fn send(&mut self, registry: &Registry, client: ClientId, line: &str) -> bool {
         debug_assert!(!line.contains('\n'), "a protocol line contains a newline");
         let Some(&token) = self.client_tokens.get(&client) else {
