@@ -240,6 +240,10 @@ struct Agent {
     metrics: Option<metrics::MetricsFile>,
 }
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the driver: the loop reads the clock and hands `now` to the core"
+)]
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
         // First: it changes the environment, which only a process with one thread may do.

@@ -9,6 +9,11 @@
 //! Unlike the agent, the bench may use threads and sleep: it is a measuring harness, not the
 //! thing measured.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the benchmark measures with the clock; it is not the agent"
+)]
+
 pub mod cli;
 pub mod observer;
 pub mod poll;
