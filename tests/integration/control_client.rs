@@ -1,7 +1,5 @@
 //! Tests of the blocking CLI client against a real control server running its mio loop in a thread.
 
-#![allow(clippy::disallowed_methods, reason = "tests may read the clock")]
-
 use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;

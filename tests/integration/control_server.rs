@@ -2,8 +2,6 @@
 //! `Poll` in the test thread. Clients are non-blocking std sockets (or blocking ones in writer threads),
 //! so the test thread never waits on a socket the server has not served yet.
 
-#![allow(clippy::disallowed_methods, reason = "tests may read the clock")]
-
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};

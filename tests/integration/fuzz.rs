@@ -8,8 +8,6 @@
 //! printed; `EXITPROOF_FUZZ_SEED=<seed>` replays the same inputs in the same order. A failing
 //! input is printed, escaped, in the panic message.
 
-#![allow(clippy::disallowed_methods, reason = "tests may read the clock")]
-
 use std::env;
 use std::fmt::Debug;
 use std::fs;
