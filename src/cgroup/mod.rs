@@ -6,6 +6,7 @@
 pub mod events;
 pub mod mount;
 pub mod procs;
+mod watch_table;
 pub mod watcher;
 
 use std::io;
