@@ -5,7 +5,7 @@ use std::time::Duration;
 
 /// Why a DUR argument was rejected; each variant carries the text as given.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum DurationError {
+pub(crate) enum DurationError {
     /// The text is empty.
     #[error("duration is empty (write e.g. 10s)")]
     Empty,
@@ -28,7 +28,7 @@ pub enum DurationError {
 }
 
 /// Parses `<digits><unit>` with unit one of `ms`, `s`, `m`, `h`.
-pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     if text.is_empty() {
         return Err(DurationError::Empty);
     }
@@ -63,7 +63,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
 }
 
 /// A duration as [`parse_duration`] reads it, or a bare `0` for zero ("never", "at once").
-pub fn parse_interval(text: &str) -> Result<Duration, DurationError> {
+pub(crate) fn parse_interval(text: &str) -> Result<Duration, DurationError> {
     if text == "0" {
         return Ok(Duration::ZERO);
     }

@@ -9,6 +9,7 @@
 //! See ARCHITECTURE.md for the map.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 // Tests may read the clock. The library's own code is linted without cfg(test), where
 // clippy.toml's disallowed-methods keeps the clock to the driver.
 #![cfg_attr(

@@ -33,7 +33,7 @@ pub enum DirError {
 /// one, is used as it is: its mode is the operator's and is never changed. A component that
 /// exists and is not a directory is an error. `purpose` names what the directory is for, in
 /// the log and in errors.
-pub fn create_missing(
+pub(crate) fn create_missing(
     dir: &Path,
     mode: u32,
     purpose: &'static str,

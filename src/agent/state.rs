@@ -8,6 +8,12 @@
 //! file or leaves the old one intact. It never writes through a symlink and never leaves a
 //! temporary file behind. It knows nothing of D-Bus, cgroups or the loop.
 
+// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
+#![allow(
+    unreachable_pub,
+    reason = "left to avoid a merge conflict with concurrent work"
+)]
+
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File};
 use std::hash::{BuildHasher, RandomState};

@@ -18,7 +18,7 @@ pub enum CgroupReading {
 
 /// Why the contents of a `cgroup.events` file were rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum EventsParseError {
+pub(crate) enum EventsParseError {
     /// The contents are not UTF-8.
     #[error("cgroup.events is not utf-8")]
     NotUtf8,
@@ -41,7 +41,7 @@ pub enum EventsParseError {
 /// The format is one `key value` pair per line, such as `"populated 1\nfrozen 0\n"`. Exactly one
 /// `populated` key with value `0` or `1` is required; other keys are ignored but must still be
 /// well-formed lines. Any deviation is an error, never "empty".
-pub fn parse_populated(contents: &[u8]) -> Result<bool, EventsParseError> {
+pub(crate) fn parse_populated(contents: &[u8]) -> Result<bool, EventsParseError> {
     let text = std::str::from_utf8(contents).map_err(|_| EventsParseError::NotUtf8)?;
     let mut populated = None;
     // split_terminator rather than lines(): lines() would silently accept "\r\n" endings.

@@ -3,23 +3,23 @@
 //! unreadable file as proof that a unit is empty; only a fresh read saying `populated 0` (or a cgroup
 //! that is gone) is.
 
-pub mod events;
-pub mod mount;
-pub mod procs;
+pub(crate) mod events;
+pub(crate) mod mount;
+pub(crate) mod procs;
 mod watch_table;
-pub mod watcher;
+pub(crate) mod watcher;
 
 use std::io;
 use std::path::PathBuf;
 
 pub use events::CgroupReading;
-pub use mount::cgroup2_mount;
+pub(crate) use mount::cgroup2_mount;
 #[cfg(feature = "bench")]
-pub use watcher::read_events_file;
-pub use watcher::{CgroupWatcher, Notice};
+pub(crate) use watcher::read_events_file;
+pub(crate) use watcher::{CgroupWatcher, Notice};
 
 /// Where the kernel's limit on inotify watches per user is set; named in [`CgroupError::WatchLimit`].
-pub const MAX_USER_WATCHES_PATH: &str = "/proc/sys/fs/inotify/max_user_watches";
+pub(crate) const MAX_USER_WATCHES_PATH: &str = "/proc/sys/fs/inotify/max_user_watches";
 
 /// A failure of the cgroup side, with the path or cgroup it concerns.
 #[derive(Debug, thiserror::Error)]

@@ -25,8 +25,8 @@ use super::watcher::locate;
 mod start_order;
 mod tracker;
 
-pub use start_order::{ClockBasis, NextInvocation, earlier_processes};
-pub use tracker::{ProcessTracker, Tracked};
+pub(crate) use start_order::{ClockBasis, NextInvocation, earlier_processes};
+pub(crate) use tracker::{ProcessTracker, Tracked};
 
 /// The file of a cgroup that lists the processes (thread-group ids) in it, one per line.
 const PROCS_FILE: &str = "cgroup.procs";
@@ -35,13 +35,13 @@ const PROCS_FILE: &str = "cgroup.procs";
 const PROC_ROOT: &str = "/proc";
 
 /// Descendant levels walked below a unit's cgroup before giving up.
-pub const MAX_CGROUP_DEPTH: usize = 64;
+pub(crate) const MAX_CGROUP_DEPTH: usize = 64;
 
 /// Cgroups (the unit's and its descendants) walked before giving up.
-pub const MAX_CGROUPS: usize = 100_000;
+pub(crate) const MAX_CGROUPS: usize = 100_000;
 
 /// Processes listed in one unit's subtree before giving up.
-pub const MAX_PROCESSES: usize = 100_000;
+pub(crate) const MAX_PROCESSES: usize = 100_000;
 
 /// `/proc/PID/stat` is about 52 numbers and a command name of at most 64 bytes: well under this.
 const MAX_STAT_BYTES: usize = 4096;
@@ -53,7 +53,7 @@ const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// The fields of `/proc/PID/stat` this module uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcStat {
+pub(crate) struct ProcStat {
     /// Field 1: the process id.
     pub pid: i32,
     /// Field 2: the command name, raw bytes chosen by the process (any byte but NUL, parentheses and
@@ -72,7 +72,7 @@ pub struct ProcStat {
 
 /// Why the contents of a `/proc/PID/stat` file were rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum StatParseError {
+pub(crate) enum StatParseError {
     /// The contents do not end with a newline.
     #[error("stat does not end with a newline")]
     NoNewline,
@@ -95,7 +95,7 @@ pub enum StatParseError {
 
 /// Why the contents of a `cgroup.procs` file were rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum ProcsParseError {
+pub(crate) enum ProcsParseError {
     /// The last line has no newline.
     #[error("cgroup.procs does not end with a newline")]
     NoNewline,
@@ -106,7 +106,7 @@ pub enum ProcsParseError {
 
 /// A failure to list or track processes, with the path, pid or clock it concerns.
 #[derive(Debug, thiserror::Error)]
-pub enum ProcsError {
+pub(crate) enum ProcsError {
     /// The cgroup string was rejected before touching the file system.
     #[error("{0}")]
     Cgroup(#[source] CgroupError),
@@ -186,7 +186,7 @@ fn clock_tick_problem(source: &Option<Errno>) -> String {
 /// and a final newline. The command name runs from the first `(` to the LAST `)`: it is chosen by the
 /// process and may hold spaces, parentheses and newlines, but no field after it holds a `)`. Any
 /// deviation is an error, never a default.
-pub fn parse_stat(contents: &[u8]) -> Result<ProcStat, StatParseError> {
+pub(crate) fn parse_stat(contents: &[u8]) -> Result<ProcStat, StatParseError> {
     let line = contents
         .strip_suffix(b"\n")
         .ok_or(StatParseError::NoNewline)?;
@@ -251,7 +251,7 @@ pub fn parse_stat(contents: &[u8]) -> Result<ProcStat, StatParseError> {
 /// Parses the contents of a `cgroup.procs` file: one positive decimal pid per line, each line ended
 /// by a newline. An empty file is an empty cgroup. The kernel writes `0` for a process outside the
 /// reader's pid namespace; that is rejected, since such a process could be neither read nor tracked.
-pub fn parse_procs(contents: &[u8]) -> Result<Vec<i32>, ProcsParseError> {
+pub(crate) fn parse_procs(contents: &[u8]) -> Result<Vec<i32>, ProcsParseError> {
     let Some(body) = contents.strip_suffix(b"\n") else {
         return if contents.is_empty() {
             Ok(Vec::new())
@@ -290,7 +290,7 @@ fn lossy(bytes: &[u8]) -> String {
 
 /// One process found in a unit's cgroup subtree.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProcessInfo {
+pub(crate) struct ProcessInfo {
     pub pid: i32,
     pub ppid: i32,
     /// The session id, which an orphan keeps.
@@ -330,7 +330,7 @@ const WALK_LIMITS: WalkLimits = WalkLimits {
 ///
 /// The walk is not atomic: a process that forks, or is moved between cgroups of the subtree, while it
 /// runs may be missed. Callers that need the whole set list again after each change they learn of.
-pub fn list_processes(root: &Path, cgroup: &str) -> Result<Vec<ProcessInfo>, ProcsError> {
+pub(crate) fn list_processes(root: &Path, cgroup: &str) -> Result<Vec<ProcessInfo>, ProcsError> {
     let (parent, name) = locate(root, cgroup).map_err(ProcsError::Cgroup)?;
     walk(&parent.join(name), WALK_LIMITS)
 }
@@ -466,7 +466,7 @@ fn read_procs(dir: &Path) -> Result<ProcsFile, ProcsError> {
 }
 
 /// Reads `/proc/PID/stat`; `None` means the process is gone (reaped).
-pub fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcsError> {
+pub(crate) fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcsError> {
     let path = Path::new(PROC_ROOT).join(pid.to_string()).join("stat");
     let contents = match read_bounded(&path, MAX_STAT_BYTES) {
         Ok(contents) => contents,

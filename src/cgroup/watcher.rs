@@ -41,7 +41,7 @@ const EVENT_BUFFER_BYTES: usize = 4096;
 
 /// What the watcher asks its caller to do after draining inotify.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Notice<K> {
+pub(crate) enum Notice<K> {
     /// Something about this unit's cgroup may have changed: read it again.
     Changed(K),
     /// The kernel dropped a watch this unit used (`IN_IGNORED`): rebuild its watches, then
@@ -83,7 +83,7 @@ struct RawEvent<'a> {
 
 /// Watches units' cgroups with one inotify descriptor, keyed by a caller-chosen unit key.
 #[derive(Debug)]
-pub struct CgroupWatcher<K> {
+pub(crate) struct CgroupWatcher<K> {
     root: PathBuf,
     inotify: Inotify,
     units: HashMap<K, Unit>,
@@ -92,7 +92,7 @@ pub struct CgroupWatcher<K> {
 
 impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Creates a watcher for cgroups below `root`, the cgroup2 mount point.
-    pub fn new(root: PathBuf) -> Result<Self, CgroupError> {
+    pub(crate) fn new(root: PathBuf) -> Result<Self, CgroupError> {
         let inotify = Inotify::init().map_err(|source| CgroupError::InotifyInit { source })?;
         Ok(Self {
             root,
@@ -103,7 +103,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     }
 
     /// Returns the inotify descriptor, for the caller to register in mio as readable.
-    pub fn as_raw_fd(&self) -> RawFd {
+    pub(crate) fn as_raw_fd(&self) -> RawFd {
         self.inotify.as_raw_fd()
     }
 
@@ -114,7 +114,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// only by that read. A cgroup (or parent) that does not exist is not an error: `read` then says
     /// [`CgroupReading::Gone`], and a cgroup created later in an existing parent is reported. On error
     /// the key is left unwatched.
-    pub fn watch(&mut self, key: K, cgroup: &str) -> Result<(), CgroupError> {
+    pub(crate) fn watch(&mut self, key: K, cgroup: &str) -> Result<(), CgroupError> {
         let (parent, name) = locate(&self.root, cgroup)?;
         self.unwatch(key);
         let mut unit = Unit {
@@ -136,7 +136,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     }
 
     /// Stops watching `key`, removing every watch no other key uses. Unknown keys are ignored.
-    pub fn unwatch(&mut self, key: K) {
+    pub(crate) fn unwatch(&mut self, key: K) {
         if let Some(unit) = self.units.remove(&key) {
             shrink_when_sparse(&mut self.units);
             self.release(key, &unit);
@@ -148,7 +148,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// knowing is no evidence. The agent reads by path, in its turn; the benchmark's observer
     /// reads by key.
     #[cfg(any(test, feature = "bench"))]
-    pub fn read(&self, key: K) -> CgroupReading {
+    pub(crate) fn read(&self, key: K) -> CgroupReading {
         match self.units.get(&key) {
             Some(unit) => read_events_file(&unit.events_path()),
             None => CgroupReading::Unreadable(format!("no cgroup is watched for {key:?}")),
@@ -157,7 +157,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
 
     /// Reads the `cgroup.events` of `cgroup` (as systemd reports it) now, whether or not it
     /// is watched. A cgroup that does not exist is [`CgroupReading::Gone`].
-    pub fn read_cgroup(&self, cgroup: &str) -> CgroupReading {
+    pub(crate) fn read_cgroup(&self, cgroup: &str) -> CgroupReading {
         match locate(&self.root, cgroup) {
             Ok((parent, name)) => read_events_file(&parent.join(name).join(EVENTS_FILE)),
             Err(error) => CgroupReading::Unreadable(error.to_string()),
@@ -168,7 +168,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     ///
     /// If re-adding a watch for a re-created cgroup fails, every event is still handled and the
     /// notices are in `out`, then the first such error is returned.
-    pub fn drain(&mut self, out: &mut Vec<Notice<K>>) -> Result<(), CgroupError> {
+    pub(crate) fn drain(&mut self, out: &mut Vec<Notice<K>>) -> Result<(), CgroupError> {
         let mut buffer = [0u8; EVENT_BUFFER_BYTES];
         let mut first_error = None;
         loop {
@@ -193,7 +193,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     }
 
     /// Returns how many inotify watches are held now.
-    pub fn watch_count(&self) -> usize {
+    pub(crate) fn watch_count(&self) -> usize {
         self.watches.len()
     }
 
@@ -414,7 +414,7 @@ fn classify_add_error(path: &Path, error: io::Error) -> Result<(), CgroupError> 
 
 /// Reads a `cgroup.events` file now. A missing file (or a cgroup being removed, ENODEV) is
 /// [`CgroupReading::Gone`]; any other failure is [`CgroupReading::Unreadable`], naming the path.
-pub fn read_events_file(path: &Path) -> CgroupReading {
+pub(crate) fn read_events_file(path: &Path) -> CgroupReading {
     let mut contents = Vec::new();
     // One byte more than allowed, to tell a full-size file from an oversized one.
     let limit = MAX_EVENTS_FILE_BYTES as u64 + 1;

@@ -3,6 +3,12 @@
 //! Every call here is async and runs on the agent's own loop (see `systemd::runtime`); the
 //! connection has a method-call timeout, so a lost reply is an error, never a hang.
 
+// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
+#![allow(
+    unreachable_pub,
+    reason = "left to avoid a merge conflict with concurrent work"
+)]
+
 use std::collections::HashMap;
 use std::num::NonZeroUsize;
 

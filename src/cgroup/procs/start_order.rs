@@ -10,7 +10,7 @@ use super::{NANOS_PER_SEC, ProcessInfo, ProcsError};
 
 /// How a process's start time stands against a CLOCK_MONOTONIC threshold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StartOrder {
+pub(crate) enum StartOrder {
     /// The process certainly started before the threshold.
     Before,
     /// The tick truncation or the boottime/monotonic offset leaves it open.
@@ -23,7 +23,7 @@ impl StartOrder {
     #[cfg(test)]
     /// Whether a process with this order must be counted as started before the threshold: unless it
     /// certainly started at or after it, it is.
-    pub fn counts_as_before(self) -> bool {
+    pub(crate) fn counts_as_before(self) -> bool {
         self != Self::AtOrAfter
     }
 }
@@ -33,7 +33,7 @@ impl StartOrder {
 /// Both clocks, `/proc` and the threshold must belong to one time namespace (systemd's, the initial
 /// one): a time namespace shifts CLOCK_BOOTTIME and CLOCK_MONOTONIC by offsets of its own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClockBasis {
+pub(crate) struct ClockBasis {
     /// Clock ticks per second, `sysconf(_SC_CLK_TCK)` (usually 100).
     pub clk_tck: u64,
     /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC, in nanoseconds: the time spent suspended since boot.
@@ -43,7 +43,7 @@ pub struct ClockBasis {
 
 impl ClockBasis {
     /// Reads the tick rate and the boottime/monotonic offset now.
-    pub fn now() -> Result<Self, ProcsError> {
+    pub(crate) fn now() -> Result<Self, ProcsError> {
         Ok(Self {
             clk_tck: clk_tck()?,
             boot_minus_mono_ns: boot_minus_mono_ns()?,
@@ -62,7 +62,7 @@ impl ClockBasis {
     /// - [`StartOrder::Before`] only if the latest possible start (next tick start, offset 0, rounded
     ///   up) is at or before the threshold;
     /// - [`StartOrder::Uncertain`] otherwise, and whenever `clk_tck` is 0.
-    pub fn start_order(&self, start_ticks: u64, threshold_mono_us: u64) -> StartOrder {
+    pub(crate) fn start_order(&self, start_ticks: u64, threshold_mono_us: u64) -> StartOrder {
         if self.clk_tck == 0 {
             return StartOrder::Uncertain;
         }
@@ -86,7 +86,7 @@ impl ClockBasis {
 /// What tells the processes of a unit's current invocation from those of an earlier one, as
 /// systemd reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct NextInvocation {
+pub(crate) struct NextInvocation {
     /// When the current invocation left `inactive` (InactiveExitTimestampMonotonic, µs), if
     /// known. systemd forks its first process just *before* it records this, so the roots below
     /// are needed too.
@@ -115,7 +115,7 @@ const MAX_ANCESTRY: usize = 64;
 /// An uncertain start counts as earlier: this errs toward waiting. What it cannot see: a child
 /// that a leftover of ours forks after `next` began and that starts a session of its own,
 /// counts as `next`'s.
-pub fn earlier_processes<'a>(
+pub(crate) fn earlier_processes<'a>(
     census: &'a [ProcessInfo],
     next: &NextInvocation,
     basis: &ClockBasis,
@@ -176,7 +176,7 @@ pub fn earlier_processes<'a>(
 }
 
 /// Clock ticks per second, the unit of `/proc/PID/stat` times.
-pub fn clk_tck() -> Result<u64, ProcsError> {
+pub(super) fn clk_tck() -> Result<u64, ProcsError> {
     match sysconf(SysconfVar::CLK_TCK) {
         Ok(Some(ticks)) => u64::try_from(ticks)
             .ok()
@@ -193,7 +193,7 @@ pub fn clk_tck() -> Result<u64, ProcsError> {
 ///
 /// Monotonic is read first: boottime, read a little later, makes the offset come out slightly large,
 /// which moves converted start times earlier, towards "started before".
-pub fn boot_minus_mono_ns() -> Result<u64, ProcsError> {
+pub(super) fn boot_minus_mono_ns() -> Result<u64, ProcsError> {
     let mono_ns = read_clock_ns(ClockId::CLOCK_MONOTONIC, "CLOCK_MONOTONIC")?;
     let boot_ns = read_clock_ns(ClockId::CLOCK_BOOTTIME, "CLOCK_BOOTTIME")?;
     u64::try_from(boot_ns - mono_ns).map_err(|_| ProcsError::ClockOrder { boot_ns, mono_ns })

@@ -16,7 +16,7 @@ use crate::token_pool::TokenPool;
 
 /// What [`ProcessTracker::track`] found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Tracked {
+pub(crate) enum Tracked {
     /// The process was running; its exit will be reported by [`ProcessTracker::handle_event`].
     Alive,
     /// The process with that start time has exited (or its pid now names another process); nothing
@@ -36,7 +36,7 @@ struct Watched<K> {
 /// Watches processes for their exit, one pidfd each, registered in the caller's mio `Poll` under
 /// tokens from a range given at construction; each process belongs to a caller-chosen key.
 #[derive(Debug)]
-pub struct ProcessTracker<K> {
+pub(crate) struct ProcessTracker<K> {
     tokens: TokenPool,
     watched: HashMap<Token, Watched<K>>,
     by_key: HashMap<K, HashMap<i32, Token>>,
@@ -45,7 +45,7 @@ pub struct ProcessTracker<K> {
 impl<K: Copy + Eq + Hash> ProcessTracker<K> {
     /// Creates a tracker that registers pidfds under tokens of `tokens` only. Fresh tokens are used
     /// before freed ones, so give a wide range to make a token's reuse rare.
-    pub fn new(tokens: Range<usize>) -> Self {
+    pub(crate) fn new(tokens: Range<usize>) -> Self {
         Self {
             tokens: TokenPool::new(tokens),
             watched: HashMap::new(),
@@ -61,7 +61,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
     /// (key, pid) again with the same start time does nothing. With another start time, the process
     /// tracked before is certainly gone (its pid names another one now): it is replaced if the new
     /// one is alive, otherwise left to report its exit.
-    pub fn track(
+    pub(crate) fn track(
         &mut self,
         registry: &Registry,
         key: K,
@@ -119,7 +119,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
     }
 
     /// Whether `token` belongs to this tracker's range.
-    pub fn owns(&self, token: Token) -> bool {
+    pub(crate) fn owns(&self, token: Token) -> bool {
         self.tokens.owns(token)
     }
 
@@ -128,7 +128,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
     ///
     /// The event is only a hint: the pidfd itself is asked whether the process exited, so a stale
     /// event (for a token since reused) or a spurious one reports nothing. Unknown tokens are ignored.
-    pub fn handle_event(&mut self, registry: &Registry, token: Token) -> Option<(K, i32)> {
+    pub(crate) fn handle_event(&mut self, registry: &Registry, token: Token) -> Option<(K, i32)> {
         let watched = self.watched.get(&token)?;
         if !has_exited(&watched.pidfd) {
             return None;
@@ -138,7 +138,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
     }
 
     /// Stops tracking every process of `key`, closing their pidfds.
-    pub fn untrack_key(&mut self, registry: &Registry, key: K) {
+    pub(crate) fn untrack_key(&mut self, registry: &Registry, key: K) {
         let Some(pids) = self.by_key.remove(&key) else {
             return;
         };
@@ -149,7 +149,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
 
     #[cfg(test)]
     /// The pids tracked for `key`, in no order.
-    pub fn tracked(&self, key: K) -> impl Iterator<Item = i32> + '_ {
+    pub(crate) fn tracked(&self, key: K) -> impl Iterator<Item = i32> + '_ {
         self.by_key
             .get(&key)
             .into_iter()
@@ -158,25 +158,25 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
 
     #[cfg(test)]
     /// The token of `pid`'s pidfd, tracked for `key`; panics if it is not tracked.
-    pub fn token_of(&self, key: K, pid: i32) -> Token {
+    pub(crate) fn token_of(&self, key: K, pid: i32) -> Token {
         self.by_key[&key][&pid]
     }
 
     #[cfg(test)]
     /// How many processes are tracked for `key`.
-    pub fn tracked_count(&self, key: K) -> usize {
+    pub(crate) fn tracked_count(&self, key: K) -> usize {
         self.by_key.get(&key).map_or(0, HashMap::len)
     }
 
     #[cfg(test)]
     /// How many pidfds are held for all keys.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.watched.len()
     }
 
     #[cfg(test)]
     /// Whether no pidfd is held.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.watched.is_empty()
     }
 
