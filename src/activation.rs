@@ -2,7 +2,6 @@
 //! `systemd-socket-activate`) through `LISTEN_PID`, `LISTEN_FDS` and file descriptor 3, as
 //! `sd_listen_fds(3)` describes, without libsystemd.
 
-use std::fmt;
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
@@ -28,16 +27,9 @@ pub struct Activated {
 }
 
 /// Why a handed-over socket cannot be served.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("socket activation: {0}")]
 pub struct ActivationError(String);
-
-impl fmt::Display for ActivationError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "socket activation: {}", self.0)
-    }
-}
-
-impl std::error::Error for ActivationError {}
 
 /// How many descriptors the environment passes to this process (`pid`): `None` when it passes
 /// none (no `LISTEN_PID`, or another process's), else `LISTEN_FDS`. Pure, for tests.

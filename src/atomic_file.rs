@@ -17,7 +17,7 @@ use nix::unistd::{self, UnlinkatFlags};
 
 /// What failed, on which path.
 #[derive(Debug)]
-pub struct AtomicWriteError {
+pub(crate) struct AtomicWriteError {
     pub path: PathBuf,
     pub action: &'static str,
     pub source: io::Error,
@@ -41,7 +41,7 @@ impl Drop for TempFile<'_> {
 
 /// Writes `contents` as `name` in the directory open as `dirfd` (at `dir`, for messages),
 /// through the temporary file `temp_name` there, with permission bits `mode`.
-pub fn replace(
+pub(crate) fn replace(
     dirfd: BorrowedFd<'_>,
     dir: &Path,
     name: &str,

@@ -1,55 +1,34 @@
 //! Parsing of the command line's DUR arguments: a whole number followed by one unit (`500ms`, `10s`,
 //! `2m`, `1h`). It never guesses a unit for a bare number and never saturates on overflow.
 
-use std::fmt;
 use std::time::Duration;
 
 /// Why a DUR argument was rejected; each variant carries the text as given.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DurationError {
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum DurationError {
     /// The text is empty.
+    #[error("duration is empty (write e.g. 10s)")]
     Empty,
     /// The text is a bare number; a unit is required.
+    #[error(
+        "duration \"{}\" has no unit: add one of ms, s, m, h (e.g. {}s)",
+        .0.escape_debug(),
+        .0.escape_debug()
+    )]
     MissingUnit(String),
     /// The text does not start with a decimal number.
+    #[error("duration \"{}\" must start with a whole number (e.g. 10s)", .0.escape_debug())]
     MissingNumber(String),
     /// The text after the number is not a known unit.
+    #[error("duration \"{}\" has an unknown unit: use one of ms, s, m, h", .0.escape_debug())]
     UnknownUnit(String),
     /// The value does not fit in a `Duration`.
+    #[error("duration \"{}\" is too large", .0.escape_debug())]
     Overflow(String),
 }
 
-impl fmt::Display for DurationError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DurationError::Empty => f.write_str("duration is empty (write e.g. 10s)"),
-            DurationError::MissingUnit(text) => write!(
-                f,
-                "duration \"{}\" has no unit: add one of ms, s, m, h (e.g. {}s)",
-                text.escape_debug(),
-                text.escape_debug()
-            ),
-            DurationError::MissingNumber(text) => write!(
-                f,
-                "duration \"{}\" must start with a whole number (e.g. 10s)",
-                text.escape_debug()
-            ),
-            DurationError::UnknownUnit(text) => write!(
-                f,
-                "duration \"{}\" has an unknown unit: use one of ms, s, m, h",
-                text.escape_debug()
-            ),
-            DurationError::Overflow(text) => {
-                write!(f, "duration \"{}\" is too large", text.escape_debug())
-            }
-        }
-    }
-}
-
-impl std::error::Error for DurationError {}
-
 /// Parses `<digits><unit>` with unit one of `ms`, `s`, `m`, `h`.
-pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     if text.is_empty() {
         return Err(DurationError::Empty);
     }
@@ -84,7 +63,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
 }
 
 /// A duration as [`parse_duration`] reads it, or a bare `0` for zero ("never", "at once").
-pub fn parse_interval(text: &str) -> Result<Duration, DurationError> {
+pub(crate) fn parse_interval(text: &str) -> Result<Duration, DurationError> {
     if text == "0" {
         return Ok(Duration::ZERO);
     }

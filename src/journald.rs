@@ -15,14 +15,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use log::kv::Key;
 
 /// journald's native socket.
-pub const SOCKET: &str = "/run/systemd/journal/socket";
+pub(crate) const SOCKET: &str = "/run/systemd/journal/socket";
 /// What the agent's records are filed under (`journalctl -t exitproof`).
 const IDENTIFIER: &str = "exitproof";
 
 static DROPPED: AtomicU64 = AtomicU64::new(0);
 
 /// Records dropped because journald's socket was full, since the agent started.
-pub fn dropped() -> u64 {
+pub(crate) fn dropped() -> u64 {
     DROPPED.load(Ordering::Relaxed)
 }
 
@@ -35,7 +35,7 @@ const KEYS: [(&str, &str); 3] = [
 
 /// Appends one field to a datagram. `name` must be a journal field name (upper-case letters,
 /// digits, `_`, not starting with `_`); the callers' names are constants.
-pub fn encode_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
+pub(crate) fn encode_field(out: &mut Vec<u8>, name: &str, value: &[u8]) {
     out.extend_from_slice(name.as_bytes());
     if value.contains(&b'\n') {
         out.push(b'\n');
@@ -59,7 +59,7 @@ fn priority(level: log::Level) -> &'static str {
 
 /// The datagram of one log record: its message, priority, identifier, where in the code it
 /// was logged, and the unit fields it carries (empty values left out).
-pub fn datagram(record: &log::Record<'_>) -> Vec<u8> {
+pub(crate) fn datagram(record: &log::Record<'_>) -> Vec<u8> {
     let message = record.args().to_string();
     let mut out = Vec::with_capacity(message.len() + 128);
     encode_field(&mut out, "MESSAGE", message.as_bytes());
@@ -86,7 +86,7 @@ pub fn datagram(record: &log::Record<'_>) -> Vec<u8> {
 
 /// A socket that sends records to journald's native socket.
 #[derive(Debug)]
-pub struct Journald {
+pub(crate) struct Journald {
     socket: UnixDatagram,
     path: PathBuf,
 }
@@ -95,7 +95,7 @@ impl Journald {
     /// Opens a non-blocking socket for journald's socket at `path` ([`SOCKET`] is journald's),
     /// failing if nothing listens there. Each record is addressed to the path, not sent on a
     /// connection, so that records reach a journald restarted since (a new socket file).
-    pub fn connect(path: &Path) -> io::Result<Journald> {
+    pub(crate) fn connect(path: &Path) -> io::Result<Journald> {
         // Fails now, not at the first record, if there is no journald.
         UnixDatagram::unbound()?.connect(path)?;
         let socket = UnixDatagram::unbound()?;
@@ -109,7 +109,7 @@ impl Journald {
     /// Sends one record. `Ok(false)`: journald could not take it at once, and it was
     /// dropped (and counted). `Err`: it could not be sent at all (too large, journald
     /// gone); the caller writes it elsewhere.
-    pub fn send(&self, record: &log::Record<'_>) -> io::Result<bool> {
+    pub(crate) fn send(&self, record: &log::Record<'_>) -> io::Result<bool> {
         match self.socket.send_to(&datagram(record), &self.path) {
             Ok(_) => Ok(true),
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {

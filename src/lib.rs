@@ -9,6 +9,13 @@
 //! See ARCHITECTURE.md for the map.
 
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
+// Tests may read the clock. The library's own code is linted without cfg(test), where
+// clippy.toml's disallowed-methods keeps the clock to the driver.
+#![cfg_attr(
+    test,
+    allow(clippy::disallowed_methods, reason = "tests may read the clock")
+)]
 
 pub mod activation;
 pub mod agent;
@@ -35,6 +42,7 @@ pub mod proof;
 mod rng;
 pub(crate) mod service;
 pub mod systemd;
+pub(crate) mod token_pool;
 #[cfg(feature = "cli")]
 pub(crate) mod transient;
 pub mod unit_name;

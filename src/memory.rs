@@ -10,7 +10,7 @@ const SHRINK_MIN_CAPACITY: usize = 64;
 
 /// Shrinks `map` to twice its length once it is less than a quarter full: the reallocation is
 /// paid for by the removals that emptied it, and a map that grows again right away has room.
-pub fn shrink_when_sparse<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
+pub(crate) fn shrink_when_sparse<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, V, S>) {
     if map.capacity() > SHRINK_MIN_CAPACITY && map.len() < map.capacity() / 4 {
         map.shrink_to(map.len() * 2);
     }
@@ -19,7 +19,7 @@ pub fn shrink_when_sparse<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K, 
 /// Returns the free pages of the heap to the kernel (glibc's `malloc_trim`). glibc gives back
 /// only the free top of the heap by itself; the free pages between live allocations stay
 /// resident, and after a burst of proofs most of the heap is such pages.
-pub fn release_free_heap() {
+pub(crate) fn release_free_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only walks and releases the allocator's own free chunks.
     unsafe {

@@ -29,7 +29,7 @@ const NOTIFY_VARIABLES: [&str; 3] = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG
 
 /// Where the service manager listens for notifications, as `NOTIFY_SOCKET` names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum NotifyAddress {
+pub(crate) enum NotifyAddress {
     /// A socket file, from an absolute path.
     Path(PathBuf),
     /// A socket in the abstract namespace, from `@name` (the name without its `@`).
@@ -46,9 +46,10 @@ impl fmt::Display for NotifyAddress {
 }
 
 /// A failure to set up or use the sd_notify protocol.
-#[derive(Debug)]
-pub enum NotifyError {
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum NotifyError {
     /// `NOTIFY_SOCKET` names no address this agent can send to.
+    #[error("invalid NOTIFY_SOCKET {value:?}: {reason}")]
     InvalidSocket {
         /// The variable's value, lossily decoded.
         value: String,
@@ -56,6 +57,7 @@ pub enum NotifyError {
         reason: &'static str,
     },
     /// `WATCHDOG_USEC` or `WATCHDOG_PID` is not a positive whole number.
+    #[error("invalid {variable} {value:?}: expected a whole number greater than 0")]
     InvalidWatchdog {
         /// The variable's name.
         variable: &'static str,
@@ -63,11 +65,13 @@ pub enum NotifyError {
         value: String,
     },
     /// The datagram socket could not be created.
+    #[error("cannot create a datagram socket for sd_notify: {source}")]
     Socket {
         /// The error from `socket(2)`.
         source: Errno,
     },
     /// A notification was not sent; `EAGAIN` means the manager's queue is full.
+    #[error("cannot send {variable} to the notify socket {address}: {source}")]
     Send {
         /// The variable the notification carried, e.g. `READY`.
         variable: &'static str,
@@ -78,42 +82,8 @@ pub enum NotifyError {
     },
 }
 
-impl fmt::Display for NotifyError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            NotifyError::InvalidSocket { value, reason } => {
-                write!(f, "invalid NOTIFY_SOCKET {value:?}: {reason}")
-            }
-            NotifyError::InvalidWatchdog { variable, value } => write!(
-                f,
-                "invalid {variable} {value:?}: expected a whole number greater than 0"
-            ),
-            NotifyError::Socket { source } => {
-                write!(f, "cannot create a datagram socket for sd_notify: {source}")
-            }
-            NotifyError::Send {
-                variable,
-                address,
-                source,
-            } => write!(
-                f,
-                "cannot send {variable} to the notify socket {address}: {source}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for NotifyError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            NotifyError::Socket { source } | NotifyError::Send { source, .. } => Some(source),
-            NotifyError::InvalidSocket { .. } | NotifyError::InvalidWatchdog { .. } => None,
-        }
-    }
-}
-
 /// Speaks the sd_notify protocol to the service manager that started the agent.
-pub struct Notifier {
+pub(crate) struct Notifier {
     socket: OwnedFd,
     address: NotifyAddress,
     unix_address: UnixAddr,
@@ -140,7 +110,7 @@ impl Notifier {
     /// thread is started: the variables are removed only while the process has one thread (checked
     /// in `/proc/self/task`), because changing the environment races with any other thread reading
     /// it; otherwise they stay, with a warning.
-    pub fn from_env() -> Option<Notifier> {
+    pub(crate) fn from_env() -> Option<Notifier> {
         let [socket, usec, pid] = NOTIFY_VARIABLES.map(env::var_os);
         forget_notify_environment();
         let socket = socket?;
@@ -181,7 +151,7 @@ impl Notifier {
 
     /// A notifier that sends to `address`, with the watchdog timeout `watchdog` (the full
     /// `WATCHDOG_USEC`, not the ping interval).
-    pub fn new(
+    pub(crate) fn new(
         address: NotifyAddress,
         watchdog: Option<Duration>,
     ) -> Result<Notifier, NotifyError> {
@@ -210,29 +180,29 @@ impl Notifier {
     }
 
     /// Tells the manager that the agent is ready (`READY=1`).
-    pub fn ready(&self) -> Result<(), NotifyError> {
+    pub(crate) fn ready(&self) -> Result<(), NotifyError> {
         self.send("READY", "READY=1")
     }
 
     /// Tells the manager that the agent is shutting down (`STOPPING=1`).
-    pub fn stopping(&self) -> Result<(), NotifyError> {
+    pub(crate) fn stopping(&self) -> Result<(), NotifyError> {
         self.send("STOPPING", "STOPPING=1")
     }
 
     #[cfg(test)]
     /// Sets the one-line status `systemctl status` shows (`STATUS=...`); see [`status_message`].
-    pub fn status(&self, text: &str) -> Result<(), NotifyError> {
+    pub(crate) fn status(&self, text: &str) -> Result<(), NotifyError> {
         self.send("STATUS", &status_message(text))
     }
 
     /// Tells the watchdog the agent is alive (`WATCHDOG=1`).
-    pub fn ping(&self) -> Result<(), NotifyError> {
+    pub(crate) fn ping(&self) -> Result<(), NotifyError> {
         self.send("WATCHDOG", "WATCHDOG=1")
     }
 
     /// How often to [`ping`](Notifier::ping): half the watchdog timeout, as systemd recommends, or
     /// `None` when no watchdog is armed for this process.
-    pub fn watchdog_interval(&self) -> Option<Duration> {
+    pub(crate) fn watchdog_interval(&self) -> Option<Duration> {
         self.watchdog.map(|timeout| timeout / 2)
     }
 
@@ -254,7 +224,7 @@ impl Notifier {
 }
 
 /// Parses `NOTIFY_SOCKET`: an absolute path, or `@name` for the abstract namespace.
-pub fn parse_notify_socket(value: &str) -> Result<NotifyAddress, NotifyError> {
+pub(crate) fn parse_notify_socket(value: &str) -> Result<NotifyAddress, NotifyError> {
     let invalid = |reason| NotifyError::InvalidSocket {
         value: value.to_owned(),
         reason,
@@ -276,7 +246,7 @@ pub fn parse_notify_socket(value: &str) -> Result<NotifyAddress, NotifyError> {
 /// Parses `WATCHDOG_USEC` and `WATCHDOG_PID` into the watchdog timeout for the process `own_pid`:
 /// `None` if there is no watchdog, or if `WATCHDOG_PID` names another process (the watchdog is
 /// then that process's, as with `sd_watchdog_enabled`).
-pub fn parse_watchdog(
+pub(crate) fn parse_watchdog(
     usec: Option<&str>,
     pid: Option<&str>,
     own_pid: u32,
@@ -303,7 +273,7 @@ pub fn parse_watchdog(
 #[cfg(test)]
 /// The `STATUS=` notification for `text`. Newlines and NUL bytes become spaces: a newline would
 /// start another assignment, and the manager ignores a datagram containing NUL.
-pub fn status_message(text: &str) -> String {
+pub(crate) fn status_message(text: &str) -> String {
     let clean: String = text
         .chars()
         .map(|c| if matches!(c, '\n' | '\0') { ' ' } else { c })
@@ -347,7 +317,7 @@ pub(crate) fn is_single_threaded() -> bool {
 /// priority (see [`journal_prefix`]) and carries no timestamp, since the journal adds its own;
 /// otherwise lines have env_logger's usual format. A second call keeps the first logger.
 #[cfg(feature = "cli")]
-pub fn init_logging() {
+pub(crate) fn init_logging() {
     let mut builder =
         env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info"));
     let mut no_journald = None;
@@ -383,7 +353,7 @@ pub fn init_logging() {
 /// The syslog priority prefix the journal reads from the start of a line: `<3>` error, `<4>`
 /// warning, `<6>` info, `<7>` debug and trace.
 #[cfg(feature = "cli")]
-pub fn journal_prefix(level: log::Level) -> &'static str {
+pub(crate) fn journal_prefix(level: log::Level) -> &'static str {
     match level {
         log::Level::Error => "<3>",
         log::Level::Warn => "<4>",

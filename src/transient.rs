@@ -7,7 +7,6 @@
 //! command exits. The start job's `JobRemoved` says when to read the invocation; the watch then
 //! names it, so the proof is of that invocation whenever it was made.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -56,52 +55,40 @@ const DURATIONS: [(&str, &str); 3] = [
 const OWN: [&str; 2] = ["ExecStart", "AddRef"];
 
 /// Why `exitproof run` failed before it could give the command's exit status.
-#[derive(Debug)]
-pub enum RunError {
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum RunError {
     /// A `-p` assignment that cannot be sent.
+    #[error("{0}")]
     Property(String),
     /// The command to run is not an executable file found where it was looked for.
+    #[error("{0}")]
     Command(String),
     /// `--unit` names no service.
+    #[error("--unit {0}: exitproof run starts a .service")]
     NotAService(String),
     /// No random unit name could be made (`/proc/sys/kernel/random/uuid`).
+    #[error("make a unit name: {0}")]
     UnitName(std::io::Error),
     /// The bus or systemd could not be reached.
+    #[error("{0}")]
     Connect(ConnectError),
     /// A call to systemd failed.
+    #[error("{0}")]
     Manager(ManagerError),
     /// The bus connection's loop failed.
+    #[error("run the bus connection: {0}")]
     Runtime(std::io::Error),
     /// systemd's start job did not succeed (its result: `failed`, `dependency`, ...).
+    #[error("start {unit}: the start job {result}")]
     Job { unit: String, result: String },
     /// The unit has no invocation after its start job finished.
+    #[error("{0} has no invocation ID after its start job")]
     NoInvocation(String),
 }
 
-impl fmt::Display for RunError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RunError::Property(message) | RunError::Command(message) => f.write_str(message),
-            RunError::NotAService(unit) => {
-                write!(f, "--unit {unit}: exitproof run starts a .service")
-            }
-            RunError::UnitName(e) => write!(f, "make a unit name: {e}"),
-            RunError::Connect(e) => write!(f, "{e}"),
-            RunError::Manager(e) => write!(f, "{e}"),
-            RunError::Runtime(e) => write!(f, "run the bus connection: {e}"),
-            RunError::Job { unit, result } => write!(f, "start {unit}: the start job {result}"),
-            RunError::NoInvocation(unit) => {
-                write!(f, "{unit} has no invocation ID after its start job")
-            }
-        }
-    }
-}
-
-impl std::error::Error for RunError {}
-
 /// One `-p NAME=VALUE`, typed as `StartTransientUnit` takes it. `Environment=` takes one
 /// `VAR=value` per `-p` (no splitting), and repeated ones add up.
-pub fn property(assignment: &str) -> Result<(String, OwnedVariant), RunError> {
+pub(crate) fn property(assignment: &str) -> Result<(String, OwnedVariant), RunError> {
     let bad = |why: String| RunError::Property(format!("-p {assignment}: {why}"));
     let (name, value) = assignment
         .split_once('=')
@@ -147,7 +134,7 @@ pub fn property(assignment: &str) -> Result<(String, OwnedVariant), RunError> {
 }
 
 /// A signal by name (`TERM`, `SIGTERM`) or number, as systemd's `KillSignal=` takes it.
-pub fn signal_number(text: &str) -> Option<i32> {
+pub(crate) fn signal_number(text: &str) -> Option<i32> {
     if let Ok(number) = text.parse::<i32>() {
         return nix::sys::signal::Signal::try_from(number)
             .ok()
@@ -166,7 +153,7 @@ pub fn signal_number(text: &str) -> Option<i32> {
 /// The exit status of `exitproof run` from the proof event's `systemd` record: the main
 /// process's exit status, or 128 + the signal's number if a signal ended it. `None` if the
 /// record does not tell (a proof without systemd's status).
-pub fn exit_status(code: &str, status: &str) -> Option<u8> {
+pub(crate) fn exit_status(code: &str, status: &str) -> Option<u8> {
     match code {
         "exited" => status.parse::<u8>().ok(),
         "killed" | "dumped" => {
@@ -179,7 +166,7 @@ pub fn exit_status(code: &str, status: &str) -> Option<u8> {
 
 /// Finds `program` as `systemd-run` does: a path with a `/` is made absolute, a bare name is
 /// looked up in `$PATH`. systemd wants an absolute path.
-pub fn find_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, RunError> {
+pub(crate) fn find_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, RunError> {
     let not_found = || RunError::Command(format!("{program}: command not found"));
     if program.contains('/') {
         return std::path::absolute(program)
@@ -200,7 +187,7 @@ fn is_executable(path: &Path) -> bool {
 }
 
 /// A name for a unit started without `--unit`: `exitproof-run-` and 32 random hex digits.
-pub fn generated_unit_name() -> Result<String, RunError> {
+pub(crate) fn generated_unit_name() -> Result<String, RunError> {
     let uuid =
         std::fs::read_to_string("/proc/sys/kernel/random/uuid").map_err(RunError::UnitName)?;
     Ok(format!(
@@ -210,7 +197,7 @@ pub fn generated_unit_name() -> Result<String, RunError> {
 }
 
 /// A started unit, kept loaded (`AddRef`) while this value lives.
-pub struct Started {
+pub(crate) struct Started {
     /// The invocation the start job began.
     pub invocation: String,
     // The connection holds systemd's reference to the unit: dropped, the unit may be
@@ -222,7 +209,7 @@ pub struct Started {
 
 /// Starts `argv` as the transient service `unit` with `properties` on `bus`, waits for its
 /// start job, and reads the invocation it began.
-pub fn start(
+pub(crate) fn start(
     bus: Bus,
     unit: &UnitName,
     properties: Vec<(String, OwnedVariant)>,

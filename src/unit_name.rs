@@ -143,7 +143,7 @@ impl fmt::Display for UnitNameProblem {
 }
 
 /// The error for a string that is not a usable unit name: the offending name and the reason.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub struct InvalidUnitName {
     /// The rejected text, as given.
     pub name: String,
@@ -167,8 +167,6 @@ impl fmt::Display for InvalidUnitName {
         )
     }
 }
-
-impl std::error::Error for InvalidUnitName {}
 
 /// Checks `name` the way systemd's `unit_name_is_valid(name, UNIT_NAME_PLAIN | UNIT_NAME_INSTANCE)` does,
 /// returning the validated name or the first problem found (in systemd's order of checks).

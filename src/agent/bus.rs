@@ -21,6 +21,10 @@ use crate::systemd::manager::Subscription;
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the driver: the loop reads the clock and hands `now` to the core"
+)]
 impl Agent {
     /// Takes a fresh connection into use: forward its signals, then read every unit again.
     pub(super) fn on_connected(&mut self, conn: Connection, subscription: Subscription) {

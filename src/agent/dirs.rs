@@ -2,22 +2,23 @@
 //! they are missing: on a fresh host nothing but the shipped unit's `RuntimeDirectory=` and
 //! `StateDirectory=` would create them.
 
-use std::fmt;
 use std::fs::{self, DirBuilder, File, OpenOptions, Permissions};
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// A directory the agent needs could not be made ready.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum DirError {
     /// `path`, the directory or one of its ancestors, exists and is not a directory.
+    #[error("{path} exists and is not a directory, so it cannot hold the {purpose}")]
     NotADirectory {
         path: PathBuf,
         /// What the directory is for, e.g. "control socket".
         purpose: &'static str,
     },
     /// The system call named by `action` failed on `path`.
+    #[error("cannot {action} {path} for the {purpose}: {source}")]
     Io {
         action: &'static str,
         path: PathBuf,
@@ -26,44 +27,13 @@ pub enum DirError {
     },
 }
 
-impl fmt::Display for DirError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DirError::NotADirectory { path, purpose } => write!(
-                f,
-                "{} exists and is not a directory, so it cannot hold the {purpose}",
-                path.display()
-            ),
-            DirError::Io {
-                action,
-                path,
-                purpose,
-                source,
-            } => write!(
-                f,
-                "cannot {action} {} for the {purpose}: {source}",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for DirError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            DirError::NotADirectory { .. } => None,
-            DirError::Io { source, .. } => Some(source),
-        }
-    }
-}
-
 /// Creates `dir` and each of its missing ancestors with exactly `mode` (the umask would narrow
 /// it: the shipped unit's `UMask=0077` would lock allowed peers out of a socket directory),
 /// logs each one, and returns them outermost first. A directory that exists, or a symlink to
 /// one, is used as it is: its mode is the operator's and is never changed. A component that
 /// exists and is not a directory is an error. `purpose` names what the directory is for, in
 /// the log and in errors.
-pub fn create_missing(
+pub(crate) fn create_missing(
     dir: &Path,
     mode: u32,
     purpose: &'static str,

@@ -27,7 +27,7 @@ use super::state::{
 };
 
 /// The journal's name in the state directory.
-pub const JOURNAL_FILE_NAME: &str = "state.journal";
+pub(super) const JOURNAL_FILE_NAME: &str = "state.journal";
 
 /// The first line of a journal: the format, and the number the snapshot it follows names.
 #[derive(Serialize, Deserialize)]
@@ -53,7 +53,7 @@ struct LineIn {
 }
 
 /// The header line of journal `journal`.
-pub fn header(journal: u64) -> Vec<u8> {
+pub(super) fn header(journal: u64) -> Vec<u8> {
     let header = Header {
         version: STATE_VERSION,
         journal,
@@ -64,7 +64,7 @@ pub fn header(journal: u64) -> Vec<u8> {
 }
 
 /// The line of change set number `seq`.
-pub fn line(seq: u64, changes: &ChangeSet) -> serde_json::Result<Vec<u8>> {
+pub(super) fn line(seq: u64, changes: &ChangeSet) -> serde_json::Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec(&LineOut { seq, changes })?;
     bytes.push(b'\n');
     Ok(bytes)
@@ -72,7 +72,7 @@ pub fn line(seq: u64, changes: &ChangeSet) -> serde_json::Result<Vec<u8>> {
 
 /// What replaying a journal did.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Replayed {
+pub(super) enum Replayed {
     /// The journal followed the snapshot: this many change sets were applied, and the bytes
     /// of a last append that was killed half-way (0: none) dropped.
     Applied { changes: u64, torn_bytes: usize },
@@ -83,7 +83,7 @@ pub enum Replayed {
 
 /// Applies the journal `bytes` to `state`, the snapshot read before it; or says why the
 /// journal is corrupt (then `state` is unchanged).
-pub fn replay(state: &mut AgentState, bytes: &[u8]) -> Result<Replayed, String> {
+pub(super) fn replay(state: &mut AgentState, bytes: &[u8]) -> Result<Replayed, String> {
     // Everything after the last newline is an append that did not finish.
     let (complete, torn_bytes) = match bytes.iter().rposition(|&b| b == b'\n') {
         Some(end) => (&bytes[..=end], bytes.len() - end - 1),
@@ -133,7 +133,7 @@ pub fn replay(state: &mut AgentState, bytes: &[u8]) -> Result<Replayed, String> 
 
 /// The journal open for appending.
 #[derive(Debug)]
-pub struct JournalFile {
+pub(super) struct JournalFile {
     file: File,
     path: PathBuf,
     len: u64,
@@ -143,7 +143,7 @@ pub struct JournalFile {
 impl JournalFile {
     /// Starts journal `journal` in the directory of `state_file`, whose snapshot names it:
     /// replaces the journal there atomically with the header alone, and opens it to append.
-    pub fn start(state_file: &StateFile, journal: u64) -> Result<JournalFile, StateError> {
+    pub(super) fn start(state_file: &StateFile, journal: u64) -> Result<JournalFile, StateError> {
         let header = header(journal);
         state_file.replace(JOURNAL_FILE_NAME, &header)?;
         let path = state_file.dir().join(JOURNAL_FILE_NAME);
@@ -166,7 +166,7 @@ impl JournalFile {
 
     /// Appends one turn's changes and syncs them; returns the bytes written. After a failure
     /// the journal may end in part of the line, which a load drops: the agent must stop.
-    pub fn append(&mut self, changes: &ChangeSet) -> Result<usize, StateError> {
+    pub(super) fn append(&mut self, changes: &ChangeSet) -> Result<usize, StateError> {
         let bytes = line(self.next_seq, changes)
             .map_err(|error| io_error(&self.path, "encode a change set for", error))?;
         self.file
@@ -182,13 +182,13 @@ impl JournalFile {
     }
 
     /// The journal's length in bytes.
-    pub fn len(&self) -> u64 {
+    pub(super) fn len(&self) -> u64 {
         self.len
     }
 }
 
 /// Reads what is at the journal's name, if anything.
-pub fn read(state_file: &StateFile) -> Result<Found, StateError> {
+pub(super) fn read(state_file: &StateFile) -> Result<Found, StateError> {
     let dirfd = match open_dir(state_file.dir()) {
         Ok(dirfd) => dirfd,
         Err(Errno::ENOENT) => return Ok(Found::Nothing),

@@ -16,12 +16,12 @@ use crate::control::wire::{AgentStats, LatencySummary};
 use crate::atomic_file;
 
 /// The least time between two refreshes of the file.
-pub const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
+pub(super) const REFRESH_INTERVAL: Duration = Duration::from_secs(5);
 /// Readable by node_exporter, whatever user it runs as.
 const FILE_MODE: u32 = 0o644;
 
 /// Renders `stats` in the Prometheus text exposition format (version 0.0.4).
-pub fn render(stats: &AgentStats) -> String {
+pub(super) fn render(stats: &AgentStats) -> String {
     let core = &stats.core;
     let mut out = String::new();
     let watches = [
@@ -141,7 +141,7 @@ fn seconds(us: u64) -> String {
 
 /// The file and when it is next refreshed.
 #[derive(Debug)]
-pub struct MetricsFile {
+pub(super) struct MetricsFile {
     dir: PathBuf,
     name: String,
     last_text: Option<String>,
@@ -151,7 +151,7 @@ pub struct MetricsFile {
 
 impl MetricsFile {
     /// The file at `path`, to be written first at `now`. Its directory must exist.
-    pub fn new(path: &Path, now: Instant) -> Result<MetricsFile, String> {
+    pub(super) fn new(path: &Path, now: Instant) -> Result<MetricsFile, String> {
         let name = path
             .file_name()
             .and_then(|n| n.to_str())
@@ -170,7 +170,7 @@ impl MetricsFile {
     }
 
     /// Something happened at `now`: refresh once the interval since the last refresh allows.
-    pub fn changed(&mut self, now: Instant) {
+    pub(super) fn changed(&mut self, now: Instant) {
         if self.due.is_none() {
             let earliest = self.last_refresh.map_or(now, |at| at + REFRESH_INTERVAL);
             self.due = Some(earliest.max(now));
@@ -178,12 +178,12 @@ impl MetricsFile {
     }
 
     /// When the loop must call [`MetricsFile::refresh_if_due`].
-    pub fn due(&self) -> Option<Instant> {
+    pub(super) fn due(&self) -> Option<Instant> {
         self.due
     }
 
     /// Writes `stats` if the refresh is due and they differ from what the file holds.
-    pub fn refresh_if_due(&mut self, now: Instant, stats: impl FnOnce() -> AgentStats) {
+    pub(super) fn refresh_if_due(&mut self, now: Instant, stats: impl FnOnce() -> AgentStats) {
         if self.due.is_none_or(|at| at > now) {
             return;
         }

@@ -20,7 +20,6 @@ pub(crate) mod stats;
 mod store;
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::io;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
@@ -115,9 +114,10 @@ impl AgentConfig {
 }
 
 /// Why the agent could not start or had to stop.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     /// A system call of the loop failed.
+    #[error("{what}: {source}")]
     Io {
         /// What was being done.
         what: &'static str,
@@ -125,44 +125,33 @@ pub enum AgentError {
         source: io::Error,
     },
     /// systemd could not be reached at start.
+    #[error("{0}")]
     Connect(crate::systemd::ConnectError),
     /// The cgroup v2 mount or the inotify watcher could not be set up.
+    #[error("{0}")]
     Cgroup(CgroupError),
     /// The control socket could not be set up.
+    #[error("{0}")]
     Control(ControlError),
     /// The state file could not be read at start.
+    #[error("{0}")]
     State(StateError),
     /// A save failed: nothing after it was carried out, so nobody was told anything it held.
+    #[error(
+        "{0}: stopping before anything that save held is answered or released; a restart \
+         resumes from the last saved state"
+    )]
     Save(StateError),
     /// A missing directory of the socket or the state could not be created.
+    #[error("{0}")]
     Dir(DirError),
     /// The metrics file could not be set up.
+    #[error("{0}")]
     Metrics(String),
     /// The socket handed over by socket activation cannot be served.
+    #[error("{0}")]
     Activation(crate::activation::ActivationError),
 }
-
-impl fmt::Display for AgentError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            AgentError::Io { what, source } => write!(f, "{what}: {source}"),
-            AgentError::Connect(e) => write!(f, "{e}"),
-            AgentError::Cgroup(e) => write!(f, "{e}"),
-            AgentError::Control(e) => write!(f, "{e}"),
-            AgentError::State(e) => write!(f, "{e}"),
-            AgentError::Save(e) => write!(
-                f,
-                "{e}: stopping before anything that save held is answered or released; a \
-                 restart resumes from the last saved state"
-            ),
-            AgentError::Dir(e) => write!(f, "{e}"),
-            AgentError::Metrics(e) => write!(f, "{e}"),
-            AgentError::Activation(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for AgentError {}
 
 fn io_error(what: &'static str) -> impl FnOnce(io::Error) -> AgentError {
     move |source| AgentError::Io { what, source }
@@ -251,6 +240,10 @@ struct Agent {
     metrics: Option<metrics::MetricsFile>,
 }
 
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the driver: the loop reads the clock and hands `now` to the core"
+)]
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
         // First: it changes the environment, which only a process with one thread may do.

@@ -7,7 +7,7 @@ use super::core::{MAX_REMAINING, RemainingProcess, UnitStatus};
 use crate::cgroup::procs::list_processes;
 
 /// Fills in the processes of a blocked unit's cgroup (nothing for one that is not blocked).
-pub fn add_remaining(cgroup_root: &Path, status: &mut UnitStatus) {
+pub(super) fn add_remaining(cgroup_root: &Path, status: &mut UnitStatus) {
     let (true, Some(cgroup)) = (status.blocked, status.cgroup.as_deref()) else {
         return;
     };

@@ -8,8 +8,13 @@
 //! file or leaves the old one intact. It never writes through a symlink and never leaves a
 //! temporary file behind. It knows nothing of D-Bus, cgroups or the loop.
 
+// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
+#![allow(
+    unreachable_pub,
+    reason = "left to avoid a merge conflict with concurrent work"
+)]
+
 use std::collections::{HashMap, HashSet};
-use std::fmt;
 use std::fs::{self, DirBuilder, File};
 use std::hash::{BuildHasher, RandomState};
 use std::io::{self, Read};
@@ -260,9 +265,10 @@ struct VersionOnly {
 }
 
 /// Why the state could not be read or written.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum StateError {
     /// The system call named by `action` failed on `path`.
+    #[error("{action} {path}: {source}")]
     Io {
         path: PathBuf,
         action: &'static str,
@@ -271,6 +277,7 @@ pub enum StateError {
     /// The file at `path` is not a state this agent can read; it was moved to `moved_to`, or
     /// is still at `path` when that failed (then `reason` says why too, and a save will
     /// replace it).
+    #[error("state file {path} is corrupt ({reason}); {}", where_now(.moved_to))]
     Corrupt {
         path: PathBuf,
         moved_to: Option<PathBuf>,
@@ -278,43 +285,11 @@ pub enum StateError {
     },
 }
 
-impl fmt::Display for StateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StateError::Io {
-                path,
-                action,
-                source,
-            } => write!(f, "{action} {}: {source}", path.display()),
-            StateError::Corrupt {
-                path,
-                moved_to: Some(moved_to),
-                reason,
-            } => write!(
-                f,
-                "state file {} is corrupt ({reason}); moved it aside to {}",
-                path.display(),
-                moved_to.display()
-            ),
-            StateError::Corrupt {
-                path,
-                moved_to: None,
-                reason,
-            } => write!(
-                f,
-                "state file {} is corrupt ({reason}); it is still there",
-                path.display()
-            ),
-        }
-    }
-}
-
-impl std::error::Error for StateError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            StateError::Io { source, .. } => Some(source),
-            StateError::Corrupt { .. } => None,
-        }
+/// Where a corrupt state file is now, for [`StateError::Corrupt`]'s message.
+fn where_now(moved_to: &Option<PathBuf>) -> String {
+    match moved_to {
+        Some(moved_to) => format!("moved it aside to {}", moved_to.display()),
+        None => "it is still there".to_owned(),
     }
 }
 
@@ -568,6 +543,10 @@ impl StateFile {
 }
 
 /// Seconds since the epoch, for the names of corrupt files moved aside.
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the driver: a name for a file moved aside, never a decision"
+)]
 pub(super) fn now_seconds() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -28,7 +28,7 @@ const COMPACT_AT_LEAST: u64 = 1 << 20;
 
 /// The state as loaded at start.
 #[derive(Debug)]
-pub struct Loaded {
+pub(super) struct Loaded {
     pub state: AgentState,
     /// Something the operator should hear of that is not an error (a killed append dropped, a
     /// journal older than the snapshot left out).
@@ -37,7 +37,7 @@ pub struct Loaded {
 
 /// The snapshot and the journal of one state directory.
 #[derive(Debug)]
-pub struct StateStore {
+pub(super) struct StateStore {
     snapshot: StateFile,
     /// The journal being appended to, once a snapshot was written by this agent.
     journal: Option<JournalFile>,
@@ -48,7 +48,7 @@ pub struct StateStore {
 
 impl StateStore {
     /// The store of the state directory `dir`.
-    pub fn new(dir: PathBuf) -> StateStore {
+    pub(super) fn new(dir: PathBuf) -> StateStore {
         StateStore {
             snapshot: StateFile::new(dir),
             journal: None,
@@ -63,7 +63,7 @@ impl StateStore {
     /// snapshot: moved aside and reported, and the agent starts empty. Both go aside together,
     /// so the pair stays evidence (and a snapshot without the changes acknowledged after it is
     /// never taken up).
-    pub fn load(&mut self) -> Result<Loaded, StateError> {
+    pub(super) fn load(&mut self) -> Result<Loaded, StateError> {
         let mut state = match self.snapshot.load() {
             Ok(state) => state,
             Err(error) => {
@@ -124,7 +124,7 @@ impl StateStore {
 
     /// Writes a save: a snapshot replaces the snapshot file and starts a new journal; a change
     /// set is appended to the journal. Durable when it returns `Ok`, with the bytes written.
-    pub fn save(&mut self, save: StateSave) -> Result<usize, StateError> {
+    pub(super) fn save(&mut self, save: StateSave) -> Result<usize, StateError> {
         match save {
             StateSave::Snapshot(mut state) => {
                 let number = self.next_journal;
@@ -160,7 +160,7 @@ impl StateStore {
     }
 
     /// Whether the journal is long enough to be compacted into a snapshot.
-    pub fn wants_snapshot(&self) -> bool {
+    pub(super) fn wants_snapshot(&self) -> bool {
         self.journal.as_ref().is_some_and(|journal| {
             journal.len() > COMPACT_AT_LEAST.max(self.snapshot_len.saturating_mul(2))
         })

@@ -9,6 +9,11 @@
 //! Unlike the agent, the bench may use threads and sleep: it is a measuring harness, not the
 //! thing measured.
 
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the benchmark measures with the clock; it is not the agent"
+)]
+
 pub mod cli;
 pub mod observer;
 pub mod poll;
@@ -18,7 +23,6 @@ pub mod sample;
 pub mod schedule;
 pub mod stats;
 
-use std::fmt;
 use std::time::Duration;
 
 use crate::control::ControlError;
@@ -29,28 +33,19 @@ use crate::systemd::manager::ManagerError;
 const METHOD_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why a benchmark run failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    #[error("{0}")]
     Connect(ConnectError),
+    #[error("{0}")]
     Manager(ManagerError),
+    #[error("the agent: {0}")]
     Control(ControlError),
+    #[error("{0}: {1}")]
     Io(String, std::io::Error),
+    #[error("{0}")]
     Failed(String),
 }
-
-impl fmt::Display for BenchError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BenchError::Connect(e) => write!(f, "{e}"),
-            BenchError::Manager(e) => write!(f, "{e}"),
-            BenchError::Control(e) => write!(f, "the agent: {e}"),
-            BenchError::Io(what, e) => write!(f, "{what}: {e}"),
-            BenchError::Failed(why) => f.write_str(why),
-        }
-    }
-}
-
-impl std::error::Error for BenchError {}
 
 /// Waits a few seconds for `child`, asked to end, to exit; kills it if it has not.
 fn reap(child: &mut std::process::Child) {

@@ -18,34 +18,17 @@ use super::sample::{BenchRun, Mode};
 use super::stats::{self, Contender, ContenderSummary, Latency, Summary};
 
 /// What went wrong while producing a report.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// A report file or its directory could not be written.
+    #[error("write {path}: {source}")]
     Io { path: PathBuf, source: io::Error },
     /// `bench.json` could not be encoded.
+    #[error("encode bench.json: {source}")]
     Json { source: serde_json::Error },
     /// The latency plot could not be drawn.
+    #[error("draw the latency plot: {message}")]
     Plot { message: String },
-}
-
-impl fmt::Display for ReportError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Io { path, source } => write!(f, "write {}: {source}", path.display()),
-            Self::Json { source } => write!(f, "encode bench.json: {source}"),
-            Self::Plot { message } => write!(f, "draw the latency plot: {message}"),
-        }
-    }
-}
-
-impl std::error::Error for ReportError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Io { source, .. } => Some(source),
-            Self::Json { source } => Some(source),
-            Self::Plot { .. } => None,
-        }
-    }
 }
 
 /// What `bench.json` holds.

@@ -1,8 +1,6 @@
 //! Parses the cgroup v2 `cgroup.events` file and names what one read of it showed. Pure: no I/O here,
 //! and a malformed file must never be read as "empty", because "empty" is the proof this agent gives.
 
-use std::fmt;
-
 /// What one read of a unit's cgroup showed. A read is a fresh fact; an inotify notification is only a
 /// hint to read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,45 +17,31 @@ pub enum CgroupReading {
 }
 
 /// Why the contents of a `cgroup.events` file were rejected.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EventsParseError {
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum EventsParseError {
     /// The contents are not UTF-8.
+    #[error("cgroup.events is not utf-8")]
     NotUtf8,
     /// A line is not of the form `key value`.
+    #[error("malformed line in cgroup.events: {0:?}")]
     MalformedLine(String),
     /// No `populated` line was found.
+    #[error("cgroup.events has no populated key")]
     MissingPopulated,
     /// More than one `populated` line was found.
+    #[error("cgroup.events has more than one populated key")]
     DuplicatePopulated,
     /// The `populated` value is neither `0` nor `1`.
+    #[error("cgroup.events has populated value {0:?}, expected 0 or 1")]
     BadPopulatedValue(String),
 }
-
-impl fmt::Display for EventsParseError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::NotUtf8 => write!(f, "cgroup.events is not utf-8"),
-            Self::MalformedLine(line) => write!(f, "malformed line in cgroup.events: {line:?}"),
-            Self::MissingPopulated => write!(f, "cgroup.events has no populated key"),
-            Self::DuplicatePopulated => write!(f, "cgroup.events has more than one populated key"),
-            Self::BadPopulatedValue(value) => {
-                write!(
-                    f,
-                    "cgroup.events has populated value {value:?}, expected 0 or 1"
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for EventsParseError {}
 
 /// Returns the `populated` flag of a `cgroup.events` file's contents.
 ///
 /// The format is one `key value` pair per line, such as `"populated 1\nfrozen 0\n"`. Exactly one
 /// `populated` key with value `0` or `1` is required; other keys are ignored but must still be
 /// well-formed lines. Any deviation is an error, never "empty".
-pub fn parse_populated(contents: &[u8]) -> Result<bool, EventsParseError> {
+pub(crate) fn parse_populated(contents: &[u8]) -> Result<bool, EventsParseError> {
     let text = std::str::from_utf8(contents).map_err(|_| EventsParseError::NotUtf8)?;
     let mut populated = None;
     // split_terminator rather than lines(): lines() would silently accept "\r\n" endings.

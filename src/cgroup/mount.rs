@@ -17,7 +17,7 @@ const MOUNTINFO_PATH: &str = "/proc/self/mountinfo";
 /// each, later lines before earlier ones: a later mount may hide an earlier one (a sandbox that
 /// mounts a tmpfs over `/sys/fs/cgroup` and cgroup2 on top hides `/sys/fs/cgroup/unified`).
 /// Malformed lines are skipped.
-pub fn cgroup2_mount_candidates(mountinfo: &str) -> Vec<PathBuf> {
+pub(crate) fn cgroup2_mount_candidates(mountinfo: &str) -> Vec<PathBuf> {
     let mounts: Vec<(&str, &str)> = mountinfo.lines().filter_map(cgroup2_fields).collect();
     let whole = mounts.iter().rev().filter(|(root, _)| *root == "/");
     let subtrees = mounts.iter().rev().filter(|(root, _)| *root != "/");
@@ -29,14 +29,14 @@ pub fn cgroup2_mount_candidates(mountinfo: &str) -> Vec<PathBuf> {
 
 #[cfg(test)]
 /// The best cgroup v2 mount point listed in `mountinfo`, if any.
-pub fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
+pub(crate) fn find_cgroup2_mount(mountinfo: &str) -> Option<PathBuf> {
     cgroup2_mount_candidates(mountinfo).into_iter().next()
 }
 
 /// Reads `/proc/self/mountinfo` and returns the cgroup v2 mount point that is really reachable:
 /// the first candidate that `statfs` confirms is a cgroup2 filesystem. A hidden mount would make
 /// every cgroup look gone, which is exactly the false proof this agent exists to prevent.
-pub fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
+pub(crate) fn cgroup2_mount() -> Result<PathBuf, CgroupError> {
     let path = PathBuf::from(MOUNTINFO_PATH);
     let mountinfo = std::fs::read_to_string(&path).map_err(|source| CgroupError::Mountinfo {
         path: path.clone(),

@@ -27,6 +27,7 @@ use nix::errno::Errno;
 
 use super::CgroupError;
 use super::events::{CgroupReading, parse_populated};
+use super::watch_table::{Clash, Role, Unused, WatchTable};
 use crate::memory::shrink_when_sparse;
 
 /// The file of a cgroup whose `populated` key says whether any process is left in it or below it.
@@ -40,7 +41,7 @@ const EVENT_BUFFER_BYTES: usize = 4096;
 
 /// What the watcher asks its caller to do after draining inotify.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Notice<K> {
+pub(crate) enum Notice<K> {
     /// Something about this unit's cgroup may have changed: read it again.
     Changed(K),
     /// The kernel dropped a watch this unit used (`IN_IGNORED`): rebuild its watches, then
@@ -71,49 +72,6 @@ impl Unit {
     }
 }
 
-/// Who uses one inotify watch.
-#[derive(Debug)]
-enum Target<K> {
-    /// A `cgroup.events` file, used by every key that watches that cgroup.
-    Events(Keys<K>),
-    /// A parent directory, boxed: there are few of them, and every watch would be its size.
-    Parent(Box<ParentDir<K>>),
-}
-
-/// A watched parent directory.
-#[derive(Debug)]
-struct ParentDir<K> {
-    path: Rc<Path>,
-    /// The name of each watched child directory, and the keys watching it.
-    children: HashMap<OsString, Keys<K>>,
-}
-
-/// The keys that use one watch or one child directory, each once: almost always a single one
-/// (an alias and its unit may share a cgroup), so a short list; a hash set would cost a table
-/// for each.
-type Keys<K> = Vec<K>;
-
-fn add_key<K: PartialEq>(keys: &mut Keys<K>, key: K) {
-    if !keys.contains(&key) {
-        keys.push(key);
-    }
-}
-
-/// The part a key plays in a watch, naming the child directory for a parent watch.
-#[derive(Clone, Copy)]
-enum Role<'a> {
-    Events,
-    Parent(&'a OsStr),
-}
-
-/// One inotify watch held by the watcher. A `cgroup.events` watch keeps no path: one a unit is
-/// a hundred bytes, and the unit's own entry tells it.
-#[derive(Debug)]
-struct Watch<K> {
-    descriptor: WatchDescriptor,
-    target: Target<K>,
-}
-
 /// One decoded inotify event; kept apart from the read so that dispatch can be tested with synthetic
 /// events (an overflow cannot be forced without changing machine-wide limits).
 #[derive(Clone, Copy, Debug)]
@@ -125,27 +83,27 @@ struct RawEvent<'a> {
 
 /// Watches units' cgroups with one inotify descriptor, keyed by a caller-chosen unit key.
 #[derive(Debug)]
-pub struct CgroupWatcher<K> {
+pub(crate) struct CgroupWatcher<K> {
     root: PathBuf,
     inotify: Inotify,
     units: HashMap<K, Unit>,
-    watches: HashMap<i32, Watch<K>>,
+    watches: WatchTable<K, WatchDescriptor>,
 }
 
 impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Creates a watcher for cgroups below `root`, the cgroup2 mount point.
-    pub fn new(root: PathBuf) -> Result<Self, CgroupError> {
+    pub(crate) fn new(root: PathBuf) -> Result<Self, CgroupError> {
         let inotify = Inotify::init().map_err(|source| CgroupError::InotifyInit { source })?;
         Ok(Self {
             root,
             inotify,
             units: HashMap::new(),
-            watches: HashMap::new(),
+            watches: WatchTable::new(),
         })
     }
 
     /// Returns the inotify descriptor, for the caller to register in mio as readable.
-    pub fn as_raw_fd(&self) -> RawFd {
+    pub(crate) fn as_raw_fd(&self) -> RawFd {
         self.inotify.as_raw_fd()
     }
 
@@ -156,7 +114,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// only by that read. A cgroup (or parent) that does not exist is not an error: `read` then says
     /// [`CgroupReading::Gone`], and a cgroup created later in an existing parent is reported. On error
     /// the key is left unwatched.
-    pub fn watch(&mut self, key: K, cgroup: &str) -> Result<(), CgroupError> {
+    pub(crate) fn watch(&mut self, key: K, cgroup: &str) -> Result<(), CgroupError> {
         let (parent, name) = locate(&self.root, cgroup)?;
         self.unwatch(key);
         let mut unit = Unit {
@@ -178,7 +136,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     }
 
     /// Stops watching `key`, removing every watch no other key uses. Unknown keys are ignored.
-    pub fn unwatch(&mut self, key: K) {
+    pub(crate) fn unwatch(&mut self, key: K) {
         if let Some(unit) = self.units.remove(&key) {
             shrink_when_sparse(&mut self.units);
             self.release(key, &unit);
@@ -190,7 +148,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// knowing is no evidence. The agent reads by path, in its turn; the benchmark's observer
     /// reads by key.
     #[cfg(any(test, feature = "bench"))]
-    pub fn read(&self, key: K) -> CgroupReading {
+    pub(crate) fn read(&self, key: K) -> CgroupReading {
         match self.units.get(&key) {
             Some(unit) => read_events_file(&unit.events_path()),
             None => CgroupReading::Unreadable(format!("no cgroup is watched for {key:?}")),
@@ -199,7 +157,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
 
     /// Reads the `cgroup.events` of `cgroup` (as systemd reports it) now, whether or not it
     /// is watched. A cgroup that does not exist is [`CgroupReading::Gone`].
-    pub fn read_cgroup(&self, cgroup: &str) -> CgroupReading {
+    pub(crate) fn read_cgroup(&self, cgroup: &str) -> CgroupReading {
         match locate(&self.root, cgroup) {
             Ok((parent, name)) => read_events_file(&parent.join(name).join(EVENTS_FILE)),
             Err(error) => CgroupReading::Unreadable(error.to_string()),
@@ -210,7 +168,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     ///
     /// If re-adding a watch for a re-created cgroup fails, every event is still handled and the
     /// notices are in `out`, then the first such error is returned.
-    pub fn drain(&mut self, out: &mut Vec<Notice<K>>) -> Result<(), CgroupError> {
+    pub(crate) fn drain(&mut self, out: &mut Vec<Notice<K>>) -> Result<(), CgroupError> {
         let mut buffer = [0u8; EVENT_BUFFER_BYTES];
         let mut first_error = None;
         loop {
@@ -235,7 +193,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     }
 
     /// Returns how many inotify watches are held now.
-    pub fn watch_count(&self) -> usize {
+    pub(crate) fn watch_count(&self) -> usize {
         self.watches.len()
     }
 
@@ -249,10 +207,11 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         };
         let wd = self.attach(key, descriptor, &unit.parent, Role::Parent(&unit.name))?;
         unit.parent_wd = Some(wd);
-        if let Some(Target::Parent(dir)) = self.watches.get(&wd).map(|watch| &watch.target)
-            && dir.path == unit.parent
+        // Every unit under one parent shares its path.
+        if let Some(path) = self.watches.parent_path(wd)
+            && *path == unit.parent
         {
-            unit.parent = Rc::clone(&dir.path);
+            unit.parent = Rc::clone(path);
         }
         self.add_events_watch(key, unit)
     }
@@ -287,71 +246,33 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         role: Role<'_>,
     ) -> Result<i32, CgroupError> {
         let wd = descriptor.get_watch_descriptor_id();
-        let watch = self.watches.entry(wd).or_insert_with(|| Watch {
-            descriptor,
-            target: match role {
-                Role::Events => Target::Events(Keys::new()),
-                Role::Parent(_) => Target::Parent(Box::new(ParentDir {
-                    path: Rc::from(path),
-                    children: HashMap::new(),
-                })),
-            },
-        });
-        match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => add_key(keys, key),
-            (Target::Parent(dir), Role::Parent(name)) => {
-                add_key(dir.children.entry(name.to_owned()).or_default(), key)
-            }
-            _ => {
-                return Err(CgroupError::WatchClash {
-                    path: path.to_owned(),
-                });
-            }
-        };
+        self.watches
+            .attach(key, wd, descriptor, path, role)
+            .map_err(|Clash| CgroupError::WatchClash {
+                path: path.to_owned(),
+            })?;
         Ok(wd)
     }
 
     /// Records that `key` no longer uses watch `wd` in `role`, and removes the watch once unused.
     fn detach(&mut self, key: K, wd: i32, role: Role<'_>) {
-        let Some(watch) = self.watches.get_mut(&wd) else {
-            return;
-        };
-        let unused = match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => {
-                keys.retain(|k| *k != key);
-                keys.is_empty()
-            }
-            (Target::Parent(dir), Role::Parent(name)) => {
-                if let Some(keys) = dir.children.get_mut(name) {
-                    keys.retain(|k| *k != key);
-                    if keys.is_empty() {
-                        dir.children.remove(name);
-                        shrink_when_sparse(&mut dir.children);
-                    }
-                }
-                dir.children.is_empty()
-            }
-            _ => false,
-        };
-        if unused && let Some(watch) = self.watches.remove(&wd) {
-            shrink_when_sparse(&mut self.watches);
-            self.remove_kernel_watch(watch);
+        if let Some(unused) = self.watches.detach(key, wd, role) {
+            self.remove_kernel_watch(unused);
         }
     }
 
     /// Removes a watch from the kernel.
-    fn remove_kernel_watch(&mut self, watch: Watch<K>) {
-        let wd = watch.descriptor.get_watch_descriptor_id();
-        match self.inotify.watches().remove(watch.descriptor) {
+    fn remove_kernel_watch(&mut self, unused: Unused<WatchDescriptor>) {
+        let wd = unused.descriptor.get_watch_descriptor_id();
+        match self.inotify.watches().remove(unused.descriptor) {
             Ok(()) => {}
             // The kernel already dropped the watch because its inode went away.
             Err(error) if error.raw_os_error() == Some(Errno::EINVAL as i32) => {}
-            Err(error) => match &watch.target {
-                Target::Parent(dir) => log::warn!(
-                    "cannot remove inotify watch on {}: {error}",
-                    dir.path.display()
-                ),
-                Target::Events(_) => {
+            Err(error) => match &unused.parent {
+                Some(path) => {
+                    log::warn!("cannot remove inotify watch on {}: {error}", path.display())
+                }
+                None => {
                     log::warn!("cannot remove inotify watch {wd} on a cgroup.events: {error}")
                 }
             },
@@ -404,18 +325,12 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             self.forget(event.wd, out);
             return Ok(());
         }
-        // An unknown descriptor is a late event of a watch already removed.
-        let Some(watch) = self.watches.get(&event.wd) else {
-            return Ok(());
-        };
-        let keys: Vec<K> = match &watch.target {
-            Target::Events(keys) if event.mask.contains(EventMask::MODIFY) => keys.to_vec(),
-            Target::Events(_) => Vec::new(),
-            Target::Parent(dir) => match event.name.and_then(|name| dir.children.get(name)) {
-                Some(keys) => keys.to_vec(),
-                None => Vec::new(),
-            },
-        };
+        // An unknown descriptor is a late event of a watch already removed: no keys.
+        let keys = self.watches.keys_to_reread(
+            event.wd,
+            event.mask.contains(EventMask::MODIFY),
+            event.name,
+        );
         let mut first_error = None;
         for &key in &keys {
             if event.mask.contains(EventMask::DELETE) {
@@ -434,13 +349,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Forgets watch `wd`, which the kernel dropped (`IN_IGNORED`), and asks for a re-read of every
     /// key that used it.
     fn forget(&mut self, wd: i32, out: &mut Vec<Notice<K>>) {
-        let Some(watch) = self.watches.remove(&wd) else {
-            return;
-        };
-        let keys: Vec<K> = match watch.target {
-            Target::Events(keys) => keys,
-            Target::Parent(dir) => dir.children.into_values().flatten().collect(),
-        };
+        let keys = self.watches.forget(wd);
         for key in keys {
             if let Some(unit) = self.units.get_mut(&key) {
                 if unit.events_wd == Some(wd) {
@@ -505,7 +414,7 @@ fn classify_add_error(path: &Path, error: io::Error) -> Result<(), CgroupError> 
 
 /// Reads a `cgroup.events` file now. A missing file (or a cgroup being removed, ENODEV) is
 /// [`CgroupReading::Gone`]; any other failure is [`CgroupReading::Unreadable`], naming the path.
-pub fn read_events_file(path: &Path) -> CgroupReading {
+pub(crate) fn read_events_file(path: &Path) -> CgroupReading {
     let mut contents = Vec::new();
     // One byte more than allowed, to tell a full-size file from an oversized one.
     let limit = MAX_EVENTS_FILE_BYTES as u64 + 1;
@@ -557,7 +466,9 @@ mod tests {
     }
 
     /// A scratch cgroup below the real cgroup2 mount and the `sleep`s started in it. Dropping it kills
-    /// them and removes every cgroup below it, deepest first, even when the test failed.
+    /// them and removes every cgroup below it, deepest first, even when the test failed. Only root
+    /// may make one, so the tests that do are `#[ignore]`d: `cargo test --lib` passes as anyone,
+    /// and scripts/test, as root, runs them with `--ignored`.
     struct ScratchCgroup {
         mount: PathBuf,
         name: String,
@@ -710,6 +621,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
     fn real_cgroup_lifecycle_is_reported() {
         let mut scratch = ScratchCgroup::new();
         scratch.mkdir("unit");
@@ -757,6 +669,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
     fn sibling_units_share_one_parent_watch() {
         let mut scratch = ScratchCgroup::new();
         scratch.mkdir("a");
@@ -803,6 +716,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
     fn missing_cgroup_is_gone_until_created() {
         let scratch = ScratchCgroup::new();
         let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
@@ -833,6 +747,7 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
     fn watching_again_moves_the_watch() {
         let mut scratch = ScratchCgroup::new();
         scratch.mkdir("old");

@@ -14,7 +14,7 @@ use crate::control::wire::{
 use crate::unit_name::UnitName;
 
 /// A result the CLI prints.
-pub trait Render {
+pub(super) trait Render {
     /// The lines for a person, each ended by a newline.
     fn human(&self) -> String;
     /// The lines `--json` prints, each one JSON value ended by a newline.
@@ -127,7 +127,7 @@ impl Render for ProofEvent {
 }
 
 /// `list`: a table for a person, one JSON line per unit with `--json`.
-pub struct Listing {
+pub(super) struct Listing {
     /// The agent's answer.
     pub units: Vec<WatchView>,
     /// CLOCK_MONOTONIC now, in nanoseconds, from which the age of a proof is told.
@@ -180,7 +180,7 @@ impl Render for Listing {
 }
 
 /// `unwatch`: a line for a person; nothing with `--json`, where the exit code says it.
-pub struct Unwatched(pub UnitName);
+pub(super) struct Unwatched(pub UnitName);
 
 impl Render for Unwatched {
     fn human(&self) -> String {
@@ -194,7 +194,7 @@ impl Render for Unwatched {
 
 /// `version`: this CLI's version and, when it could be asked, the agent's.
 #[derive(Serialize)]
-pub struct Versions {
+pub(super) struct Versions {
     /// This CLI's version.
     pub cli: &'static str,
     /// The agent's answer, `None` when it could not be asked.

@@ -8,42 +8,29 @@
 //! discarded, a client whose unsent output grows past the limit is dropped), never panics on input,
 //! and never deletes a file it did not create.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::fs;
-use std::io::{self, Read};
+use std::io;
 use std::ops::Range;
-use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use mio::net::{UnixListener, UnixStream};
 use mio::{Interest, Registry, Token};
-use nix::errno::Errno;
-use nix::fcntl::{AT_FDCWD, RenameFlags, renameat2};
-use nix::sys::socket::{MsgFlags, getsockopt, send, sockopt};
 use nix::unistd::geteuid;
 
 use super::ControlError;
-use super::protocol::{ErrorKind, Request, RequestError, Response, StreamedReply, parse_request};
+use super::protocol::{ErrorKind, Request, StreamedReply};
+use crate::token_pool::TokenPool;
+use admission::{admitted, refuse};
+use connection::{Connection, Liveness, READ_CHUNK};
+use socket_file::{bind_with_mode, clear_stale_socket, remove_if_ours};
 
-/// The longest path a Unix socket address holds (`sun_path` is 108 bytes including the NUL).
-const SOCKET_PATH_MAX: usize = 107;
-
-/// Bytes read from one client per readiness event before yielding to other work, so one client
-/// flooding its socket cannot starve the loop.
-const READ_BUDGET: usize = 256 * 1024;
-
-/// Size of the buffer each read fills.
-const READ_CHUNK: usize = 16 * 1024;
-
-/// Output buffers larger than this are released once drained, so a past burst does not pin memory.
-const OUTPUT_KEEP_CAPACITY: usize = 64 * 1024;
-
-/// Bytes written to one client per call before yielding to other work, so a fast reader of a large
-/// streamed reply cannot hold the loop for the whole reply.
-const WRITE_BUDGET: usize = 256 * 1024;
+mod admission;
+mod connection;
+mod lines;
+mod socket_file;
 
 /// Streamed replies one client may have unfinished at once (the one being sent and the ones waiting
 /// behind it). Each holds the agent's snapshot (all units) until sent, so a client that pipelines
@@ -147,7 +134,8 @@ pub struct ControlServer {
     options: ServerOptions,
     /// The agent's effective uid when the socket was bound; peers with it are always allowed.
     own_euid: u32,
-    tokens: Option<TokenPool>,
+    /// Once registered: the listener's token, and the pool of the clients' tokens.
+    tokens: Option<(Token, TokenPool)>,
     clients: HashMap<Token, Connection>,
     client_tokens: HashMap<ClientId, Token>,
     next_client: u64,
@@ -243,7 +231,10 @@ impl ControlServer {
             ));
         }
         registry.register(&mut self.listener, Token(tokens.start), Interest::READABLE)?;
-        self.tokens = Some(TokenPool::new(tokens));
+        self.tokens = Some((
+            Token(tokens.start),
+            TokenPool::new(tokens.start + 1..tokens.end),
+        ));
         Ok(())
     }
 
@@ -251,7 +242,7 @@ impl ControlServer {
     pub fn owns(&self, token: Token) -> bool {
         self.tokens
             .as_ref()
-            .is_some_and(|pool| pool.range.contains(&token.0))
+            .is_some_and(|(listener, clients)| *listener == token || clients.owns(token))
     }
 
     /// Handles one readiness event for a token this server owns, appending what the agent must act on
@@ -266,7 +257,7 @@ impl ControlServer {
         if self
             .tokens
             .as_ref()
-            .is_some_and(|pool| pool.listener == token)
+            .is_some_and(|(listener, _)| *listener == token)
         {
             self.accept_all(registry);
         } else if let Some(connection) = self.clients.get_mut(&token) {
@@ -294,7 +285,7 @@ impl ControlServer {
     /// the client is gone, or was dropped just now because it failed or its unsent output exceeded
     /// `max_queued`; such a drop is reported as `Closed` by the next [`ControlServer::take_closed`] or
     /// [`ControlServer::handle_event`]. `line` must not contain a newline (build it with
-    /// [`Response::to_line`] or [`super::protocol::event_line`]).
+    /// [`super::protocol::Response::to_line`] or [`super::protocol::event_line`]).
     pub fn send(&mut self, registry: &Registry, client: ClientId, line: &str) -> bool {
         debug_assert!(!line.contains('\n'), "a protocol line contains a newline");
         let Some(&token) = self.client_tokens.get(&client) else {
@@ -412,28 +403,11 @@ impl ControlServer {
 
     fn admit(&mut self, registry: &Registry, mut stream: UnixStream) {
         // Checked before the client limit, so a refused peer never takes or waits for a slot.
-        let credentials = match getsockopt(&stream, sockopt::PeerCredentials) {
-            Ok(credentials) => credentials,
-            Err(errno) => {
-                log::warn!("control client refused: cannot read its credentials: {errno}");
-                return;
-            }
-        };
-        let (uid, gid) = (credentials.uid(), credentials.gid());
-        if !self.options.allows(self.own_euid, uid, gid) {
-            log::warn!(
-                "control client refused: uid {uid} gid {gid} (pid {}) is not allowed",
-                credentials.pid()
-            );
-            refuse(
-                &stream,
-                ErrorKind::Forbidden,
-                format!("uid {uid} is not allowed to use this socket"),
-            );
+        if !admitted(&stream, &self.options, self.own_euid) {
             return;
         }
         let token = match self.tokens.as_mut() {
-            Some(pool) if self.clients.len() < self.options.max_clients => pool.take(),
+            Some((_, clients)) if self.clients.len() < self.options.max_clients => clients.take(),
             _ => None,
         };
         let Some(token) = token else {
@@ -448,8 +422,8 @@ impl ControlServer {
         };
         if let Err(e) = registry.register(&mut stream, token, Interest::READABLE) {
             log::warn!("cannot register control client: {e}");
-            if let Some(pool) = self.tokens.as_mut() {
-                pool.give_back(token);
+            if let Some((_, clients)) = self.tokens.as_mut() {
+                clients.give_back(token);
             }
             return;
         }
@@ -459,20 +433,7 @@ impl ControlServer {
         self.client_tokens.insert(id, token);
         self.clients.insert(
             token,
-            Connection {
-                id,
-                token,
-                stream,
-                lines: LineSplitter::new(self.options.max_line),
-                output: Vec::new(),
-                sent: 0,
-                backlog: VecDeque::new(),
-                backlog_lines: 0,
-                streams: 0,
-                peak_queued: 0,
-                writable_interest: false,
-                read_closed: false,
-            },
+            Connection::new(id, token, stream, self.options.max_line),
         );
     }
 
@@ -484,8 +445,8 @@ impl ControlServer {
         // it anyway.
         let _ = registry.deregister(&mut connection.stream);
         self.client_tokens.remove(&connection.id);
-        if let Some(pool) = self.tokens.as_mut() {
-            pool.give_back(token);
+        if let Some((_, clients)) = self.tokens.as_mut() {
+            clients.give_back(token);
         }
         log::debug!("control {} disconnected", connection.id);
         self.closed.push(connection.id);
@@ -494,680 +455,9 @@ impl ControlServer {
 
 impl Drop for ControlServer {
     fn drop(&mut self) {
-        // Only the file this server created is removed; if the path now names something else, it is
-        // not ours.
-        match fs::symlink_metadata(&self.path) {
-            Ok(metadata) if Some((metadata.dev(), metadata.ino())) == self.socket_file => {
-                if let Err(e) = fs::remove_file(&self.path) {
-                    log::warn!("cannot remove control socket {}: {e}", self.path.display());
-                }
-            }
-            _ => {}
-        }
-    }
-}
-
-/// Removes a stale socket file at `path`; errors if a live server answers there or the path is not a
-/// socket.
-fn clear_stale_socket(path: &Path) -> Result<(), ControlError> {
-    let metadata = match fs::symlink_metadata(path) {
-        Ok(metadata) => metadata,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(source) => {
-            return Err(ControlError::Io {
-                action: "inspect control socket path",
-                path: path.to_owned(),
-                source,
-            });
-        }
-    };
-    if !metadata.file_type().is_socket() {
-        return Err(ControlError::NotASocket {
-            path: path.to_owned(),
-        });
-    }
-    // A non-blocking connect never hangs on a live server with a full backlog: that is WouldBlock.
-    match UnixStream::connect(path) {
-        Ok(_) => Err(ControlError::AlreadyListening {
-            path: path.to_owned(),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::WouldBlock => Err(ControlError::AlreadyListening {
-            path: path.to_owned(),
-        }),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-            log::info!("replacing stale control socket {}", path.display());
-            match fs::remove_file(path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(ControlError::Io {
-                    action: "remove stale control socket",
-                    path: path.to_owned(),
-                    source: e,
-                }),
-                _ => Ok(()),
-            }
-        }
-        Err(source) => Err(ControlError::Io {
-            action: "probe existing control socket",
-            path: path.to_owned(),
-            source,
-        }),
-    }
-}
-
-/// Distinguishes staging directories of several binds in one process.
-static STAGING_COUNTER: AtomicU64 = AtomicU64::new(0);
-
-/// A private directory next to the socket path, removed with whatever is left in it when dropped.
-struct StagingDir {
-    dir: PathBuf,
-    socket: PathBuf,
-}
-
-impl Drop for StagingDir {
-    fn drop(&mut self) {
-        // After a successful rename the socket is gone from here; both removals are best effort.
-        let _ = fs::remove_file(&self.socket);
-        let _ = fs::remove_dir(&self.dir);
-    }
-}
-
-/// Binds a listener at `path` whose socket file has exactly `mode`, never visible with other bits.
-fn bind_with_mode(path: &Path, mode: u32) -> Result<UnixListener, ControlError> {
-    let io_error = |action, source| ControlError::Io {
-        action,
-        path: path.to_owned(),
-        source,
-    };
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    let staging_name = format!(
-        ".ep{:x}.{:x}",
-        std::process::id(),
-        STAGING_COUNTER.fetch_add(1, Ordering::Relaxed)
-    );
-    let dir = parent.join(staging_name);
-    let staging = StagingDir {
-        socket: dir.join("s"),
-        dir,
-    };
-    if staging.socket.as_os_str().len() > SOCKET_PATH_MAX {
-        return Err(io_error(
-            "bind control socket",
-            io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!(
-                    "its directory path is too long for a Unix socket (the socket is staged at {}, \
-                     which exceeds {SOCKET_PATH_MAX} bytes)",
-                    staging.socket.display()
-                ),
-            ),
-        ));
-    }
-    fs::DirBuilder::new()
-        .mode(0o700)
-        .create(&staging.dir)
-        .map_err(|e| io_error("create staging directory for control socket", e))?;
-    let listener =
-        UnixListener::bind(&staging.socket).map_err(|e| io_error("bind control socket", e))?;
-    fs::set_permissions(&staging.socket, fs::Permissions::from_mode(mode))
-        .map_err(|e| io_error("set permissions of control socket", e))?;
-    // NOREPLACE: a file that appeared at the path since the stale check is never clobbered.
-    renameat2(
-        AT_FDCWD,
-        &staging.socket,
-        AT_FDCWD,
-        path,
-        RenameFlags::RENAME_NOREPLACE,
-    )
-    .map_err(|errno| io_error("move control socket into place at", errno.into()))?;
-    Ok(listener)
-}
-
-/// Tells a refused client why it is disconnected, in one error line; best effort, the socket is closed
-/// when the caller drops it.
-fn refuse(stream: &UnixStream, kind: ErrorKind, message: String) {
-    let mut line = Response::error(None, kind, message).to_line();
-    line.push('\n');
-    // A fresh socket's send buffer is empty, so the short line fits; if it does not, closing is enough.
-    let _ = send(
-        stream.as_raw_fd(),
-        line.as_bytes(),
-        MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
-    );
-}
-
-/// Whether a connection can still be used after an operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[must_use]
-enum Liveness {
-    Alive,
-    Gone,
-}
-
-/// Hands out client tokens from a range, fresh ones before recycled ones.
-struct TokenPool {
-    range: Range<usize>,
-    listener: Token,
-    next_fresh: usize,
-    recycled: VecDeque<usize>,
-}
-
-impl TokenPool {
-    fn new(range: Range<usize>) -> TokenPool {
-        TokenPool {
-            listener: Token(range.start),
-            next_fresh: range.start + 1,
-            range,
-            recycled: VecDeque::new(),
-        }
-    }
-
-    fn take(&mut self) -> Option<Token> {
-        if self.next_fresh < self.range.end {
-            self.next_fresh += 1;
-            Some(Token(self.next_fresh - 1))
-        } else {
-            self.recycled.pop_front().map(Token)
-        }
-    }
-
-    fn give_back(&mut self, token: Token) {
-        self.recycled.push_back(token.0);
-    }
-}
-
-/// One client's socket and buffers.
-struct Connection {
-    id: ClientId,
-    token: Token,
-    stream: UnixStream,
-    lines: LineSplitter,
-    /// Output bytes; `output[sent..]` is still to be written.
-    output: Vec<u8>,
-    sent: usize,
-    /// Output waiting behind a streamed reply, in order; empty unless a streamed reply is unfinished
-    /// (the front one is the one being produced into `output`).
-    backlog: VecDeque<Deferred>,
-    /// Bytes of the `Deferred::Lines` in `backlog`.
-    backlog_lines: usize,
-    /// `Deferred::Stream`s in `backlog`.
-    streams: usize,
-    /// The most `queued()` bytes seen at once.
-    peak_queued: usize,
-    /// Whether WRITABLE is part of the registered interest (only while output is pending).
-    writable_interest: bool,
-    /// The peer shut down its writing side; responses are still delivered.
-    read_closed: bool,
-}
-
-/// Output queued behind a streamed reply.
-enum Deferred {
-    /// A reply still to be produced.
-    Stream(StreamedReply),
-    /// Whole lines with their newlines.
-    Lines(Vec<u8>),
-}
-
-/// Why a write pass stopped.
-enum Written {
-    /// All of `output` is sent.
-    All,
-    /// The socket takes no more now; its writable readiness will say when it does.
-    SocketFull,
-    /// The write budget is spent while the socket may still take more.
-    BudgetSpent,
-    /// The peer is gone or the write failed.
-    Failed,
-}
-
-impl Connection {
-    fn queued(&self) -> usize {
-        self.output.len() - self.sent + self.backlog_lines
-    }
-
-    fn note_peak(&mut self) {
-        self.peak_queued = self.peak_queued.max(self.queued());
-    }
-
-    /// Reads until the socket is drained (or the read budget is spent), turning lines into `Request`
-    /// events and answering malformed ones.
-    fn read_available(
-        &mut self,
-        registry: &Registry,
-        buffer: &mut [u8],
-        options: &ServerOptions,
-        out: &mut Vec<ServerEvent>,
-    ) -> Liveness {
-        let mut budget = READ_BUDGET;
-        let mut parsed = Vec::new();
-        while !self.read_closed {
-            match self.stream.read(buffer) {
-                Ok(0) => {
-                    self.read_closed = true;
-                    self.lines
-                        .finish(|line| parsed.extend(parse_line(line, options.max_line)));
-                }
-                Ok(read) => {
-                    self.lines.feed(&buffer[..read], |line| {
-                        parsed.extend(parse_line(line, options.max_line));
-                    });
-                    budget = budget.saturating_sub(read);
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    log::debug!("control {} read failed: {e}", self.id);
-                    return Liveness::Gone;
-                }
-            }
-            for result in parsed.drain(..) {
-                match result {
-                    Ok(request) => out.push(ServerEvent::Request {
-                        client: self.id,
-                        request,
-                    }),
-                    Err(error) => {
-                        let line = Response::from(error).to_line();
-                        if self.queue(registry, &line, options.max_queued) == Liveness::Gone {
-                            return Liveness::Gone;
-                        }
-                    }
-                }
-            }
-            if budget == 0 {
-                // Edge-triggered: re-arming makes epoll report the still-readable socket again on the
-                // next poll, after other clients had their turn.
-                return self.reregister(registry);
-            }
-        }
-        Liveness::Alive
-    }
-
-    /// Appends `line` and a newline to the output (behind any unfinished streamed reply), writes what
-    /// the socket takes, and gives up on the client if the rest exceeds `max_queued`.
-    fn queue(&mut self, registry: &Registry, line: &str, max_queued: usize) -> Liveness {
-        if self.backlog.is_empty() {
-            self.output.extend_from_slice(line.as_bytes());
-            self.output.push(b'\n');
-            if self.pump(registry, max_queued) == Liveness::Gone {
-                return Liveness::Gone;
-            }
-        } else {
-            // A line must never land inside the streamed line, so it waits behind it; the socket
-            // state is unchanged, so there is nothing to write now.
-            if let Some(Deferred::Lines(bytes)) = self.backlog.back_mut() {
-                bytes.extend_from_slice(line.as_bytes());
-                bytes.push(b'\n');
-            } else {
-                let mut bytes = Vec::with_capacity(line.len() + 1);
-                bytes.extend_from_slice(line.as_bytes());
-                bytes.push(b'\n');
-                self.backlog.push_back(Deferred::Lines(bytes));
-            }
-            self.backlog_lines += line.len() + 1;
-        }
-        if self.queued() > max_queued {
-            log::warn!(
-                "control {} dropped: {} unsent bytes exceed the limit of {max_queued}",
-                self.id,
-                self.queued()
-            );
-            return Liveness::Gone;
-        }
-        self.note_peak();
-        Liveness::Alive
-    }
-
-    /// Queues a streamed reply behind everything already queued and starts sending it, or answers
-    /// `busy` if the client has too many unfinished.
-    fn queue_stream(
-        &mut self,
-        registry: &Registry,
-        reply: StreamedReply,
-        max_queued: usize,
-    ) -> Liveness {
-        if self.streams >= MAX_STREAMS_PER_CLIENT {
-            log::warn!(
-                "control {} refused a streamed reply: {MAX_STREAMS_PER_CLIENT} already unfinished",
-                self.id
-            );
-            let line = Response::error(
-                reply.id().cloned(),
-                ErrorKind::Busy,
-                format!(
-                    "{MAX_STREAMS_PER_CLIENT} large replies are already being sent on this \
-                     connection; read them before asking again"
-                ),
-            )
-            .to_line();
-            drop(reply);
-            return self.queue(registry, &line, max_queued);
-        }
-        self.backlog.push_back(Deferred::Stream(reply));
-        self.streams += 1;
-        self.pump(registry, max_queued)
-    }
-
-    /// Whether the front streamed reply may produce another piece. Below half of `max_queued`
-    /// waiting, so the next pieces are ready before the socket drains; lines waiting behind the reply
-    /// count too, except that an empty output always takes a piece, so waiting lines can never stall
-    /// the reply they wait for. Either way at most `max_queued` plus one piece is held.
-    fn wants_piece(&self, max_queued: usize) -> bool {
-        let ready = self.output.len() - self.sent;
-        ready == 0 || (ready < max_queued / 2 && ready + self.backlog_lines < max_queued)
-    }
-
-    /// Moves backlog into `output` as far as [`Connection::wants_piece`] allows.
-    fn refill(&mut self, max_queued: usize) -> Liveness {
-        loop {
-            let wants_piece = self.wants_piece(max_queued);
-            match self.backlog.front_mut() {
-                None => return Liveness::Alive,
-                // Already counted toward the limit, so moving them costs nothing.
-                Some(Deferred::Lines(bytes)) => {
-                    self.backlog_lines -= bytes.len();
-                    self.output.extend_from_slice(bytes);
-                    self.backlog.pop_front();
-                }
-                Some(Deferred::Stream(_)) if !wants_piece => return Liveness::Alive,
-                Some(Deferred::Stream(reply)) => match reply.write_next(&mut self.output) {
-                    Ok(true) => self.note_peak(),
-                    Ok(false) => {
-                        self.output.push(b'\n');
-                        self.backlog.pop_front();
-                        self.streams -= 1;
-                    }
-                    Err(e) => {
-                        // The head is out, so no error response can follow: the truncated line
-                        // tells the client, where a shortened list would mislead it.
-                        log::error!("control {} dropped: {e}", self.id);
-                        return Liveness::Gone;
-                    }
-                },
-            }
-        }
-    }
-
-    /// Writes pending output, producing more of a streamed reply as it drains, until done, the socket
-    /// is full or the write budget is spent; keeps WRITABLE interest only while output remains.
-    fn pump(&mut self, registry: &Registry, max_queued: usize) -> Liveness {
-        let mut budget = WRITE_BUDGET;
-        let stop = loop {
-            if self.refill(max_queued) == Liveness::Gone {
-                return Liveness::Gone;
-            }
-            if self.sent == self.output.len() {
-                // refill leaves output empty only when the backlog is empty too.
-                break Written::All;
-            }
-            match self.write_output(&mut budget) {
-                Written::All => {}
-                Written::Failed => return Liveness::Gone,
-                stop @ (Written::SocketFull | Written::BudgetSpent) => break stop,
-            }
-        };
-        if self.sent == self.output.len() {
-            self.output.clear();
-            self.sent = 0;
-            if self.output.capacity() > OUTPUT_KEEP_CAPACITY && self.backlog.is_empty() {
-                self.output = Vec::new();
-            }
-        } else if self.sent > self.output.len() / 2 {
-            // Compacting only when over half is sent keeps the copying amortized linear.
-            self.output.drain(..self.sent);
-            self.sent = 0;
-        }
-        let want_writable = self.sent < self.output.len() || !self.backlog.is_empty();
-        if matches!(stop, Written::BudgetSpent) {
-            // Edge-triggered: the socket may still be writable, which no new edge would report;
-            // re-arming makes epoll report it on the next poll, after other clients had their turn.
-            self.writable_interest = true;
-            return self.reregister(registry);
-        }
-        if want_writable == self.writable_interest {
-            return Liveness::Alive;
-        }
-        self.writable_interest = want_writable;
-        self.reregister(registry)
-    }
-
-    /// Sends `output[sent..]` until all is sent, the socket is full or `budget` is spent.
-    fn write_output(&mut self, budget: &mut usize) -> Written {
-        while self.sent < self.output.len() {
-            if *budget == 0 {
-                return Written::BudgetSpent;
-            }
-            let end = self.output.len().min(self.sent + *budget);
-            // MSG_NOSIGNAL: a vanished peer must be an EPIPE error, not a SIGPIPE killing the agent.
-            match send(
-                self.stream.as_raw_fd(),
-                &self.output[self.sent..end],
-                MsgFlags::MSG_NOSIGNAL | MsgFlags::MSG_DONTWAIT,
-            ) {
-                Ok(0) => return Written::Failed,
-                Ok(written) => {
-                    self.sent += written;
-                    *budget = budget.saturating_sub(written);
-                }
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => return Written::SocketFull,
-                Err(errno) => {
-                    log::debug!("control {} write failed: {errno}", self.id);
-                    return Written::Failed;
-                }
-            }
-        }
-        Written::All
-    }
-
-    fn reregister(&mut self, registry: &Registry) -> Liveness {
-        let interest = if self.writable_interest {
-            Interest::READABLE | Interest::WRITABLE
-        } else {
-            Interest::READABLE
-        };
-        match registry.reregister(&mut self.stream, self.token, interest) {
-            Ok(()) => Liveness::Alive,
-            Err(e) => {
-                log::warn!("cannot reregister control {}: {e}", self.id);
-                Liveness::Gone
-            }
-        }
-    }
-}
-
-/// Turns one split line into a request or a request error; `None` for blank lines.
-fn parse_line(line: Line<'_>, max_line: usize) -> Option<Result<Request, RequestError>> {
-    match line {
-        Line::Complete(bytes) if bytes.iter().all(|b| matches!(b, b' ' | b'\t' | b'\r')) => None,
-        Line::Complete(bytes) => Some(parse_request(bytes)),
-        Line::TooLong => Some(Err(RequestError {
-            id: None,
-            kind: ErrorKind::LineTooLong,
-            message: format!("request line is longer than {max_line} bytes; it was discarded"),
-        })),
-    }
-}
-
-/// A line produced by [`LineSplitter`].
-#[derive(Debug, PartialEq, Eq)]
-enum Line<'a> {
-    /// A whole line without its newline.
-    Complete(&'a [u8]),
-    /// A line exceeded the limit; reported once, as soon as detected, and the rest of it is skipped.
-    TooLong,
-}
-
-/// Splits a byte stream into newline-terminated lines, holding at most `max_line` bytes of a partial
-/// line.
-#[derive(Debug)]
-struct LineSplitter {
-    partial: Vec<u8>,
-    /// Inside an overlong line: bytes are dropped until its newline.
-    discarding: bool,
-    max_line: usize,
-}
-
-impl LineSplitter {
-    fn new(max_line: usize) -> LineSplitter {
-        LineSplitter {
-            partial: Vec::new(),
-            discarding: false,
-            max_line,
-        }
-    }
-
-    fn feed(&mut self, mut chunk: &[u8], mut on_line: impl FnMut(Line<'_>)) {
-        while let Some(newline) = chunk.iter().position(|&b| b == b'\n') {
-            let segment = &chunk[..newline];
-            chunk = &chunk[newline + 1..];
-            if self.discarding {
-                self.discarding = false;
-            } else if self.partial.len() + segment.len() > self.max_line {
-                self.partial.clear();
-                on_line(Line::TooLong);
-            } else if self.partial.is_empty() {
-                on_line(Line::Complete(segment));
-            } else {
-                self.partial.extend_from_slice(segment);
-                on_line(Line::Complete(&self.partial));
-                self.partial.clear();
-            }
-        }
-        if self.discarding || chunk.is_empty() {
-            return;
-        }
-        if self.partial.len() + chunk.len() > self.max_line {
-            self.partial = Vec::new();
-            self.discarding = true;
-            on_line(Line::TooLong);
-        } else {
-            self.partial.extend_from_slice(chunk);
-        }
-    }
-
-    /// Ends the stream: a last line without a newline still counts.
-    fn finish(&mut self, mut on_line: impl FnMut(Line<'_>)) {
-        if !self.discarding && !self.partial.is_empty() {
-            on_line(Line::Complete(&self.partial));
-        }
-        self.partial = Vec::new();
-        self.discarding = false;
+        remove_if_ours(&self.path, self.socket_file);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn split(max_line: usize, chunks: &[&[u8]]) -> (Vec<Option<Vec<u8>>>, usize) {
-        let mut splitter = LineSplitter::new(max_line);
-        let mut lines = Vec::new();
-        let mut most_buffered = 0;
-        let mut collect = |line: Line<'_>| {
-            lines.push(match line {
-                Line::Complete(bytes) => Some(bytes.to_vec()),
-                Line::TooLong => None,
-            })
-        };
-        for chunk in chunks {
-            splitter.feed(chunk, &mut collect);
-            most_buffered = most_buffered.max(splitter.partial.len());
-        }
-        splitter.finish(&mut collect);
-        (lines, most_buffered)
-    }
-
-    #[test]
-    fn splits_lines_across_chunks() {
-        let some = |s: &str| Some(s.as_bytes().to_vec());
-        type Case<'a> = (usize, Vec<&'a [u8]>, Vec<Option<Vec<u8>>>);
-        let cases: Vec<Case<'_>> = vec![
-            (10, vec![b"a\nb\n"], vec![some("a"), some("b")]),
-            (10, vec![b"ab", b"c\n"], vec![some("abc")]),
-            (10, vec![b"\n\n"], vec![some(""), some("")]),
-            (10, vec![b"tail"], vec![some("tail")]),
-            (3, vec![b"abc\n"], vec![some("abc")]),
-            (3, vec![b"abcd\nok\n"], vec![None, some("ok")]),
-            (
-                3,
-                vec![b"ab", b"cd", b"ef", b"\nok\n"],
-                vec![None, some("ok")],
-            ),
-            (3, vec![b"abcdefgh"], vec![None]),
-            (3, vec![b"abcd", b"\n", b"xy"], vec![None, some("xy")]),
-            (3, vec![b"abcd", b"efgh\nabcd\n"], vec![None, None]),
-        ];
-        for (max_line, chunks, expected) in cases {
-            let (lines, most_buffered) = split(max_line, &chunks);
-            assert_eq!(lines, expected, "{chunks:?}");
-            assert!(
-                most_buffered <= max_line,
-                "{chunks:?} buffered {most_buffered}"
-            );
-        }
-    }
-
-    #[test]
-    fn peers_are_allowed_by_own_uid_listed_uid_or_listed_gid() {
-        const OWN: u32 = 1000;
-        let options = |uids: &[u32], gids: &[u32]| ServerOptions {
-            allowed_uids: uids.to_vec(),
-            allowed_gids: gids.to_vec(),
-            ..ServerOptions::default()
-        };
-        // (options, peer uid, peer gid, allowed)
-        let cases = [
-            (options(&[], &[]), OWN, 100, true),
-            (options(&[], &[]), 0, 0, false),
-            (options(&[], &[]), 65534, OWN, false),
-            (options(&[65534], &[]), 65534, 65534, true),
-            (options(&[65534], &[]), 65533, 65534, false),
-            (options(&[], &[50]), 65534, 50, true),
-            (options(&[], &[50]), 65534, 51, false),
-            (options(&[7], &[50]), OWN, 1, true),
-        ];
-        for (options, uid, gid, allowed) in cases {
-            assert_eq!(
-                options.allows(OWN, uid, gid),
-                allowed,
-                "{options:?} {uid} {gid}"
-            );
-        }
-    }
-
-    #[test]
-    fn the_socket_directory_is_searchable_only_when_others_are_allowed() {
-        let mut options = ServerOptions::default();
-        assert_eq!(options.directory_mode(), 0o700);
-        options.allowed_gids = vec![50];
-        assert_eq!(options.directory_mode(), 0o711);
-        options.allowed_gids.clear();
-        options.allowed_uids = vec![65534];
-        assert_eq!(options.directory_mode(), 0o711);
-    }
-
-    proptest::proptest! {
-        #[test]
-        fn chunking_does_not_change_lines(
-            data in proptest::collection::vec(proptest::sample::select(b"ab\n".to_vec()), 0..200),
-            cuts in proptest::collection::vec(0usize..200, 0..10),
-        ) {
-            let mut cuts: Vec<usize> = cuts.into_iter().map(|cut| cut.min(data.len())).collect();
-            cuts.sort_unstable();
-            let mut chunks: Vec<&[u8]> = Vec::new();
-            let mut start = 0;
-            for cut in cuts {
-                chunks.push(&data[start..cut]);
-                start = cut;
-            }
-            chunks.push(&data[start..]);
-            let (whole, _) = split(8, &[&data]);
-            let (pieces, most_buffered) = split(8, &chunks);
-            proptest::prop_assert_eq!(whole, pieces);
-            proptest::prop_assert!(most_buffered <= 8);
-        }
-    }
-}
+mod tests;

@@ -21,9 +21,13 @@ use nix::unistd::{self, UnlinkatFlags};
 const NAME_MAX: usize = 255;
 
 /// Why a file beneath a directory was not read or removed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum BeneathError {
     /// The name is not a single path component.
+    #[error(
+        "invalid file name \"{}\": {reason}",
+        .name.chars().take(64).collect::<String>().escape_debug()
+    )]
     InvalidName {
         /// The name as given.
         name: String,
@@ -31,6 +35,7 @@ pub enum BeneathError {
         reason: &'static str,
     },
     /// The directory could not be opened (missing, not a directory, or a symlink).
+    #[error("open directory {dir}: {source}")]
     OpenDir {
         /// The directory.
         dir: PathBuf,
@@ -38,6 +43,7 @@ pub enum BeneathError {
         source: io::Error,
     },
     /// No file of that name is in the directory.
+    #[error("{}: no such file", Shown(.dir, .name))]
     NotFound {
         /// The directory.
         dir: PathBuf,
@@ -46,6 +52,7 @@ pub enum BeneathError {
     },
     /// The name resolved through a symlink or out of the directory, or the file has other hard
     /// links (one could be a file the tenant may not read).
+    #[error("{}: refused: {reason}", Shown(.dir, .name))]
     Refused {
         /// The directory.
         dir: PathBuf,
@@ -55,6 +62,7 @@ pub enum BeneathError {
         reason: &'static str,
     },
     /// The file is a FIFO, directory, socket or device; it was not read.
+    #[error("{}: not a regular file", Shown(.dir, .name))]
     NotRegular {
         /// The directory.
         dir: PathBuf,
@@ -62,6 +70,7 @@ pub enum BeneathError {
         name: String,
     },
     /// The file has more than `limit` bytes.
+    #[error("{}: larger than {limit} bytes", Shown(.dir, .name))]
     TooLarge {
         /// The directory.
         dir: PathBuf,
@@ -71,6 +80,7 @@ pub enum BeneathError {
         limit: usize,
     },
     /// Any other failure of the system call named by `action`.
+    #[error("{action} {}: {source}", Shown(.dir, .name))]
     Io {
         /// The directory.
         dir: PathBuf,
@@ -89,51 +99,6 @@ struct Shown<'a>(&'a Path, &'a str);
 impl fmt::Display for Shown<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.0.display(), self.1.escape_debug())
-    }
-}
-
-impl fmt::Display for BeneathError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            BeneathError::InvalidName { name, reason } => {
-                let shown: String = name.chars().take(64).collect();
-                write!(
-                    f,
-                    "invalid file name \"{}\": {reason}",
-                    shown.escape_debug()
-                )
-            }
-            BeneathError::OpenDir { dir, source } => {
-                write!(f, "open directory {}: {source}", dir.display())
-            }
-            BeneathError::NotFound { dir, name } => {
-                write!(f, "{}: no such file", Shown(dir, name))
-            }
-            BeneathError::Refused { dir, name, reason } => {
-                write!(f, "{}: refused: {reason}", Shown(dir, name))
-            }
-            BeneathError::NotRegular { dir, name } => {
-                write!(f, "{}: not a regular file", Shown(dir, name))
-            }
-            BeneathError::TooLarge { dir, name, limit } => {
-                write!(f, "{}: larger than {limit} bytes", Shown(dir, name))
-            }
-            BeneathError::Io {
-                dir,
-                name,
-                action,
-                source,
-            } => write!(f, "{action} {}: {source}", Shown(dir, name)),
-        }
-    }
-}
-
-impl std::error::Error for BeneathError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            BeneathError::OpenDir { source, .. } | BeneathError::Io { source, .. } => Some(source),
-            _ => None,
-        }
     }
 }
 

@@ -2,7 +2,6 @@
 //! and writing it as an exit record, atomically. It never writes through a symlink, never leaves
 //! a temporary file behind, and never leaves a half-written record under the final name.
 
-use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::io;
 use std::os::fd::AsFd;
@@ -16,13 +15,19 @@ use crate::atomic_file;
 const RECORD_MODE: u32 = 0o644;
 
 /// Why an exit record could not be written.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WriteRecordError {
     /// systemd did not set this environment variable.
+    #[error(
+        "environment variable {0} is not set: this command is meant to run as a unit's \
+         ExecStopPost=, where systemd sets it"
+    )]
     MissingVar(&'static str),
     /// The record's file name is not a single path component.
-    BadName(BeneathError),
+    #[error("bad record name: {0}")]
+    BadName(#[source] BeneathError),
     /// The system call named by `action` failed on `path`.
+    #[error("{action} {path}: {source}")]
     Io {
         /// The file or directory.
         path: PathBuf,
@@ -31,34 +36,6 @@ pub enum WriteRecordError {
         /// Its error.
         source: io::Error,
     },
-}
-
-impl fmt::Display for WriteRecordError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WriteRecordError::MissingVar(var) => write!(
-                f,
-                "environment variable {var} is not set: this command is meant to run as a \
-                 unit's ExecStopPost=, where systemd sets it"
-            ),
-            WriteRecordError::BadName(error) => write!(f, "bad record name: {error}"),
-            WriteRecordError::Io {
-                path,
-                action,
-                source,
-            } => write!(f, "{action} {}: {source}", path.display()),
-        }
-    }
-}
-
-impl std::error::Error for WriteRecordError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            WriteRecordError::MissingVar(_) => None,
-            WriteRecordError::BadName(error) => Some(error),
-            WriteRecordError::Io { source, .. } => Some(source),
-        }
-    }
 }
 
 /// Builds the record from the variables systemd sets for `ExecStopPost=` (`SERVICE_RESULT`,

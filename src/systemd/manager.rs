@@ -3,8 +3,13 @@
 //! Every call here is async and runs on the agent's own loop (see `systemd::runtime`); the
 //! connection has a method-call timeout, so a lost reply is an error, never a hang.
 
+// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
+#![allow(
+    unreachable_pub,
+    reason = "left to avoid a merge conflict with concurrent work"
+)]
+
 use std::collections::HashMap;
-use std::fmt;
 use std::future::Future;
 use std::num::NonZeroUsize;
 use std::pin::Pin;
@@ -28,7 +33,8 @@ const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 const STREAM_QUEUE: usize = 1024;
 
 /// A failed call to systemd, with what it was for.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {source}")]
 pub struct ManagerError {
     what: String,
     source: zbus::Error,
@@ -38,18 +44,6 @@ impl ManagerError {
     fn new(what: impl Into<String>) -> impl FnOnce(zbus::Error) -> ManagerError {
         let what = what.into();
         move |source| ManagerError { what, source }
-    }
-}
-
-impl fmt::Display for ManagerError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.what, self.source)
-    }
-}
-
-impl std::error::Error for ManagerError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.source)
     }
 }
 

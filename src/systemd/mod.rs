@@ -31,29 +31,18 @@ impl fmt::Display for Bus {
 }
 
 /// Why systemd could not be reached.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     /// The runtime could not run the connection.
+    #[error("run the bus connection: {0}")]
     Runtime(std::io::Error),
     /// Connecting to the bus failed.
+    #[error("no systemd manager reachable on the {0}: {1}")]
     Bus(Bus, zbus::Error),
     /// Subscribing to systemd's signals failed.
+    #[error("{0}")]
     Subscribe(ManagerError),
 }
-
-impl fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ConnectError::Runtime(e) => write!(f, "run the bus connection: {e}"),
-            ConnectError::Bus(bus, e) => {
-                write!(f, "no systemd manager reachable on the {bus}: {e}")
-            }
-            ConnectError::Subscribe(e) => write!(f, "{e}"),
-        }
-    }
-}
-
-impl std::error::Error for ConnectError {}
 
 /// Connects to `bus` on `runtime` (driving `poll` until done) and subscribes to systemd's
 /// signals. Call it before registering anything else on `poll`: `block_on` drops events of

@@ -4,23 +4,22 @@
 //! a hint carrying values, and the agent orders it against replies by serial number.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use zbus::message::Type as MessageType;
 use zbus::{Message, OwnedObjectPath, OwnedVariant};
 
 /// The interface of every unit object, which carries ActiveState, SubState and InvocationID.
-pub const UNIT_INTERFACE: &str = "org.freedesktop.systemd1.Unit";
+pub(crate) const UNIT_INTERFACE: &str = "org.freedesktop.systemd1.Unit";
 /// The interface of service units, which carries Result, ExecMainCode and ExecMainStatus.
-pub const SERVICE_INTERFACE: &str = "org.freedesktop.systemd1.Service";
+pub(crate) const SERVICE_INTERFACE: &str = "org.freedesktop.systemd1.Service";
 /// The manager's interface, which carries UnitNew, UnitRemoved and Reloading.
-pub const MANAGER_INTERFACE: &str = "org.freedesktop.systemd1.Manager";
+pub(crate) const MANAGER_INTERFACE: &str = "org.freedesktop.systemd1.Manager";
 /// Where systemd puts its unit objects.
-pub const UNIT_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit";
+pub(crate) const UNIT_PATH_PREFIX: &str = "/org/freedesktop/systemd1/unit";
 
 /// The properties of a unit that changed, as one PropertiesChanged signal carried them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UnitChange {
+pub(crate) struct UnitChange {
     pub active_state: Option<String>,
     pub sub_state: Option<String>,
     /// InvocationID as lowercase hex; empty when the unit has none.
@@ -44,7 +43,7 @@ pub struct UnitChange {
 
 impl UnitChange {
     /// Whether the signal says anything about the properties the proof uses.
-    pub fn is_relevant(&self) -> bool {
+    pub(crate) fn is_relevant(&self) -> bool {
         self.active_state.is_some()
             || self.sub_state.is_some()
             || self.invocation.is_some()
@@ -60,7 +59,7 @@ impl UnitChange {
 
 /// A signal from systemd, decoded.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SystemdSignal {
+pub(crate) enum SystemdSignal {
     /// PropertiesChanged on a unit object's `Unit` or `Service` interface.
     UnitChanged { path: String, change: UnitChange },
     /// A unit was loaded into memory.
@@ -72,22 +71,15 @@ pub enum SystemdSignal {
 }
 
 /// Why a message could not be decoded.
-#[derive(Debug)]
-pub struct DecodeError {
+#[derive(Debug, thiserror::Error)]
+#[error("decode signal {member}: {source}")]
+pub(crate) struct DecodeError {
     member: String,
     source: zbus::Error,
 }
 
-impl fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "decode signal {}: {}", self.member, self.source)
-    }
-}
-
-impl std::error::Error for DecodeError {}
-
 /// Decodes `message`; `Ok(None)` for messages the agent has no use for.
-pub fn decode(message: &Message) -> Result<Option<SystemdSignal>, DecodeError> {
+pub(crate) fn decode(message: &Message) -> Result<Option<SystemdSignal>, DecodeError> {
     if message.message_type() != MessageType::Signal {
         return Ok(None);
     }
@@ -137,7 +129,7 @@ pub fn decode(message: &Message) -> Result<Option<SystemdSignal>, DecodeError> {
 
 /// Takes the properties the agent uses out of a changed dict (or a GetAll reply) of the `Unit`
 /// or the `Service` interface.
-pub fn unit_change(
+pub(crate) fn unit_change(
     mut changed: HashMap<String, OwnedVariant>,
     invalidated: &[String],
 ) -> zbus::Result<UnitChange> {
@@ -189,7 +181,7 @@ where
 
 /// An InvocationID as systemd prints it: 32 lowercase hex digits, or empty for all zeroes or
 /// none.
-pub fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     if bytes.iter().all(|b| *b == 0) {
         return String::new();
     }
@@ -198,7 +190,7 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// The object path of a unit, as systemd escapes it (`bus_label_escape`): every byte that is
 /// not an ASCII letter or digit, and a leading digit, becomes `_` and two hex digits.
-pub fn unit_path(unit: &str) -> String {
+pub(crate) fn unit_path(unit: &str) -> String {
     let mut path = String::with_capacity(UNIT_PATH_PREFIX.len() + 1 + unit.len() * 3);
     path.push_str(UNIT_PATH_PREFIX);
     path.push('/');

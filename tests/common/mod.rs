@@ -4,6 +4,8 @@
 //! It must never leave a daemon or a directory behind, whatever the test does: both are released
 //! by `Drop` guards.
 
+#![allow(clippy::disallowed_methods, reason = "tests may read the clock")]
+
 use std::{
     future::Future,
     io::{self, BufRead, BufReader, Read, Write},

@@ -2,14 +2,14 @@
 //! wire types are `control::wire`'s), and how a terminal proof is worded from the exit record
 //! and systemd's own exit status.
 
-pub use crate::control::wire::{EventKind, ProofEvent, WatchView};
+pub(crate) use crate::control::wire::{EventKind, ProofEvent, WatchView};
 use crate::exit::record::{ExitRecord, exit_level, exit_line, signal_name};
 use crate::proof::Level;
 use crate::systemd::manager::ServiceExit;
 
 /// systemd's exit status in the vocabulary of an exit record (`$SERVICE_RESULT`, `$EXIT_CODE`,
 /// `$EXIT_STATUS`): a code of `exited`, `killed` or `dumped`, and a signal by name.
-pub fn systemd_record(exit: &ServiceExit) -> ExitRecord {
+pub(super) fn systemd_record(exit: &ServiceExit) -> ExitRecord {
     let code = match exit.exec_main_code {
         Some(1) => "exited",
         Some(2) => "killed",
@@ -32,7 +32,7 @@ pub fn systemd_record(exit: &ServiceExit) -> ExitRecord {
 /// read gave (a missing or unreadable record is worded as such, never replaced by systemd's
 /// status), else from systemd's own exit status. Level and message come from the same value,
 /// so they cannot disagree.
-pub fn terminal_wording(
+pub(super) fn terminal_wording(
     names_record: bool,
     record: Option<&ExitRecord>,
     systemd: Option<&ExitRecord>,

@@ -40,12 +40,12 @@ use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-pub use crate::cgroup::procs::NextInvocation;
-pub use crate::control::wire::CoreStats;
-pub use crate::control::wire::{RemainingProcess, UnitStatus};
-pub use event::{ProofEvent, WatchView};
+pub(crate) use crate::cgroup::procs::NextInvocation;
+pub(crate) use crate::control::wire::CoreStats;
+pub(crate) use crate::control::wire::{RemainingProcess, UnitStatus};
+pub(crate) use event::{ProofEvent, WatchView};
 use persist::Unsaved;
-pub use status::MAX_REMAINING;
+pub(crate) use status::MAX_REMAINING;
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -58,16 +58,16 @@ use crate::proof::{Input as ProofInput, StopReason};
 use crate::systemd::manager::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
 
-pub use super::state::{AgentState, ChangeSet, StateSave};
+pub(crate) use super::state::{AgentState, ChangeSet, StateSave};
 
 /// Identifies a watch for its whole life; never reused, so a late answer for a unit that was
 /// unwatched and watched again cannot land on the new watch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct UnitKey(u64);
+pub(crate) struct UnitKey(u64);
 
 /// Why the core asks for a StopUnit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StopKind {
+pub(crate) enum StopKind {
     /// The proof asked for it (a stop requested by a client, or a foreign invocation).
     Proof(StopReason),
     /// The final stop of a proven generation, so the control side removes its files.
@@ -86,14 +86,14 @@ impl std::fmt::Display for StopKind {
 
 /// A caller to answer once: its client and the id of its request.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReplyTo {
+pub(crate) struct ReplyTo {
     pub client: ClientId,
     pub id: Option<RequestId>,
 }
 
 /// What a caller is answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Answer {
+pub(crate) enum Answer {
     /// Success with nothing to say (`unwatch`, `events`).
     Done,
     /// The watch as it stands (`watch`).
@@ -113,7 +113,7 @@ pub enum Answer {
 
 /// Everything that happens to the agent.
 #[derive(Clone, Debug)]
-pub enum Input {
+pub(crate) enum Input {
     Request {
         client: ClientId,
         request: Request,
@@ -181,7 +181,7 @@ pub enum Input {
 
 /// Everything the driver must do.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Output {
+pub(crate) enum Output {
     /// Read the unit's state and cgroup path (`GetUnit`, `GetAll`); answer with
     /// [`Input::UnitRead`].
     ReadUnit { key: UnitKey, unit: String },
@@ -240,7 +240,7 @@ pub enum Output {
 /// The unit a log line is about: the watch's name, our invocation (empty while unknown), and
 /// for the line of a proof, its cause.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LogSubject {
+pub(crate) struct LogSubject {
     /// The unit's name as the client watches it (`EXITPROOF_UNIT`).
     pub unit: String,
     /// Our invocation's ID, empty while unknown (`EXITPROOF_INVOCATION`).
@@ -251,7 +251,7 @@ pub struct LogSubject {
 
 /// How the core behaves.
 #[derive(Clone, Debug)]
-pub struct CoreConfig {
+pub(crate) struct CoreConfig {
     /// How many proven units stay listed at most; the oldest leave first.
     pub retain_proven: usize,
     /// How long a proven unit stays listed at most.
@@ -269,14 +269,14 @@ pub struct CoreConfig {
 }
 
 /// The least time between two saves: each is a write and a sync of the journal.
-pub const SAVE_INTERVAL: Duration = Duration::from_millis(100);
+pub(crate) const SAVE_INTERVAL: Duration = Duration::from_millis(100);
 /// The first wait before a unit whose read or cgroup watch failed is read again.
 const RETRY_FIRST: Duration = Duration::from_millis(200);
 /// The longest wait between two such reads.
 const RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// The agent's rules.
-pub struct Core {
+pub(crate) struct Core {
     config: CoreConfig,
     outputs: VecDeque<Output>,
     units: Watches,
@@ -379,7 +379,7 @@ impl Index {
 impl Core {
     /// A core taking up `restored`, the state of a previous run. Nothing is read until
     /// [`Input::BusUp`].
-    pub fn new(config: CoreConfig, restored: AgentState, now: Instant) -> Core {
+    pub(crate) fn new(config: CoreConfig, restored: AgentState, now: Instant) -> Core {
         let next_resync = config.resync_interval.map(|every| now + every);
         let mut core = Core {
             config,
@@ -414,7 +414,7 @@ impl Core {
     }
 
     /// Hands one input to the core.
-    pub fn handle_input(&mut self, input: Input, now: Instant) {
+    pub(crate) fn handle_input(&mut self, input: Input, now: Instant) {
         match input {
             Input::Request { client, request } => self.on_request(client, request, now),
             Input::ClientClosed { client } => {
@@ -474,7 +474,7 @@ impl Core {
     }
 
     /// Lets time pass: fires every timer due at `now`.
-    pub fn handle_timeout(&mut self, now: Instant) {
+    pub(crate) fn handle_timeout(&mut self, now: Instant) {
         while let Some(&(at, key)) = self.timers.first() {
             if at > now {
                 break;
@@ -510,7 +510,7 @@ impl Core {
 
     /// Ends a turn of the driver's loop: saves what changed, at most once per
     /// [`SAVE_INTERVAL`] (a later save is then due, and [`Core::poll_timeout`] says when).
-    pub fn end_turn(&mut self, now: Instant) {
+    pub(crate) fn end_turn(&mut self, now: Instant) {
         if !self.unsaved.owed {
             return;
         }
@@ -524,7 +524,7 @@ impl Core {
 
     /// Saves what changed now, if anything did (at shutdown, and before a generation's
     /// release).
-    pub fn save_now(&mut self, now: Instant) {
+    pub(crate) fn save_now(&mut self, now: Instant) {
         if !self.unsaved.owed {
             return;
         }
@@ -546,7 +546,7 @@ impl Core {
     }
 
     /// Saves the whole state now: at start, and when the driver compacts its journal.
-    pub fn save_snapshot(&mut self, now: Instant) {
+    pub(crate) fn save_snapshot(&mut self, now: Instant) {
         self.unsaved = Unsaved::default();
         self.snapshot_saved = true;
         self.last_save = Some(now);
@@ -568,12 +568,12 @@ impl Core {
     }
 
     /// The next thing the driver must do, if any.
-    pub fn poll_output(&mut self) -> Option<Output> {
+    pub(crate) fn poll_output(&mut self) -> Option<Output> {
         self.outputs.pop_front()
     }
 
     /// When the core next wants [`Core::handle_timeout`].
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    pub(crate) fn poll_timeout(&self) -> Option<Instant> {
         [
             self.timers.first().map(|(at, _)| *at),
             self.waiters.next_deadline(),

@@ -37,7 +37,7 @@ pub(super) struct Unsaved {
 
 impl Unsaved {
     /// The record of `unit` may have changed.
-    pub fn unit(&mut self, unit: &str) {
+    pub(super) fn unit(&mut self, unit: &str) {
         self.owed = true;
         if !self.units.contains(unit) {
             self.units.insert(unit.to_owned());
@@ -45,7 +45,7 @@ impl Unsaved {
     }
 
     /// A generation of `unit` was taken or given back.
-    pub fn generation(&mut self, unit: &str, generation: u64, taken: bool) {
+    pub(super) fn generation(&mut self, unit: &str, generation: u64, taken: bool) {
         self.owed = true;
         self.generations
             .insert((unit.to_owned(), generation), taken);

@@ -12,7 +12,7 @@ use crate::proof::{Cause, Phase};
 
 /// The upper bounds of the proof-latency histogram's buckets, in microseconds; a last bucket
 /// (`le` null, `+Inf`) holds the rest. Fixed, so figures from different agents add up.
-pub const LATENCY_BOUNDS_US: [u64; 16] = [
+pub(crate) const LATENCY_BOUNDS_US: [u64; 16] = [
     100,
     250,
     500,
@@ -33,14 +33,14 @@ pub const LATENCY_BOUNDS_US: [u64; 16] = [
 
 /// A histogram with the fixed buckets of [`LATENCY_BOUNDS_US`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Histogram {
+pub(crate) struct Histogram {
     /// Per bucket (not cumulative), the last one for what exceeds every bound.
     counts: [u64; LATENCY_BOUNDS_US.len() + 1],
     sum_us: u64,
 }
 
 impl Histogram {
-    pub fn observe(&mut self, value: Duration) {
+    pub(crate) fn observe(&mut self, value: Duration) {
         let us = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
         let bucket = LATENCY_BOUNDS_US
             .iter()
@@ -51,7 +51,7 @@ impl Histogram {
     }
 
     /// What the wire and the metrics file show: cumulative counts per bound.
-    pub fn summary(&self) -> LatencySummary {
+    pub(crate) fn summary(&self) -> LatencySummary {
         let mut running = 0;
         let buckets = self
             .counts
@@ -89,7 +89,7 @@ impl ProofCounts {
 
 /// What the core counts as it goes.
 #[derive(Clone, Debug, Default)]
-pub struct Counters {
+pub(crate) struct Counters {
     proofs: ProofCounts,
     resyncs: u64,
     latency: Histogram,
@@ -97,7 +97,7 @@ pub struct Counters {
 
 impl Core {
     /// The core's figures now: its counters, and gauges read off every watch.
-    pub fn stats(&self) -> CoreStats {
+    pub(crate) fn stats(&self) -> CoreStats {
         let mut watches = PhaseCounts::default();
         let mut blocked = 0;
         for watch in self.units.values() {
@@ -136,7 +136,7 @@ impl Core {
 
 impl super::watch::Watch {
     /// Terminal for systemd, but the last reading of its cgroup found processes.
-    pub fn blocked(&self) -> bool {
+    pub(super) fn blocked(&self) -> bool {
         self.proof.as_ref().is_some_and(|proof| {
             proof.terminal() && matches!(proof.last_reading(), Some(CgroupReading::Populated))
         })

@@ -10,7 +10,7 @@ use crate::control::wire::UnitStatus;
 use crate::unit_name::UnitName;
 
 /// At most this many remaining processes are listed; `remaining_total` counts them all.
-pub const MAX_REMAINING: usize = 32;
+pub(crate) const MAX_REMAINING: usize = 32;
 
 impl Core {
     pub(super) fn cmd_status(&mut self, reply: ReplyTo, unit: &UnitName, now: Instant) {

@@ -9,11 +9,11 @@ use std::time::Instant;
 
 /// Identifies one waiting caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WaiterId(u64);
+pub(super) struct WaiterId(u64);
 
 /// The waiters of every unit, keyed by what they wait on (`K`) and who they answer (`R`).
 #[derive(Debug)]
-pub struct Waiters<K, R> {
+pub(super) struct Waiters<K, R> {
     next: u64,
     by_id: HashMap<WaiterId, (K, R, Option<Instant>)>,
     /// The waiters of each key, so a proof finds its waiters without a scan of all of them.
@@ -34,7 +34,7 @@ impl<K: Copy + Eq + Hash, R> Default for Waiters<K, R> {
 
 impl<K: Copy + Eq + Hash, R> Waiters<K, R> {
     /// Adds a waiter on `key` that answers `reply`, until `deadline` (none: until the proof).
-    pub fn add(&mut self, key: K, reply: R, deadline: Option<Instant>) -> WaiterId {
+    pub(super) fn add(&mut self, key: K, reply: R, deadline: Option<Instant>) -> WaiterId {
         let id = WaiterId(self.next);
         self.next += 1;
         if let Some(at) = deadline {
@@ -46,14 +46,14 @@ impl<K: Copy + Eq + Hash, R> Waiters<K, R> {
     }
 
     /// Takes every waiter on `key` (its proof arrived, or it was unwatched), oldest first.
-    pub fn take_key(&mut self, key: K) -> Vec<R> {
+    pub(super) fn take_key(&mut self, key: K) -> Vec<R> {
         let ids = self.by_key.remove(&key).unwrap_or_default();
         self.take_ids(ids)
     }
 
     /// Takes every waiter whose reply matches `pred` (its client went away). A scan of all
     /// waiters: clients leave far less often than proofs arrive.
-    pub fn take_where(&mut self, mut pred: impl FnMut(&R) -> bool) -> Vec<R> {
+    pub(super) fn take_where(&mut self, mut pred: impl FnMut(&R) -> bool) -> Vec<R> {
         let ids: Vec<WaiterId> = self
             .by_id
             .iter()
@@ -71,7 +71,7 @@ impl<K: Copy + Eq + Hash, R> Waiters<K, R> {
     }
 
     /// Takes every waiter whose deadline is at or before `now`, with the key it waited on.
-    pub fn take_expired(&mut self, now: Instant) -> Vec<(K, R)> {
+    pub(super) fn take_expired(&mut self, now: Instant) -> Vec<(K, R)> {
         let mut expired = Vec::new();
         while let Some(&(at, id)) = self.deadlines.first() {
             if at > now {
@@ -83,7 +83,7 @@ impl<K: Copy + Eq + Hash, R> Waiters<K, R> {
     }
 
     /// The earliest deadline of any waiter.
-    pub fn next_deadline(&self) -> Option<Instant> {
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
         self.deadlines.first().map(|(at, _)| *at)
     }
 

@@ -1,5 +1,11 @@
 //! One watched unit: what the client asked for, what systemd said, and its proof.
 
+// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
+#![allow(
+    unreachable_pub,
+    reason = "left to avoid a merge conflict with concurrent work"
+)]
+
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -3,14 +3,20 @@
 //! They travel as `std::io::Error`, which is what the zbus runtime traits return; this module
 //! must never lose the typed error on the way (it is the `io::Error`'s inner error).
 
-use std::{fmt, io, ops::Range};
+use std::{io, ops::Range};
 
 use mio::Token;
 
 /// Something the runtime refused to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RuntimeError {
     /// The waker token given to `MioRuntime::new` lies in the range given for sources.
+    #[error(
+        "waker token {} lies in the source token range {}..{}",
+        .waker.0,
+        .sources.start,
+        .sources.end
+    )]
     WakerTokenInSourceRange {
         /// The waker token.
         waker: Token,
@@ -18,39 +24,18 @@ pub enum RuntimeError {
         sources: Range<usize>,
     },
     /// Every token of the source range is held by a registered source.
+    #[error("all source tokens {}..{} are in use", .sources.start, .sources.end)]
     SourceTokensExhausted {
         /// The range of source tokens.
         sources: Range<usize>,
     },
     /// zbus asked for a child process, which this runtime does not run.
+    #[error("cannot run {program}: the mio runtime does not spawn processes")]
     ProcessSpawnUnsupported {
         /// The program zbus wanted to run.
         program: String,
     },
 }
-
-impl fmt::Display for RuntimeError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::WakerTokenInSourceRange { waker, sources } => write!(
-                f,
-                "waker token {} lies in the source token range {}..{}",
-                waker.0, sources.start, sources.end
-            ),
-            Self::SourceTokensExhausted { sources } => write!(
-                f,
-                "all source tokens {}..{} are in use",
-                sources.start, sources.end
-            ),
-            Self::ProcessSpawnUnsupported { program } => write!(
-                f,
-                "cannot run {program}: the mio runtime does not spawn processes"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for RuntimeError {}
 
 impl From<RuntimeError> for io::Error {
     fn from(error: RuntimeError) -> Self {

@@ -151,6 +151,10 @@ impl MioRuntime {
 
     /// How long the loop may wait in the poll: not at all while runnables are queued, otherwise
     /// until the earliest timer, or without limit when there is no timer.
+    #[allow(
+        clippy::disallowed_methods,
+        reason = "the loop's runtime: its timers read the clock"
+    )]
     pub fn timeout(&self) -> Option<Duration> {
         if !lock(&self.0.queue).is_empty() {
             return Some(Duration::ZERO);

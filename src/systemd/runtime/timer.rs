@@ -2,6 +2,12 @@
 //!
 //! A timer must never stay in the map once its `Sleep` is dropped.
 
+// The runtime runs on the agent's loop: its timers are the driver's reading of the clock.
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the loop's runtime: its timers read the clock"
+)]
+
 use std::{
     collections::BTreeMap,
     future::Future,

@@ -5,11 +5,9 @@
 //! Each test must never leave its dbus-daemon or its directory behind; `PrivateBus` kills the
 //! daemon by pid and removes the directory on drop, failed test or not.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Agent, PATIENCE, PrivateBus, bus_id_and_names, connect, signal_round_trip};
+use crate::common::{Agent, PATIENCE, PrivateBus, bus_id_and_names, connect, signal_round_trip};
 use futures_util::StreamExt;
 use zbus::{MatchRule, MessageStream, message::Type};
 

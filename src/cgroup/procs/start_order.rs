@@ -1,0 +1,208 @@
+//! Placing a process's start (clock ticks since boot) against a CLOCK_MONOTONIC threshold, and
+//! telling the processes that may be an earlier invocation's from the current one's.
+
+use std::collections::{HashMap, HashSet};
+
+use nix::time::{ClockId, clock_gettime};
+use nix::unistd::{SysconfVar, sysconf};
+
+use super::{NANOS_PER_SEC, ProcessInfo, ProcsError};
+
+/// How a process's start time stands against a CLOCK_MONOTONIC threshold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StartOrder {
+    /// The process certainly started before the threshold.
+    Before,
+    /// The tick truncation or the boottime/monotonic offset leaves it open.
+    Uncertain,
+    /// The process certainly started at or after the threshold.
+    AtOrAfter,
+}
+
+impl StartOrder {
+    #[cfg(test)]
+    /// Whether a process with this order must be counted as started before the threshold: unless it
+    /// certainly started at or after it, it is.
+    pub(crate) fn counts_as_before(self) -> bool {
+        self != Self::AtOrAfter
+    }
+}
+
+/// What is needed to place a `/proc` start time (clock ticks on CLOCK_BOOTTIME) on CLOCK_MONOTONIC.
+///
+/// Both clocks, `/proc` and the threshold must belong to one time namespace (systemd's, the initial
+/// one): a time namespace shifts CLOCK_BOOTTIME and CLOCK_MONOTONIC by offsets of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClockBasis {
+    /// Clock ticks per second, `sysconf(_SC_CLK_TCK)` (usually 100).
+    pub clk_tck: u64,
+    /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC, in nanoseconds: the time spent suspended since boot.
+    /// It only grows, so a value read now is at least the offset at any past instant.
+    pub boot_minus_mono_ns: u64,
+}
+
+impl ClockBasis {
+    /// Reads the tick rate and the boottime/monotonic offset now.
+    pub(crate) fn now() -> Result<Self, ProcsError> {
+        Ok(Self {
+            clk_tck: clk_tck()?,
+            boot_minus_mono_ns: boot_minus_mono_ns()?,
+        })
+    }
+
+    /// Places a process that started at `start_ticks` (field 22 of `/proc/PID/stat`) against
+    /// `threshold_mono_us`, a CLOCK_MONOTONIC time in microseconds such as systemd's
+    /// `InactiveExitTimestampMonotonic`.
+    ///
+    /// The kernel truncates the fork's boottime to whole ticks, so the true boottime start lies in
+    /// `[ticks, ticks + 1)` ticks. Its monotonic time is that minus the offset at the fork, which lies
+    /// between 0 and `boot_minus_mono_ns`. So:
+    /// - [`StartOrder::AtOrAfter`] only if the earliest possible start (tick start minus the whole
+    ///   offset read now, rounded down) is at or after the threshold;
+    /// - [`StartOrder::Before`] only if the latest possible start (next tick start, offset 0, rounded
+    ///   up) is at or before the threshold;
+    /// - [`StartOrder::Uncertain`] otherwise, and whenever `clk_tck` is 0.
+    pub(crate) fn start_order(&self, start_ticks: u64, threshold_mono_us: u64) -> StartOrder {
+        if self.clk_tck == 0 {
+            return StartOrder::Uncertain;
+        }
+        let clk_tck = u128::from(self.clk_tck);
+        let threshold_ns = u128::from(threshold_mono_us) * 1000;
+        let earliest_boot_ns = u128::from(start_ticks) * NANOS_PER_SEC / clk_tck;
+        let earliest_mono_ns = earliest_boot_ns.saturating_sub(u128::from(self.boot_minus_mono_ns));
+        if earliest_mono_ns >= threshold_ns {
+            return StartOrder::AtOrAfter;
+        }
+        // Monotonic time never exceeds boottime, so the end of the tick bounds the start from above.
+        let end_of_tick_ns = (u128::from(start_ticks) + 1) * NANOS_PER_SEC;
+        if end_of_tick_ns.div_ceil(clk_tck) <= threshold_ns {
+            StartOrder::Before
+        } else {
+            StartOrder::Uncertain
+        }
+    }
+}
+
+/// What tells the processes of a unit's current invocation from those of an earlier one, as
+/// systemd reports it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct NextInvocation {
+    /// When the current invocation left `inactive` (InactiveExitTimestampMonotonic, µs), if
+    /// known. systemd forks its first process just *before* it records this, so the roots below
+    /// are needed too.
+    pub began_us: Option<u64>,
+    /// Its MainPID and ControlPID, if known (non-zero).
+    pub roots: Vec<i32>,
+}
+
+/// How far up the parent chain a process is followed to a root of the current invocation.
+const MAX_ANCESTRY: usize = 64;
+
+/// The processes of `census` that may belong to an earlier invocation, given `held`, the
+/// processes an earlier count kept. systemd starts every process of a service as the leader of
+/// a session of its own (MainPID, ControlPID), and what they fork keeps that session even once
+/// orphaned. So, for each process, the first that applies:
+/// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
+///    `next`'s (systemd's word beats any guess);
+/// 2. it or an ancestor was held before, or it is in the session of a process held before or
+///    started before `next` began: earlier;
+/// 3. an ancestor started before `next` began (the child of a leftover is a leftover): earlier;
+/// 4. it is in a session whose leader is gone (not one it began itself): earlier, an orphan
+///    of a session that is not known to be `next`'s (if it is, `next` has lost the process
+///    that began it, and systemd is about to end `next` too: the wait is short);
+/// 5. earlier unless it started certainly at or after `next` began.
+///
+/// An uncertain start counts as earlier: this errs toward waiting. What it cannot see: a child
+/// that a leftover of ours forks after `next` began and that starts a session of its own,
+/// counts as `next`'s.
+pub(crate) fn earlier_processes<'a>(
+    census: &'a [ProcessInfo],
+    next: &NextInvocation,
+    basis: &ClockBasis,
+    held: &[i32],
+) -> Vec<&'a ProcessInfo> {
+    let by_pid: HashMap<i32, &ProcessInfo> = census.iter().map(|p| (p.pid, p)).collect();
+    let sessions_of = |pids: &[i32]| -> HashSet<i32> {
+        pids.iter()
+            .flat_map(|pid| [Some(*pid), by_pid.get(pid).map(|p| p.session)])
+            .flatten()
+            .collect()
+    };
+    let next_sessions = sessions_of(&next.roots);
+    let held_sessions = sessions_of(held);
+    // The process and its ancestors within the census, nearest first.
+    let lineage = |process: &'a ProcessInfo| {
+        let mut chain = vec![process];
+        let mut at = process;
+        while chain.len() < MAX_ANCESTRY {
+            match by_pid.get(&at.ppid) {
+                Some(parent) if !chain.iter().any(|p| p.pid == parent.pid) => {
+                    chain.push(parent);
+                    at = parent;
+                }
+                _ => break,
+            }
+        }
+        chain
+    };
+    let began_after = |p: &ProcessInfo| {
+        next.began_us
+            .is_some_and(|began| basis.start_order(p.start_ticks, began) == StartOrder::AtOrAfter)
+    };
+    let is_next = |process: &'a ProcessInfo| {
+        lineage(process).iter().any(|p| next.roots.contains(&p.pid))
+            || next_sessions.contains(&process.session)
+    };
+    // Sessions of processes that started before `next` began and are not its: what else is in
+    // them is ours too.
+    let earlier_sessions: HashSet<i32> = census
+        .iter()
+        .filter(|p| !began_after(p) && !is_next(p))
+        .map(|p| p.session)
+        .collect();
+    let earlier = |process: &'a ProcessInfo| {
+        if is_next(process) {
+            return false;
+        }
+        let chain = lineage(process);
+        chain.iter().any(|p| held.contains(&p.pid))
+            || held_sessions.contains(&process.session)
+            || earlier_sessions.contains(&process.session)
+            || chain.iter().skip(1).any(|p| !began_after(p))
+            || (process.session != process.pid && !by_pid.contains_key(&process.session))
+            || !began_after(process)
+    };
+    census.iter().filter(|p| earlier(p)).collect()
+}
+
+/// Clock ticks per second, the unit of `/proc/PID/stat` times.
+pub(super) fn clk_tck() -> Result<u64, ProcsError> {
+    match sysconf(SysconfVar::CLK_TCK) {
+        Ok(Some(ticks)) => u64::try_from(ticks)
+            .ok()
+            .filter(|&ticks| ticks > 0)
+            .ok_or(ProcsError::ClkTck { source: None }),
+        Ok(None) => Err(ProcsError::ClkTck { source: None }),
+        Err(source) => Err(ProcsError::ClkTck {
+            source: Some(source),
+        }),
+    }
+}
+
+/// CLOCK_BOOTTIME minus CLOCK_MONOTONIC now, in nanoseconds.
+///
+/// Monotonic is read first: boottime, read a little later, makes the offset come out slightly large,
+/// which moves converted start times earlier, towards "started before".
+pub(super) fn boot_minus_mono_ns() -> Result<u64, ProcsError> {
+    let mono_ns = read_clock_ns(ClockId::CLOCK_MONOTONIC, "CLOCK_MONOTONIC")?;
+    let boot_ns = read_clock_ns(ClockId::CLOCK_BOOTTIME, "CLOCK_BOOTTIME")?;
+    u64::try_from(boot_ns - mono_ns).map_err(|_| ProcsError::ClockOrder { boot_ns, mono_ns })
+}
+
+pub(super) fn read_clock_ns(clock: ClockId, name: &'static str) -> Result<i128, ProcsError> {
+    let time = clock_gettime(clock).map_err(|source| ProcsError::Clock {
+        clock: name,
+        source,
+    })?;
+    Ok(i128::from(time.tv_sec()) * 1_000_000_000 + i128::from(time.tv_nsec()))
+}

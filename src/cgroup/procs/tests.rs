@@ -1,0 +1,930 @@
+use std::os::unix::fs::symlink;
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use mio::{Events, Poll};
+use nix::sys::wait::{Id, WaitPidFlag, waitid};
+use proptest::prelude::*;
+
+use mio::Token;
+use nix::time::ClockId;
+
+use super::start_order::{StartOrder, read_clock_ns};
+use super::*;
+use crate::cgroup::cgroup2_mount;
+
+/// How long a test waits for the kernel before failing; generous, never a speed assertion.
+const KERNEL_WAIT: Duration = Duration::from_secs(20);
+
+/// A pid above the kernel's largest `pid_max` (2^22), so no process has it.
+const NO_SUCH_PID: i32 = i32::MAX;
+
+/// A real stat line (Linux 6.18), command name `sleep`.
+const SLEEP_STAT: &[u8] = b"4242 (sleep) S 4200 4242 4200 34816 4242 4194304 96 0 0 0 0 0 0 0 \
+20 0 1 0 21220 5652480 256 18446744073709551615 94768343896064 94768343910961 140736429416432 \
+0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 94768343921360 94768343922528 94768377503744 140736429419747 \
+140736429419758 140736429419758 140736429420523 0\n";
+
+static NEXT_NAME: AtomicUsize = AtomicUsize::new(0);
+
+fn unique_name() -> String {
+    let n = NEXT_NAME.fetch_add(1, Ordering::Relaxed);
+    format!("exitproof-procstest-{}-{n}", std::process::id())
+}
+
+/// `sleep` children that are killed and reaped on drop, even when a test fails.
+#[derive(Default)]
+struct Sleeps(Vec<Child>);
+
+impl Sleeps {
+    /// Starts `sleep 1000`; returns its pid.
+    fn spawn(&mut self) -> i32 {
+        let child = Command::new("sleep")
+            .arg("1000")
+            .spawn()
+            .expect("sleep can be started");
+        let pid = i32::try_from(child.id()).expect("pids fit in i32");
+        self.0.push(child);
+        pid
+    }
+
+    fn child(&mut self, pid: i32) -> &mut Child {
+        self.0
+            .iter_mut()
+            .find(|child| child.id() as i32 == pid)
+            .expect("a sleep of this test")
+    }
+
+    /// Sends SIGKILL without reaping: the process becomes a zombie.
+    fn kill(&mut self, pid: i32) {
+        self.child(pid).kill().expect("kill");
+    }
+
+    /// Kills, then waits until the process is a zombie, still unreaped.
+    fn kill_to_zombie(&mut self, pid: i32) {
+        self.kill(pid);
+        waitid(
+            Id::Pid(nix::unistd::Pid::from_raw(pid)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        )
+        .expect("waitid");
+    }
+
+    /// Kills and reaps.
+    fn reap(&mut self, pid: i32) {
+        let child = self.child(pid);
+        let _ = child.kill();
+        child.wait().expect("wait");
+    }
+}
+
+impl Drop for Sleeps {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn start_ticks(pid: i32) -> u64 {
+    read_stat(pid)
+        .expect("stat is readable")
+        .expect("the process exists")
+        .start_ticks
+}
+
+/// A stat line with the given fields, the rest as a real kernel writes them.
+fn stat_line(pid: i32, comm: &[u8], state: u8, ppid: i32, start: u64) -> Vec<u8> {
+    let mut line = format!("{pid} (").into_bytes();
+    line.extend_from_slice(comm);
+    line.extend_from_slice(b") ");
+    line.push(state);
+    line.extend_from_slice(
+        format!(" {ppid} 1 1 0 -1 4194560 100 0 0 0 1 2 0 0 20 -5 1 0 {start} 1000 10 18446744073709551615 1 2 3 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n")
+            .as_bytes(),
+    );
+    line
+}
+
+#[test]
+fn parse_stat_reads_a_real_line() {
+    assert_eq!(
+        parse_stat(SLEEP_STAT),
+        Ok(ProcStat {
+            pid: 4242,
+            comm: b"sleep".to_vec(),
+            state: 'S',
+            ppid: 4200,
+            session: 4200,
+            start_ticks: 21220,
+        })
+    );
+}
+
+#[test]
+fn parse_stat_takes_the_command_up_to_the_last_paren() {
+    let comms: &[&[u8]] = &[
+        b"",
+        b"a b",
+        b"(",
+        b")",
+        b"a) R 1 2 (b",
+        b") S 1 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 99 ",
+        b"new\nline",
+        b"((()))",
+        b"kworker/u8:3-events_unbound",
+    ];
+    for comm in comms {
+        let line = stat_line(7, comm, b'R', 1, 1234);
+        let stat = parse_stat(&line).expect("valid line");
+        assert_eq!(stat.comm, *comm, "comm {:?}", lossy(comm));
+        assert_eq!((stat.pid, stat.state, stat.ppid), (7, 'R', 1));
+        assert_eq!(stat.start_ticks, 1234);
+    }
+}
+
+#[test]
+fn parse_stat_rejects_malformed_lines() {
+    use StatParseError::*;
+    let valid = stat_line(7, b"x", b'S', 1, 99);
+    let text = String::from_utf8(valid.clone()).expect("ascii");
+    let replace = |from: &str, to: &str| text.replacen(from, to, 1).into_bytes();
+    // The first 22 fields of the valid line, then the rest cut off.
+    let first_22: Vec<&str> = text.split(' ').take(22).collect();
+    let cases: Vec<(Vec<u8>, StatParseError)> = vec![
+        (b"".to_vec(), NoNewline),
+        (valid[..valid.len() - 1].to_vec(), NoNewline),
+        (b"\n".to_vec(), NoCommand),
+        (b"7 x S 1\n".to_vec(), NoCommand),
+        (b"7 )x( S 1\n".to_vec(), NoCommand),
+        (replace("7 (", "07 ("), BadPid("07 ".into())),
+        (replace("7 (", "0 ("), BadPid("0 ".into())),
+        (replace("7 (", "-7 ("), BadPid("-7 ".into())),
+        (replace("7 (", "+7 ("), BadPid("+7 ".into())),
+        (replace("7 (", "7  ("), BadPid("7  ".into())),
+        (replace("7 (", "7("), BadPid("7".into())),
+        (replace("7 (", "2147483648 ("), BadPid("2147483648 ".into())),
+        (replace(") S", ")S"), TooFewFields(0)),
+        (b"7 (x)\n".to_vec(), TooFewFields(0)),
+        (b"7 (x) S 1 1\n".to_vec(), TooFewFields(3)),
+        (
+            format!("{}\n", first_22[..21].join(" ")).into_bytes(),
+            TooFewFields(19),
+        ),
+        (replace(") S", ") s1"), BadState("s1".into())),
+        (replace(") S", ") 1"), BadState("1".into())),
+        (replace(") S", ") "), BadState("".into())),
+        (
+            replace(" S 1 ", " S 01 "),
+            BadField {
+                field: 4,
+                text: "01".into(),
+            },
+        ),
+        (
+            replace(" S 1 ", " S -1 "),
+            BadField {
+                field: 4,
+                text: "-1".into(),
+            },
+        ),
+        (
+            replace(" S 1 ", " S 2147483648 "),
+            BadField {
+                field: 4,
+                text: "2147483648".into(),
+            },
+        ),
+        (
+            replace(" S 1 ", " S  1 "),
+            BadField {
+                field: 4,
+                text: "".into(),
+            },
+        ),
+        (
+            replace(" 99 ", " -99 "),
+            BadField {
+                field: 22,
+                text: "-99".into(),
+            },
+        ),
+        (
+            replace(" 99 ", " 18446744073709551616 "),
+            BadField {
+                field: 22,
+                text: "18446744073709551616".into(),
+            },
+        ),
+        (
+            replace(" 99 ", " 9x "),
+            BadField {
+                field: 22,
+                text: "9x".into(),
+            },
+        ),
+        (
+            replace(" 0\n", " 0 \n"),
+            BadField {
+                field: 53,
+                text: "".into(),
+            },
+        ),
+        (
+            replace(" 0\n", " 0\r\n"),
+            BadField {
+                field: 52,
+                text: "0\r".into(),
+            },
+        ),
+        (
+            replace(" 0\n", " 0\n\n"),
+            BadField {
+                field: 52,
+                text: "0\n".into(),
+            },
+        ),
+    ];
+    for (contents, expected) in cases {
+        assert_eq!(
+            parse_stat(&contents),
+            Err(expected),
+            "contents {:?}",
+            lossy(&contents)
+        );
+    }
+}
+
+proptest! {
+    #[test]
+    fn parse_stat_never_panics(contents in proptest::collection::vec(any::<u8>(), 0..400)) {
+        let _ = parse_stat(&contents);
+    }
+
+    #[test]
+    fn parse_stat_never_panics_near_valid_lines(
+        comm in proptest::collection::vec(any::<u8>(), 0..80),
+        cut in 0usize..300,
+        flip in any::<u8>(),
+    ) {
+        let mut line = stat_line(7, &comm, b'S', 1, 99);
+        let at = cut % line.len();
+        line[at] = flip;
+        let _ = parse_stat(&line);
+        line.truncate(at);
+        let _ = parse_stat(&line);
+    }
+
+    #[test]
+    fn parse_stat_recovers_generated_lines(
+        pid in 1..=i32::MAX,
+        comm in proptest::collection::vec(any::<u8>(), 0..80),
+        state in proptest::sample::select(b"RSDZTtXxKWPI".to_vec()),
+        ppid in 0..=i32::MAX,
+        start in any::<u64>(),
+    ) {
+        let line = stat_line(pid, &comm, state, ppid, start);
+        let stat = parse_stat(&line).expect("a generated line is valid");
+        prop_assert_eq!(stat, ProcStat {
+            pid,
+            comm,
+            state: char::from(state),
+            ppid,
+            session: 1,
+            start_ticks: start,
+        });
+    }
+
+    #[test]
+    fn parse_procs_never_panics(contents in proptest::collection::vec(any::<u8>(), 0..200)) {
+        let _ = parse_procs(&contents);
+    }
+
+    /// Whatever the true start within its tick and whatever the offset at the fork (at most the
+    /// one read now), a certain answer is right.
+    #[test]
+    fn start_order_is_never_wrong_when_certain(
+        clk_tck in 1u64..2000,
+        start_ticks in 0u64..1_000_000_000,
+        boot_minus_mono_ns in 0u64..10_000_000_000_000,
+        threshold_mono_us in 0u64..20_000_000_000_000,
+        within_tick in 0.0f64..1.0,
+        offset_share in 0.0f64..=1.0,
+    ) {
+        let basis = ClockBasis { clk_tck, boot_minus_mono_ns };
+        let order = basis.start_order(start_ticks, threshold_mono_us);
+        let tick_ns = NANOS_PER_SEC as f64 / clk_tck as f64;
+        let boot_ns = (start_ticks as f64 + within_tick) * tick_ns;
+        let offset_then_ns = boot_minus_mono_ns as f64 * offset_share;
+        let mono_ns = boot_ns - offset_then_ns;
+        let threshold_ns = threshold_mono_us as f64 * 1000.0;
+        // f64 cannot place points within a few ns of the threshold; those prove nothing here.
+        prop_assume!((mono_ns - threshold_ns).abs() > 1e-6 * threshold_ns.max(1.0));
+        match order {
+            StartOrder::AtOrAfter => prop_assert!(mono_ns >= threshold_ns),
+            StartOrder::Before => prop_assert!(mono_ns < threshold_ns),
+            StartOrder::Uncertain => {}
+        }
+    }
+}
+
+#[test]
+fn parse_procs_accepts_only_pid_lines() {
+    use ProcsParseError::*;
+    type Case = (&'static [u8], Result<Vec<i32>, ProcsParseError>);
+    let cases: &[Case] = &[
+        (b"", Ok(vec![])),
+        (b"1\n", Ok(vec![1])),
+        (b"12\n3\n2147483647\n", Ok(vec![12, 3, 2147483647])),
+        (b"1", Err(NoNewline)),
+        (b"1\n2", Err(NoNewline)),
+        (b"\n", Err(BadPid("".into()))),
+        (b"1\n\n2\n", Err(BadPid("".into()))),
+        (b"0\n", Err(BadPid("0".into()))),
+        (b"01\n", Err(BadPid("01".into()))),
+        (b"-1\n", Err(BadPid("-1".into()))),
+        (b" 1\n", Err(BadPid(" 1".into()))),
+        (b"1\r\n", Err(BadPid("1\r".into()))),
+        (b"2147483648\n", Err(BadPid("2147483648".into()))),
+    ];
+    for (contents, expected) in cases {
+        assert_eq!(
+            &parse_procs(contents),
+            expected,
+            "contents {:?}",
+            lossy(contents)
+        );
+    }
+}
+
+#[test]
+fn start_order_boundaries() {
+    use StartOrder::*;
+    // 100 ticks/s: tick 100 covers boottime [1 s, 1.01 s).
+    let no_suspend = ClockBasis {
+        clk_tck: 100,
+        boot_minus_mono_ns: 0,
+    };
+    let cases = [
+        (100, 999_999, AtOrAfter),
+        (100, 1_000_000, AtOrAfter),
+        (100, 1_000_001, Uncertain),
+        (100, 1_009_999, Uncertain),
+        (100, 1_010_000, Before),
+        (100, 1_010_001, Before),
+        (0, 0, AtOrAfter),
+        (0, 1, Uncertain),
+        (0, 10_000, Before),
+    ];
+    for (ticks, threshold, expected) in cases {
+        assert_eq!(
+            no_suspend.start_order(ticks, threshold),
+            expected,
+            "ticks {ticks}, threshold {threshold} us"
+        );
+    }
+
+    // 5 ms suspended so far: the start may be up to 5 ms earlier on CLOCK_MONOTONIC, no later.
+    let suspended = ClockBasis {
+        clk_tck: 100,
+        boot_minus_mono_ns: 5_000_000,
+    };
+    let cases = [
+        (100, 995_000, AtOrAfter),
+        (100, 995_001, Uncertain),
+        (100, 1_000_000, Uncertain),
+        (100, 1_009_999, Uncertain),
+        (100, 1_010_000, Before),
+        // An offset larger than the start itself: the earliest start is 0.
+        (0, 0, AtOrAfter),
+        (0, 1, Uncertain),
+    ];
+    for (ticks, threshold, expected) in cases {
+        assert_eq!(
+            suspended.start_order(ticks, threshold),
+            expected,
+            "ticks {ticks}, threshold {threshold} us, suspended"
+        );
+    }
+
+    // 3 ticks/s: tick 1 covers [333_333_333.3, 666_666_666.7) ns; rounding widens it.
+    let odd = ClockBasis {
+        clk_tck: 3,
+        boot_minus_mono_ns: 0,
+    };
+    assert_eq!(odd.start_order(1, 333_333), AtOrAfter);
+    assert_eq!(odd.start_order(1, 333_334), Uncertain);
+    assert_eq!(odd.start_order(1, 666_666), Uncertain);
+    assert_eq!(odd.start_order(1, 666_667), Before);
+
+    let broken = ClockBasis {
+        clk_tck: 0,
+        boot_minus_mono_ns: 0,
+    };
+    assert_eq!(broken.start_order(100, 0), Uncertain);
+
+    let extreme = ClockBasis {
+        clk_tck: 1,
+        boot_minus_mono_ns: u64::MAX,
+    };
+    assert_eq!(extreme.start_order(u64::MAX, u64::MAX), AtOrAfter);
+    assert_eq!(extreme.start_order(1, 0), AtOrAfter);
+    assert_eq!(extreme.start_order(1, 1), Uncertain);
+    assert_eq!(no_suspend.start_order(u64::MAX, 0), AtOrAfter);
+    assert_eq!(no_suspend.start_order(0, u64::MAX), Before);
+
+    assert!(Before.counts_as_before());
+    assert!(Uncertain.counts_as_before());
+    assert!(!AtOrAfter.counts_as_before());
+}
+
+#[test]
+fn clocks_can_be_read() {
+    let basis = ClockBasis::now().expect("clocks");
+    assert!(basis.clk_tck > 0);
+    // This process started before now, whatever the offset.
+    let boot_now_ns = read_clock_ns(ClockId::CLOCK_BOOTTIME, "CLOCK_BOOTTIME").expect("clock");
+    let mono_now_us =
+        read_clock_ns(ClockId::CLOCK_MONOTONIC, "CLOCK_MONOTONIC").expect("clock") / 1000;
+    let own = start_ticks(std::process::id() as i32);
+    let own_boot_ns = i128::from(own) * 1_000_000_000 / i128::from(basis.clk_tck);
+    assert!(
+        own_boot_ns <= boot_now_ns,
+        "start time is on CLOCK_BOOTTIME"
+    );
+    let mono_now_us = u64::try_from(mono_now_us).expect("positive");
+    assert!(
+        basis
+            .start_order(own, mono_now_us + 20_000)
+            .counts_as_before()
+    );
+}
+
+#[test]
+fn read_stat_reads_own_and_skips_missing() {
+    let own = std::process::id() as i32;
+    let stat = read_stat(own).expect("own stat").expect("own process");
+    assert_eq!(stat.pid, own);
+    assert_eq!(stat.ppid, nix::unistd::getppid().as_raw());
+    assert!(read_stat(NO_SUCH_PID).expect("no error").is_none());
+}
+
+/// A temporary directory laid out like a cgroup tree; removed on drop.
+struct FakeTree(tempfile::TempDir);
+
+impl FakeTree {
+    fn new() -> Self {
+        Self(tempfile::tempdir().expect("temporary directory"))
+    }
+
+    fn root(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// Creates the cgroup directory `cgroup` (below the root) with `cgroup.procs` holding `procs`.
+    fn cgroup(&self, cgroup: &str, procs: &[u8]) {
+        let dir = self.root().join(cgroup);
+        fs::create_dir_all(&dir).expect("mkdir");
+        fs::write(dir.join(PROCS_FILE), procs).expect("write cgroup.procs");
+    }
+}
+
+fn pids_of(found: &[ProcessInfo]) -> Vec<(i32, String)> {
+    let mut pids: Vec<(i32, String)> = found
+        .iter()
+        .map(|info| (info.pid, info.cgroup.display().to_string()))
+        .collect();
+    pids.sort();
+    pids
+}
+
+#[test]
+fn list_processes_walks_a_fake_tree() {
+    let mut sleeps = Sleeps::default();
+    let child = sleeps.spawn();
+    let hidden = sleeps.spawn();
+    let own = std::process::id() as i32;
+    let tree = FakeTree::new();
+    tree.cgroup(
+        "u.slice/x.service",
+        format!("{own}\n{NO_SUCH_PID}\n").as_bytes(),
+    );
+    tree.cgroup("u.slice/x.service/a", format!("{child}\n").as_bytes());
+    // Listed twice: reported once.
+    tree.cgroup("u.slice/x.service/a/b", format!("{own}\n").as_bytes());
+    tree.cgroup("u.slice/x.service/a/b/c", b"");
+    // Not followed: a link is no cgroup.
+    tree.cgroup("elsewhere", format!("{hidden}\n").as_bytes());
+    symlink(
+        tree.root().join("elsewhere"),
+        tree.root().join("u.slice/x.service/link"),
+    )
+    .expect("symlink");
+    // Files other than cgroup.procs are ignored.
+    fs::write(tree.root().join("u.slice/x.service/cgroup.events"), "").expect("write");
+
+    let found = list_processes(tree.root(), "/u.slice/x.service").expect("list");
+    let mut expected = vec![(own, String::new()), (child, "a".to_owned())];
+    expected.sort();
+    assert_eq!(pids_of(&found), expected);
+    let sleep = found
+        .iter()
+        .find(|info| info.pid == child)
+        .expect("the sleep");
+    assert_eq!(sleep.comm, b"sleep");
+    assert_eq!(sleep.ppid, own);
+    assert_eq!(sleep.start_ticks, start_ticks(child));
+
+    assert_eq!(
+        list_processes(tree.root(), "/u.slice/missing.service").expect("list"),
+        [],
+        "a unit cgroup that does not exist holds nothing"
+    );
+}
+
+#[test]
+fn list_processes_reports_errors_with_the_path() {
+    let tree = FakeTree::new();
+    tree.cgroup("bad.service", b"1\nx\n");
+    fs::create_dir_all(tree.root().join("nofile.service")).expect("mkdir");
+    tree.cgroup("nested.service", b"");
+    fs::create_dir_all(tree.root().join("nested.service/not-a-cgroup")).expect("mkdir");
+    tree.cgroup("huge.service", &vec![b'1'; MAX_PROCS_FILE_BYTES + 1]);
+
+    let error = list_processes(tree.root(), "/bad.service").expect_err("bad pid");
+    assert!(matches!(&error, ProcsError::ProcsParse { .. }), "{error:?}");
+    let path = tree.root().join("bad.service/cgroup.procs");
+    assert!(
+        error.to_string().contains(&path.display().to_string()),
+        "{error}"
+    );
+
+    for (cgroup, missing) in [
+        ("/nofile.service", "nofile.service/cgroup.procs"),
+        (
+            "/nested.service",
+            "nested.service/not-a-cgroup/cgroup.procs",
+        ),
+    ] {
+        match list_processes(tree.root(), cgroup) {
+            Err(ProcsError::ReadFile { path, .. }) => {
+                assert_eq!(path, tree.root().join(missing))
+            }
+            other => panic!("{cgroup} gave {other:?}"),
+        }
+    }
+    match list_processes(tree.root(), "/huge.service") {
+        Err(ProcsError::FileTooLarge { path, .. }) => {
+            assert_eq!(path, tree.root().join("huge.service/cgroup.procs"))
+        }
+        other => panic!("huge gave {other:?}"),
+    }
+
+    for cgroup in ["", "x.service", "/", "/a/../b", "/a\0b", "/a//b"] {
+        match list_processes(tree.root(), cgroup) {
+            Err(ProcsError::Cgroup(CgroupError::InvalidCgroup { .. })) => {}
+            other => panic!("cgroup {cgroup:?} gave {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn walk_stops_at_its_limits() {
+    let tree = FakeTree::new();
+    tree.cgroup("unit", b"");
+    tree.cgroup("unit/a", b"");
+    tree.cgroup("unit/a/b", b"");
+    tree.cgroup("wide", b"1\n");
+    tree.cgroup("wide/a", b"2\n1\n");
+    tree.cgroup("wide/b", b"3\n");
+    let top = tree.root().join("unit");
+    let limits = |depth, cgroups, processes| WalkLimits {
+        depth,
+        cgroups,
+        processes,
+    };
+
+    assert!(walk(&top, limits(2, 3, 0)).is_ok(), "exactly at the limits");
+    match walk(&top, limits(1, 10, 10)) {
+        Err(ProcsError::TooDeep { path, limit: 1 }) => assert_eq!(path, top.join("a/b")),
+        other => panic!("depth gave {other:?}"),
+    }
+    match walk(&top, limits(10, 2, 10)) {
+        Err(ProcsError::TooManyCgroups { path, limit: 2 }) => assert_eq!(path, top),
+        other => panic!("cgroups gave {other:?}"),
+    }
+
+    // Pids 1, 2, 3, with 1 listed twice; which of them exist does not matter to the count.
+    let wide = tree.root().join("wide");
+    assert!(
+        walk(&wide, limits(10, 10, 3)).is_ok(),
+        "a repeated pid counts once"
+    );
+    match walk(&wide, limits(10, 10, 2)) {
+        Err(ProcsError::TooManyProcesses { path, limit: 2 }) => assert_eq!(path, wide),
+        other => panic!("processes gave {other:?}"),
+    }
+}
+
+/// Polls until the tracker reports at least one exit; panics after [`KERNEL_WAIT`].
+fn wait_for_exits(poll: &mut Poll, tracker: &mut ProcessTracker<u32>) -> Vec<(u32, i32)> {
+    let mut events = Events::with_capacity(16);
+    let deadline = Instant::now() + KERNEL_WAIT;
+    loop {
+        let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+            panic!("timed out waiting for an exit");
+        };
+        poll.poll(&mut events, Some(left)).expect("mio poll");
+        let exits: Vec<(u32, i32)> = events
+            .iter()
+            .map(|event| event.token())
+            .filter(|&token| tracker.owns(token))
+            .collect::<Vec<Token>>()
+            .into_iter()
+            .filter_map(|token| tracker.handle_event(poll.registry(), token))
+            .collect();
+        if !exits.is_empty() {
+            return exits;
+        }
+    }
+}
+
+fn token_of(tracker: &ProcessTracker<u32>, key: u32, pid: i32) -> Token {
+    tracker.token_of(key, pid)
+}
+
+#[test]
+fn tracker_reports_exactly_the_exit_that_happened() {
+    let mut poll = Poll::new().expect("mio poll");
+    let mut tracker = ProcessTracker::new(100..200);
+    let mut sleeps = Sleeps::default();
+    let first = sleeps.spawn();
+    let second = sleeps.spawn();
+    let other_key = sleeps.spawn();
+    for (key, pid) in [(1, first), (1, second), (2, other_key)] {
+        let tracked = tracker
+            .track(poll.registry(), key, pid, start_ticks(pid))
+            .expect("track");
+        assert_eq!(tracked, Tracked::Alive);
+    }
+    // The same (key, pid) again changes nothing.
+    assert_eq!(
+        tracker
+            .track(poll.registry(), 1, first, start_ticks(first))
+            .expect("track"),
+        Tracked::Alive
+    );
+    assert_eq!(tracker.tracked_count(1), 2);
+    assert_eq!(tracker.len(), 3);
+
+    // A readiness event for a live process is no exit.
+    let token = token_of(&tracker, 1, second);
+    assert!(tracker.owns(token));
+    assert_eq!(tracker.handle_event(poll.registry(), token), None);
+    assert_eq!(tracker.tracked_count(1), 2);
+    assert_eq!(tracker.handle_event(poll.registry(), Token(150)), None);
+    assert!(!tracker.owns(Token(200)));
+
+    sleeps.kill(first);
+    assert_eq!(wait_for_exits(&mut poll, &mut tracker), [(1, first)]);
+    let mut left: Vec<i32> = tracker.tracked(1).collect();
+    left.sort();
+    assert_eq!(left, [second]);
+    sleeps.reap(first);
+
+    // A zombie is an exit, and so is a reaped process.
+    sleeps.kill_to_zombie(second);
+    assert_eq!(wait_for_exits(&mut poll, &mut tracker), [(1, second)]);
+    assert_eq!(tracker.tracked_count(1), 0);
+
+    tracker.untrack_key(poll.registry(), 2);
+    assert!(tracker.is_empty());
+    assert_eq!(tracker.tracked_count(2), 0);
+}
+
+#[test]
+fn tracking_a_gone_process_says_so() {
+    let poll = Poll::new().expect("mio poll");
+    let mut tracker = ProcessTracker::new(0..10);
+    let mut sleeps = Sleeps::default();
+
+    let reaped = sleeps.spawn();
+    let ticks = start_ticks(reaped);
+    sleeps.reap(reaped);
+    // The pid may have been reused since: that too is the original's exit.
+    assert_eq!(
+        tracker
+            .track(poll.registry(), 1, reaped, ticks)
+            .expect("track"),
+        Tracked::AlreadyExited
+    );
+
+    let zombie = sleeps.spawn();
+    let ticks = start_ticks(zombie);
+    sleeps.kill_to_zombie(zombie);
+    assert_eq!(
+        tracker
+            .track(poll.registry(), 1, zombie, ticks)
+            .expect("track"),
+        Tracked::AlreadyExited
+    );
+
+    let alive = sleeps.spawn();
+    let ticks = start_ticks(alive);
+    assert_eq!(
+        tracker
+            .track(poll.registry(), 1, alive, ticks + 1)
+            .expect("track"),
+        Tracked::AlreadyExited,
+        "another start time is another process"
+    );
+    assert_eq!(
+        tracker
+            .track(poll.registry(), 1, NO_SUCH_PID, 0)
+            .expect("track"),
+        Tracked::AlreadyExited
+    );
+    assert!(tracker.is_empty());
+
+    for pid in [0, -1, i32::MIN] {
+        assert!(matches!(
+            tracker.track(poll.registry(), 1, pid, 0),
+            Err(ProcsError::InvalidPid { .. })
+        ));
+    }
+}
+
+#[test]
+fn tracker_tokens_stay_in_range_and_are_reused() {
+    let mut poll = Poll::new().expect("mio poll");
+    let mut tracker = ProcessTracker::new(7..8);
+    let mut sleeps = Sleeps::default();
+    let first = sleeps.spawn();
+    let second = sleeps.spawn();
+    tracker
+        .track(poll.registry(), 1, first, start_ticks(first))
+        .expect("track");
+    assert_eq!(token_of(&tracker, 1, first), Token(7));
+    assert!(matches!(
+        tracker.track(poll.registry(), 1, second, start_ticks(second)),
+        Err(ProcsError::NoToken { .. })
+    ));
+    sleeps.kill(first);
+    assert_eq!(wait_for_exits(&mut poll, &mut tracker), [(1, first)]);
+    assert_eq!(
+        tracker
+            .track(poll.registry(), 1, second, start_ticks(second))
+            .expect("track"),
+        Tracked::Alive
+    );
+    assert_eq!(token_of(&tracker, 1, second), Token(7));
+    tracker.untrack_key(poll.registry(), 1);
+    assert!(tracker.is_empty());
+}
+
+/// A scratch cgroup tree below the real cgroup2 mount. Dropping it kills what is in it, reaps the
+/// test's sleeps and removes the cgroups deepest first, even when the test failed.
+struct ScratchCgroup {
+    mount: PathBuf,
+    name: String,
+    /// Child cgroups created, in creation order.
+    children: Vec<String>,
+    sleeps: Sleeps,
+}
+
+impl ScratchCgroup {
+    /// `None`, with the reason printed, unless this test may create cgroups.
+    fn new() -> Option<Self> {
+        if !nix::unistd::geteuid().is_root() {
+            println!("skipped: creating cgroups needs root");
+            return None;
+        }
+        let mount = match cgroup2_mount() {
+            Ok(mount) => mount,
+            Err(error) => {
+                println!("skipped: {error}");
+                return None;
+            }
+        };
+        let name = unique_name();
+        if let Err(error) = fs::create_dir(mount.join(&name)) {
+            println!(
+                "skipped: cgroup2 at {} is not writable: {error}",
+                mount.display()
+            );
+            return None;
+        }
+        Some(Self {
+            mount,
+            name,
+            children: Vec::new(),
+            sleeps: Sleeps::default(),
+        })
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.mount.join(&self.name)
+    }
+
+    fn mkdir(&mut self, child: &str) {
+        fs::create_dir(self.dir().join(child)).expect("mkdir of a scratch cgroup");
+        self.children.push(child.to_owned());
+    }
+
+    /// Starts a sleep and moves it into `child` (empty: the scratch cgroup itself).
+    fn spawn_sleep_in(&mut self, child: &str) -> i32 {
+        let pid = self.sleeps.spawn();
+        fs::write(self.dir().join(child).join(PROCS_FILE), pid.to_string())
+            .expect("a pid can be moved into a scratch cgroup");
+        pid
+    }
+}
+
+impl Drop for ScratchCgroup {
+    fn drop(&mut self) {
+        let _ = fs::write(self.dir().join("cgroup.kill"), "1");
+        for child in &mut self.sleeps.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let dirs = self
+            .children
+            .iter()
+            .rev()
+            .map(|child| self.dir().join(child));
+        for dir in dirs.chain([self.dir()]) {
+            // A killed process not of ours may take a moment to leave; rmdir says EBUSY until then.
+            let deadline = Instant::now() + KERNEL_WAIT;
+            while let Err(error) = fs::remove_dir(&dir) {
+                if error.raw_os_error() != Some(Errno::EBUSY as i32) || Instant::now() > deadline {
+                    eprintln!("cannot remove scratch cgroup {}: {error}", dir.display());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+#[test]
+fn list_processes_finds_a_real_subtree() {
+    let Some(mut scratch) = ScratchCgroup::new() else {
+        return;
+    };
+    scratch.mkdir("a");
+    scratch.mkdir("a/b");
+    let top = scratch.spawn_sleep_in("");
+    let middle = scratch.spawn_sleep_in("a");
+    let deep = scratch.spawn_sleep_in("a/b");
+
+    let cgroup = format!("/{}", scratch.name);
+    let found = list_processes(&scratch.mount, &cgroup).expect("list");
+    let mut expected = vec![
+        (top, String::new()),
+        (middle, "a".to_owned()),
+        (deep, "a/b".to_owned()),
+    ];
+    expected.sort();
+    assert_eq!(pids_of(&found), expected);
+    for info in &found {
+        assert_eq!(info.comm, b"sleep");
+        assert_eq!(info.start_ticks, start_ticks(info.pid));
+    }
+
+    // The tracker sees the deepest one go.
+    let mut poll = Poll::new().expect("mio poll");
+    let mut tracker = ProcessTracker::new(0..16);
+    for info in &found {
+        assert_eq!(
+            tracker
+                .track(poll.registry(), 9, info.pid, info.start_ticks)
+                .expect("track"),
+            Tracked::Alive
+        );
+    }
+    scratch.sleeps.reap(deep);
+    assert_eq!(wait_for_exits(&mut poll, &mut tracker), [(9, deep)]);
+    let after = list_processes(&scratch.mount, &cgroup).expect("list again");
+    expected.retain(|(pid, _)| *pid != deep);
+    assert_eq!(pids_of(&after), expected);
+    tracker.untrack_key(poll.registry(), 9);
+}
+
+#[test]
+fn list_processes_reads_threaded_subtrees_through_their_domain() {
+    let Some(mut scratch) = ScratchCgroup::new() else {
+        return;
+    };
+    scratch.mkdir("t");
+    fs::write(scratch.dir().join("t/cgroup.type"), "threaded").expect("make t threaded");
+    let pid = scratch.spawn_sleep_in("t");
+    let cgroup = format!("/{}", scratch.name);
+    let found = list_processes(&scratch.mount, &cgroup).expect("list");
+    assert_eq!(pids_of(&found), [(pid, String::new())]);
+    match list_processes(&scratch.mount, &format!("{cgroup}/t")) {
+        Err(ProcsError::Threaded { path }) => assert_eq!(path, scratch.dir().join("t")),
+        other => panic!("a threaded unit cgroup gave {other:?}"),
+    }
+}

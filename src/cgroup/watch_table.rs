@@ -1,0 +1,284 @@
+//! Who uses which inotify watch (pure): each watch descriptor with the keys that use it, either
+//! as their `cgroup.events` or as the parent directory of their cgroup. The watcher makes the
+//! inotify calls; this table decides when a watch is shared, unused, or whose it was.
+
+use std::collections::HashMap;
+use std::ffi::{OsStr, OsString};
+use std::path::Path;
+use std::rc::Rc;
+
+use crate::memory::shrink_when_sparse;
+
+/// The part a key plays in a watch, naming the child directory for a parent watch.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Role<'a> {
+    Events,
+    Parent(&'a OsStr),
+}
+
+/// The kernel gave one descriptor to watches of two kinds (which only happens when both paths
+/// name one inode).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Clash;
+
+/// A watch no key uses any more, for the caller to remove from the kernel.
+#[derive(Debug)]
+pub(super) struct Unused<D> {
+    pub(super) descriptor: D,
+    /// The directory of a parent watch; `None` for a `cgroup.events` watch.
+    pub(super) parent: Option<Rc<Path>>,
+}
+
+/// The watches held, by descriptor number, each with the descriptor `D` to remove it by.
+#[derive(Debug)]
+pub(super) struct WatchTable<K, D> {
+    watches: HashMap<i32, Watch<K, D>>,
+}
+
+/// One inotify watch. A `cgroup.events` watch keeps no path: one a unit is a hundred bytes,
+/// and the unit's own entry tells it.
+#[derive(Debug)]
+struct Watch<K, D> {
+    descriptor: D,
+    target: Target<K>,
+}
+
+/// Who uses one inotify watch.
+#[derive(Debug)]
+enum Target<K> {
+    /// A `cgroup.events` file, used by every key that watches that cgroup.
+    Events(Keys<K>),
+    /// A parent directory, boxed: there are few of them, and every watch would be its size.
+    Parent(Box<ParentDir<K>>),
+}
+
+/// A watched parent directory.
+#[derive(Debug)]
+struct ParentDir<K> {
+    path: Rc<Path>,
+    /// The name of each watched child directory, and the keys watching it.
+    children: HashMap<OsString, Keys<K>>,
+}
+
+/// The keys that use one watch or one child directory, each once: almost always a single one
+/// (an alias and its unit may share a cgroup), so a short list; a hash set would cost a table
+/// for each.
+type Keys<K> = Vec<K>;
+
+fn add_key<K: PartialEq>(keys: &mut Keys<K>, key: K) {
+    if !keys.contains(&key) {
+        keys.push(key);
+    }
+}
+
+impl<K: Copy + PartialEq, D> WatchTable<K, D> {
+    pub(super) fn new() -> Self {
+        Self {
+            watches: HashMap::new(),
+        }
+    }
+
+    /// How many watches are held.
+    pub(super) fn len(&self) -> usize {
+        self.watches.len()
+    }
+
+    /// Records that `key` uses watch `wd` (`descriptor`, on `path`) in `role`. A descriptor
+    /// already held keeps its first `D` and path, so the caller's `descriptor` is then dropped.
+    pub(super) fn attach(
+        &mut self,
+        key: K,
+        wd: i32,
+        descriptor: D,
+        path: &Path,
+        role: Role<'_>,
+    ) -> Result<(), Clash> {
+        let watch = self.watches.entry(wd).or_insert_with(|| Watch {
+            descriptor,
+            target: match role {
+                Role::Events => Target::Events(Keys::new()),
+                Role::Parent(_) => Target::Parent(Box::new(ParentDir {
+                    path: Rc::from(path),
+                    children: HashMap::new(),
+                })),
+            },
+        });
+        match (&mut watch.target, role) {
+            (Target::Events(keys), Role::Events) => add_key(keys, key),
+            (Target::Parent(dir), Role::Parent(name)) => {
+                add_key(dir.children.entry(name.to_owned()).or_default(), key)
+            }
+            _ => return Err(Clash),
+        }
+        Ok(())
+    }
+
+    /// The directory of parent watch `wd`, shared by every key under it.
+    pub(super) fn parent_path(&self, wd: i32) -> Option<&Rc<Path>> {
+        match self.watches.get(&wd).map(|watch| &watch.target) {
+            Some(Target::Parent(dir)) => Some(&dir.path),
+            _ => None,
+        }
+    }
+
+    /// Records that `key` no longer uses watch `wd` in `role`; returns the watch once no key
+    /// uses it.
+    pub(super) fn detach(&mut self, key: K, wd: i32, role: Role<'_>) -> Option<Unused<D>> {
+        let watch = self.watches.get_mut(&wd)?;
+        let unused = match (&mut watch.target, role) {
+            (Target::Events(keys), Role::Events) => {
+                keys.retain(|k| *k != key);
+                keys.is_empty()
+            }
+            (Target::Parent(dir), Role::Parent(name)) => {
+                if let Some(keys) = dir.children.get_mut(name) {
+                    keys.retain(|k| *k != key);
+                    if keys.is_empty() {
+                        dir.children.remove(name);
+                        shrink_when_sparse(&mut dir.children);
+                    }
+                }
+                dir.children.is_empty()
+            }
+            _ => false,
+        };
+        if !unused {
+            return None;
+        }
+        let watch = self.watches.remove(&wd)?;
+        shrink_when_sparse(&mut self.watches);
+        Some(Unused {
+            descriptor: watch.descriptor,
+            parent: match watch.target {
+                Target::Parent(dir) => Some(dir.path),
+                Target::Events(_) => None,
+            },
+        })
+    }
+
+    /// The keys to re-read after an event on watch `wd`: for a `cgroup.events` watch, its keys
+    /// if the file was `modified`; for a parent watch, the keys of the child `name`. None for
+    /// a descriptor not held (a late event of a removed watch).
+    pub(super) fn keys_to_reread(&self, wd: i32, modified: bool, name: Option<&OsStr>) -> Vec<K> {
+        match self.watches.get(&wd).map(|watch| &watch.target) {
+            Some(Target::Events(keys)) if modified => keys.to_vec(),
+            Some(Target::Events(_)) | None => Vec::new(),
+            Some(Target::Parent(dir)) => name
+                .and_then(|name| dir.children.get(name))
+                .map_or_else(Vec::new, |keys| keys.to_vec()),
+        }
+    }
+
+    /// Forgets watch `wd`, which the kernel dropped, and returns every key that used it.
+    pub(super) fn forget(&mut self, wd: i32) -> Vec<K> {
+        match self.watches.remove(&wd).map(|watch| watch.target) {
+            Some(Target::Events(keys)) => keys,
+            Some(Target::Parent(dir)) => dir.children.into_values().flatten().collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EVENTS: &str = "/cg/slice/a/cgroup.events";
+
+    fn table() -> WatchTable<u32, &'static str> {
+        WatchTable::new()
+    }
+
+    #[test]
+    fn a_watch_is_unused_only_once_its_last_key_leaves() {
+        let mut table = table();
+        let a = OsStr::new("a");
+        let b = OsStr::new("b");
+        let parent = Path::new("/cg/slice");
+        for (key, name) in [(1, a), (2, b), (3, a)] {
+            table
+                .attach(key, 7, "parent", parent, Role::Parent(name))
+                .expect("one kind");
+        }
+        table
+            .attach(1, 8, "events", Path::new(EVENTS), Role::Events)
+            .expect("one kind");
+        table
+            .attach(1, 8, "events again", Path::new(EVENTS), Role::Events)
+            .expect("the same key again");
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.parent_path(7).map(|path| &**path), Some(parent));
+        assert_eq!(table.parent_path(8), None, "not a parent watch");
+
+        assert!(table.detach(1, 7, Role::Parent(a)).is_none(), "3 uses a");
+        assert!(table.detach(3, 7, Role::Parent(a)).is_none(), "2 uses b");
+        let unused = table.detach(2, 7, Role::Parent(b)).expect("unused");
+        assert_eq!(unused.descriptor, "parent", "the first descriptor is kept");
+        assert_eq!(unused.parent.as_deref(), Some(parent));
+        let unused = table.detach(1, 8, Role::Events).expect("unused");
+        assert_eq!((unused.descriptor, unused.parent), ("events", None));
+        assert_eq!(table.len(), 0);
+        assert!(table.detach(1, 8, Role::Events).is_none(), "no longer held");
+    }
+
+    #[test]
+    fn a_descriptor_of_both_kinds_is_a_clash() {
+        let mut table = table();
+        table
+            .attach(1, 7, "events", Path::new(EVENTS), Role::Events)
+            .expect("first");
+        assert_eq!(
+            table.attach(2, 7, "dir", Path::new("/cg"), Role::Parent(OsStr::new("x"))),
+            Err(Clash)
+        );
+        assert!(
+            table.detach(2, 7, Role::Parent(OsStr::new("x"))).is_none(),
+            "a role the watch does not have removes nothing"
+        );
+        assert_eq!(table.len(), 1);
+    }
+
+    #[test]
+    fn events_name_the_keys_to_reread() {
+        let mut table = table();
+        let parent = Path::new("/cg/slice");
+        table
+            .attach(1, 7, "parent", parent, Role::Parent(OsStr::new("a")))
+            .expect("attach");
+        table
+            .attach(2, 7, "parent", parent, Role::Parent(OsStr::new("b")))
+            .expect("attach");
+        table
+            .attach(1, 8, "events", Path::new(EVENTS), Role::Events)
+            .expect("attach");
+        assert_eq!(table.keys_to_reread(8, true, None), [1]);
+        assert!(table.keys_to_reread(8, false, None).is_empty());
+        assert_eq!(table.keys_to_reread(7, false, Some(OsStr::new("b"))), [2]);
+        assert!(
+            table
+                .keys_to_reread(7, false, Some(OsStr::new("c")))
+                .is_empty()
+        );
+        assert!(table.keys_to_reread(7, false, None).is_empty());
+        assert!(
+            table.keys_to_reread(99, true, None).is_empty(),
+            "unknown wd"
+        );
+    }
+
+    #[test]
+    fn a_forgotten_watch_names_every_key_it_had() {
+        let mut table = table();
+        let parent = Path::new("/cg/slice");
+        for (key, name) in [(1, "a"), (2, "b"), (3, "a")] {
+            table
+                .attach(key, 7, "parent", parent, Role::Parent(OsStr::new(name)))
+                .expect("attach");
+        }
+        let mut keys = table.forget(7);
+        keys.sort_unstable();
+        assert_eq!(keys, [1, 2, 3]);
+        assert!(table.forget(7).is_empty(), "forgotten once");
+        assert_eq!(table.len(), 0);
+    }
+}
