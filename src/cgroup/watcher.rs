@@ -88,14 +88,41 @@ struct ParentDir<K> {
     children: HashMap<OsString, Keys<K>>,
 }
 
-/// The keys that use one watch or one child directory, each once: almost always a single one
-/// (an alias and its unit may share a cgroup), so a short list; a hash set would cost a table
-/// for each.
-type Keys<K> = Vec<K>;
+/// The keys that use one watch or one child directory, each once, never none: almost always a
+/// single one (an alias and its unit may share a cgroup), so that one is held inline and only
+/// more go in a list, which would otherwise cost every unit two allocations.
+#[derive(Debug)]
+enum Keys<K> {
+    One(K),
+    More(Vec<K>),
+}
 
-fn add_key<K: PartialEq>(keys: &mut Keys<K>, key: K) {
-    if !keys.contains(&key) {
-        keys.push(key);
+impl<K: Copy + PartialEq> Keys<K> {
+    fn add(&mut self, key: K) {
+        match self {
+            Keys::One(first) if *first == key => {}
+            Keys::One(first) => *self = Keys::More(vec![*first, key]),
+            Keys::More(keys) if keys.contains(&key) => {}
+            Keys::More(keys) => keys.push(key),
+        }
+    }
+
+    /// Removes `key`, and says whether none is left: the caller drops the keys then.
+    fn remove(&mut self, key: K) -> bool {
+        match self {
+            Keys::One(first) => *first == key,
+            Keys::More(keys) => {
+                keys.retain(|k| *k != key);
+                keys.is_empty()
+            }
+        }
+    }
+
+    fn to_vec(&self) -> Vec<K> {
+        match self {
+            Keys::One(first) => vec![*first],
+            Keys::More(keys) => keys.clone(),
+        }
     }
 }
 
@@ -290,7 +317,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let watch = self.watches.entry(wd).or_insert_with(|| Watch {
             descriptor,
             target: match role {
-                Role::Events => Target::Events(Keys::new()),
+                Role::Events => Target::Events(Keys::One(key)),
                 Role::Parent(_) => Target::Parent(Box::new(ParentDir {
                     path: Rc::from(path),
                     children: HashMap::new(),
@@ -298,10 +325,13 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             },
         });
         match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => add_key(keys, key),
-            (Target::Parent(dir), Role::Parent(name)) => {
-                add_key(dir.children.entry(name.to_owned()).or_default(), key)
-            }
+            (Target::Events(keys), Role::Events) => keys.add(key),
+            (Target::Parent(dir), Role::Parent(name)) => match dir.children.get_mut(name) {
+                Some(keys) => keys.add(key),
+                None => {
+                    dir.children.insert(name.to_owned(), Keys::One(key));
+                }
+            },
             _ => {
                 return Err(CgroupError::WatchClash {
                     path: path.to_owned(),
@@ -317,17 +347,13 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             return;
         };
         let unused = match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => {
-                keys.retain(|k| *k != key);
-                keys.is_empty()
-            }
+            (Target::Events(keys), Role::Events) => keys.remove(key),
             (Target::Parent(dir), Role::Parent(name)) => {
-                if let Some(keys) = dir.children.get_mut(name) {
-                    keys.retain(|k| *k != key);
-                    if keys.is_empty() {
-                        dir.children.remove(name);
-                        shrink_when_sparse(&mut dir.children);
-                    }
+                if let Some(keys) = dir.children.get_mut(name)
+                    && keys.remove(key)
+                {
+                    dir.children.remove(name);
+                    shrink_when_sparse(&mut dir.children);
                 }
                 dir.children.is_empty()
             }
@@ -438,8 +464,8 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             return;
         };
         let keys: Vec<K> = match watch.target {
-            Target::Events(keys) => keys,
-            Target::Parent(dir) => dir.children.into_values().flatten().collect(),
+            Target::Events(keys) => keys.to_vec(),
+            Target::Parent(dir) => dir.children.values().flat_map(Keys::to_vec).collect(),
         };
         for key in keys {
             if let Some(unit) = self.units.get_mut(&key) {

@@ -9,6 +9,7 @@ use crate::cgroup::procs::NextInvocation;
 use crate::proof::UnitState;
 use crate::systemd::manager::{ServiceExit, UnitSnapshot};
 use crate::systemd::signal::UnitChange;
+use crate::systemd::words::{Word, word};
 
 /// One property and the serial of the message that set it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -55,10 +56,10 @@ fn newer(a: u32, b: u32) -> bool {
 pub struct UnitFacts {
     /// systemd has the unit loaded (a signal about it says so too).
     loaded: Stamped<bool>,
-    active_state: Stamped<String>,
-    sub_state: Stamped<String>,
+    active_state: Stamped<Word>,
+    sub_state: Stamped<Word>,
     invocation: Stamped<String>,
-    result: Stamped<String>,
+    result: Stamped<Word>,
     exec_main_code: Stamped<i32>,
     exec_main_status: Stamped<i32>,
     inactive_exit_us: Stamped<u64>,
@@ -75,11 +76,13 @@ impl UnitFacts {
         let before = self.invocation.value.clone();
         self.loaded.offer(&snapshot.loaded, snapshot.serial);
         self.active_state
-            .offer(&snapshot.active_state, snapshot.serial);
-        self.sub_state.offer(&snapshot.sub_state, snapshot.serial);
+            .offer(&word(&snapshot.active_state), snapshot.serial);
+        self.sub_state
+            .offer(&word(&snapshot.sub_state), snapshot.serial);
         self.offer_invocation(&snapshot.invocation, snapshot.serial);
         if let Some((exit, serial)) = &snapshot.exit {
-            self.result.offer_some(exit.result.as_ref(), *serial);
+            self.result
+                .offer_some(exit.result.as_deref().map(word).as_ref(), *serial);
             self.exec_main_code
                 .offer_some(exit.exec_main_code.as_ref(), *serial);
             self.exec_main_status
@@ -99,9 +102,11 @@ impl UnitFacts {
     pub fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
         self.loaded.offer(&true, serial);
         self.active_state
-            .offer_some(change.active_state.as_ref(), serial);
-        self.sub_state.offer_some(change.sub_state.as_ref(), serial);
-        self.result.offer_some(change.result.as_ref(), serial);
+            .offer_some(change.active_state.as_deref().map(word).as_ref(), serial);
+        self.sub_state
+            .offer_some(change.sub_state.as_deref().map(word).as_ref(), serial);
+        self.result
+            .offer_some(change.result.as_deref().map(word).as_ref(), serial);
         self.exec_main_code
             .offer_some(change.exec_main_code.as_ref(), serial);
         self.exec_main_status
@@ -143,7 +148,7 @@ impl UnitFacts {
     /// The state the proof is made from, once both of its fields are known.
     pub fn state(&self) -> Option<UnitState> {
         Some(UnitState {
-            active_state: self.active_state.value.clone()?,
+            active_state: self.active_state.value.as_deref()?.to_owned(),
             invocation: self.invocation.value.clone()?,
         })
     }
@@ -151,7 +156,7 @@ impl UnitFacts {
     /// How the service's main process last ended, as far as systemd has said.
     pub fn service_exit(&self) -> Option<ServiceExit> {
         let exit = ServiceExit {
-            result: self.result.value.clone(),
+            result: self.result.value.as_deref().map(str::to_owned),
             exec_main_code: self.exec_main_code.value,
             exec_main_status: self.exec_main_status.value,
         };
