@@ -14,6 +14,7 @@
 //! unit's invocation in this boot is not ours to stop).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 use std::time::Instant;
 
 use super::event::ProofEvent;
@@ -68,7 +69,7 @@ impl Core {
         for unit in unsaved.units {
             let record = self
                 .by_name
-                .get(&unit)
+                .get(unit.as_str())
                 .and_then(|key| self.units.get(key))
                 .and_then(record_of);
             match record {
@@ -144,7 +145,7 @@ impl Core {
                 match proof.decode::<ProofEvent>() {
                     Ok(event) => {
                         let key = self.new_key();
-                        self.by_name.insert(unit.to_string(), key);
+                        self.by_name.insert(Rc::clone(&watch.id), key);
                         watch.event = Some(Box::new(event));
                         self.units.insert(key, watch);
                         self.proven_order.push_back((now, key));
@@ -167,7 +168,7 @@ impl Core {
                 }));
             }
             let key = self.new_key();
-            self.by_name.insert(unit.to_string(), key);
+            self.by_name.insert(Rc::clone(&watch.id), key);
             self.by_id.insert(&watch.id, key);
             self.by_path.insert(&watch.path, key);
             self.units.insert(key, watch);

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::event::{ProofEvent, WatchView};
@@ -95,10 +96,11 @@ pub struct UnsentStop {
 pub struct Watch {
     /// The name the client used, and the name it is reported under.
     pub unit: UnitName,
-    /// systemd's own name for the unit (an alias resolves to it at the first read).
-    pub id: String,
+    /// systemd's own name for the unit (an alias resolves to it at the first read). Shared
+    /// with the registry's keys, like the path: each would otherwise be a copy a watch.
+    pub id: Rc<str>,
     /// The unit's object path, which its signals carry.
-    pub path: String,
+    pub path: Rc<str>,
     /// The invocation the watch was asked for; `None` adopts the current one.
     pub asked_invocation: Option<String>,
     /// `None` until the first read of the unit came back.
@@ -141,8 +143,8 @@ pub struct Watch {
 impl Watch {
     pub fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
         Watch {
-            id: unit.to_string(),
-            path: unit_path(unit.as_str()),
+            id: Rc::from(unit.as_str()),
+            path: Rc::from(unit_path(unit.as_str())),
             unit,
             asked_invocation,
             proof: None,
