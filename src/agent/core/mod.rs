@@ -686,7 +686,7 @@ impl Core {
         };
         let next = [
             watch.proof.as_ref().and_then(|p| p.poll_timeout()),
-            watch.retry.map(|(at, _)| at),
+            watch.retry.as_deref().map(|(at, _)| *at),
         ]
         .into_iter()
         .flatten()
@@ -707,11 +707,11 @@ impl Core {
             return;
         };
         watch.timer = None;
-        if watch.retry.is_some_and(|(at, _)| at <= now) {
+        if let Some(retry) = watch.retry.as_deref_mut()
+            && retry.0 <= now
+        {
             // The backoff is kept until a read succeeds, so a lasting failure backs off.
-            if let Some((_, backoff)) = watch.retry {
-                watch.retry = Some((now + Duration::from_secs(3600), backoff));
-            }
+            retry.0 = now + Duration::from_secs(3600);
             self.read_unit(key);
         }
         if let Some(proof) = self.units.get_mut(&key).and_then(|w| w.proof.as_mut()) {
@@ -725,8 +725,9 @@ impl Core {
         if let Some(watch) = self.units.get_mut(&key) {
             let backoff = watch
                 .retry
-                .map_or(RETRY_FIRST, |(_, b)| (b * 2).min(RETRY_MAX));
-            watch.retry = Some((now + backoff, backoff));
+                .as_deref()
+                .map_or(RETRY_FIRST, |(_, b)| (*b * 2).min(RETRY_MAX));
+            watch.retry = Some(Box::new((now + backoff, backoff)));
         }
         self.rearm(key);
     }

@@ -139,7 +139,10 @@ impl Core {
             watch.restored = true;
             watch.control_group = record.control_group.unwrap_or_default();
             if watch.release.is_some() {
-                watch.release = Some(Release::resume(has_launch_file, record.stop_succeeded));
+                watch.release = Some(Box::new(Release::resume(
+                    has_launch_file,
+                    record.stop_succeeded,
+                )));
             }
             if let Some(proof) = record.proof {
                 match proof.decode::<ProofEvent>() {
@@ -248,7 +251,10 @@ fn record_of(watch: &Watch) -> Option<WatchRecord> {
         run_dir: watch.spec.run_dir.clone(),
         record: watch.spec.record.clone(),
         launch_file: watch.spec.launch_file.clone(),
-        stop_succeeded: watch.release.as_ref().is_some_and(Release::stop_succeeded),
+        stop_succeeded: watch
+            .release
+            .as_deref()
+            .is_some_and(Release::stop_succeeded),
         proof: watch
             .event
             .as_ref()

@@ -121,8 +121,9 @@ pub struct Watch {
     /// `watch` requests answered once the first reading of the cgroup is in.
     pub watch_replies: Vec<ReplyTo>,
     pub reads: Reads,
-    /// The next read after a failed one (or a failed cgroup watch), and its backoff.
-    pub retry: Option<(Instant, Duration)>,
+    /// The next read after a failed one (or a failed cgroup watch), and its backoff; boxed,
+    /// as most watches never have one.
+    pub retry: Option<Box<(Instant, Duration)>>,
     /// Taken up from the state file: never dropped because a read failed.
     pub restored: bool,
     pub timer: Option<Instant>,
@@ -136,8 +137,9 @@ pub struct Watch {
     pub proof_pending: Option<Box<Proof>>,
     pub event: Option<Box<ProofEvent>>,
     pub spec: SpecIfAny,
-    /// A generation's files to release after the proof; `None` for a watch without `gen`.
-    pub release: Option<Release>,
+    /// A generation's files to release after the proof; `None` for a watch without `gen`
+    /// (boxed: most watches have none).
+    pub release: Option<Box<Release>>,
 }
 
 impl Watch {
@@ -166,7 +168,7 @@ impl Watch {
             event: None,
             release: spec
                 .generation
-                .map(|_| Release::new(spec.launch_file.is_some())),
+                .map(|_| Box::new(Release::new(spec.launch_file.is_some()))),
             spec: SpecIfAny::new(spec),
         }
     }
