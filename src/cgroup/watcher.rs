@@ -57,8 +57,9 @@ struct Unit {
     /// The directory that holds the unit's cgroup directory, shared with its parent watch and
     /// so with every sibling (all services of a slice).
     parent: Rc<Path>,
-    /// The name of the unit's cgroup directory inside `parent`.
-    name: OsString,
+    /// The name of the unit's cgroup directory inside `parent`, shared with the parent
+    /// watch's list of children.
+    name: Rc<OsStr>,
     /// The descriptor of the watch on `parent`, if the directory existed.
     parent_wd: Option<i32>,
     /// The descriptor of the watch on the unit's `cgroup.events`, if the cgroup existed.
@@ -67,7 +68,7 @@ struct Unit {
 
 impl Unit {
     fn events_path(&self) -> PathBuf {
-        self.parent.join(&self.name).join(EVENTS_FILE)
+        self.parent.join(&*self.name).join(EVENTS_FILE)
     }
 }
 
@@ -85,7 +86,7 @@ enum Target<K> {
 struct ParentDir<K> {
     path: Rc<Path>,
     /// The name of each watched child directory, and the keys watching it.
-    children: HashMap<OsString, Keys<K>>,
+    children: HashMap<Rc<OsStr>, Keys<K>>,
 }
 
 /// The keys that use one watch or one child directory, each once, never none: almost always a
@@ -130,7 +131,7 @@ impl<K: Copy + PartialEq> Keys<K> {
 #[derive(Clone, Copy)]
 enum Role<'a> {
     Events,
-    Parent(&'a OsStr),
+    Parent(&'a Rc<OsStr>),
 }
 
 /// One inotify watch held by the watcher. A `cgroup.events` watch keeps no path: one a unit is
@@ -188,7 +189,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         self.unwatch(key);
         let mut unit = Unit {
             parent: Rc::from(parent),
-            name,
+            name: Rc::from(name),
             parent_wd: None,
             events_wd: None,
         };
@@ -326,10 +327,10 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         });
         match (&mut watch.target, role) {
             (Target::Events(keys), Role::Events) => keys.add(key),
-            (Target::Parent(dir), Role::Parent(name)) => match dir.children.get_mut(name) {
+            (Target::Parent(dir), Role::Parent(name)) => match dir.children.get_mut(&**name) {
                 Some(keys) => keys.add(key),
                 None => {
-                    dir.children.insert(name.to_owned(), Keys::One(key));
+                    dir.children.insert(Rc::clone(name), Keys::One(key));
                 }
             },
             _ => {
@@ -349,10 +350,10 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         let unused = match (&mut watch.target, role) {
             (Target::Events(keys), Role::Events) => keys.remove(key),
             (Target::Parent(dir), Role::Parent(name)) => {
-                if let Some(keys) = dir.children.get_mut(name)
+                if let Some(keys) = dir.children.get_mut(&**name)
                     && keys.remove(key)
                 {
-                    dir.children.remove(name);
+                    dir.children.remove(&**name);
                     shrink_when_sparse(&mut dir.children);
                 }
                 dir.children.is_empty()
