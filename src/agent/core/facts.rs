@@ -46,6 +46,48 @@ impl<T: PartialEq + Clone> Stamped<T> {
     }
 }
 
+/// An InvocationID as the facts keep it: the 32 lowercase hex digits systemd's are held as
+/// their 16 bytes, anything else (none: empty) as it came. Every watch holds one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Invocation {
+    Id([u8; 16]),
+    Text(Box<str>),
+}
+
+impl Invocation {
+    fn new(text: &str) -> Invocation {
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut id = [0u8; 16];
+        let parsed = text.len() == 32
+            && text.as_bytes().chunks(2).zip(&mut id).all(|(pair, byte)| {
+                match (digit(pair[0]), digit(pair[1])) {
+                    (Some(high), Some(low)) => {
+                        *byte = high << 4 | low;
+                        true
+                    }
+                    _ => false,
+                }
+            });
+        if parsed {
+            Invocation::Id(id)
+        } else {
+            Invocation::Text(text.into())
+        }
+    }
+
+    /// The text it was made from.
+    fn text(&self) -> String {
+        match self {
+            Invocation::Id(id) => id.iter().map(|b| format!("{b:02x}")).collect(),
+            Invocation::Text(text) => text.to_string(),
+        }
+    }
+}
+
 /// Whether serial `a` comes after `b`, allowing for the counter wrapping around.
 fn newer(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
@@ -58,7 +100,7 @@ pub struct UnitFacts {
     loaded: Stamped<bool>,
     active_state: Stamped<Word>,
     sub_state: Stamped<Word>,
-    invocation: Stamped<String>,
+    invocation: Stamped<Invocation>,
     result: Stamped<Word>,
     exec_main_code: Stamped<i32>,
     exec_main_status: Stamped<i32>,
@@ -79,7 +121,7 @@ impl UnitFacts {
             .offer(&word(&snapshot.active_state), snapshot.serial);
         self.sub_state
             .offer(&word(&snapshot.sub_state), snapshot.serial);
-        self.offer_invocation(&snapshot.invocation, snapshot.serial);
+        self.offer_invocation(&Invocation::new(&snapshot.invocation), snapshot.serial);
         if let Some((exit, serial)) = &snapshot.exit {
             self.result
                 .offer_some(exit.result.as_deref().map(word).as_ref(), *serial);
@@ -119,14 +161,15 @@ impl UnitFacts {
         let before = self.invocation.value.clone();
         match &change.invocation {
             Some(v) => {
-                self.offer_invocation(v, serial) && before.is_some() && before.as_ref() != Some(v)
+                let v = Invocation::new(v);
+                self.offer_invocation(&v, serial) && before.is_some() && before != Some(v)
             }
             None => false,
         }
     }
 
     /// Takes a newer InvocationID, remembering until when the previous one was said.
-    fn offer_invocation(&mut self, value: &String, serial: u32) -> bool {
+    fn offer_invocation(&mut self, value: &Invocation, serial: u32) -> bool {
         let previous = self.invocation.clone();
         let taken = self.invocation.offer(value, serial);
         if taken && previous.value.as_ref().is_some_and(|old| old != value) {
@@ -149,7 +192,7 @@ impl UnitFacts {
     pub fn state(&self) -> Option<UnitState> {
         Some(UnitState {
             active_state: self.active_state.value.as_deref()?.to_owned(),
-            invocation: self.invocation.value.clone()?,
+            invocation: self.invocation.value.as_ref()?.text(),
         })
     }
 
@@ -198,8 +241,8 @@ impl UnitFacts {
         self.sub_state.value.as_deref()
     }
 
-    pub fn invocation(&self) -> Option<&str> {
-        self.invocation.value.as_deref()
+    pub fn invocation(&self) -> Option<String> {
+        self.invocation.value.as_ref().map(Invocation::text)
     }
 }
 
@@ -241,7 +284,7 @@ mod tests {
         read_first.apply_change(&change(Some("inactive"), None), 11);
         for facts in [signal_first, read_first] {
             assert_eq!(facts.active_state(), Some("inactive"));
-            assert_eq!(facts.invocation(), Some("a"));
+            assert_eq!(facts.invocation().as_deref(), Some("a"));
         }
     }
 
@@ -251,7 +294,7 @@ mod tests {
         facts.apply_snapshot(&snapshot(20, "active", "b"));
         facts.apply_change(&change(Some("inactive"), Some("a")), 19);
         assert_eq!(facts.state().map(|s| s.active_state), Some("active".into()));
-        assert_eq!(facts.invocation(), Some("b"));
+        assert_eq!(facts.invocation().as_deref(), Some("b"));
     }
 
     #[test]
@@ -344,6 +387,25 @@ mod tests {
                 began_us: Some(7_000),
                 roots: vec![30],
             }
+        );
+    }
+
+    #[test]
+    fn an_invocation_reads_back_as_it_came() {
+        let id = "0123456789abcdef0123456789abcdef";
+        assert!(matches!(Invocation::new(id), Invocation::Id(_)));
+        for text in [
+            id,
+            "",
+            "a",
+            "0123456789ABCDEF0123456789ABCDEF",
+            "0123456789abcdef0123456789abcdeg",
+        ] {
+            assert_eq!(Invocation::new(text).text(), text);
+        }
+        assert_ne!(
+            Invocation::new(id),
+            Invocation::new(&id.to_ascii_uppercase())
         );
     }
 

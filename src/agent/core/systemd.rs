@@ -406,17 +406,17 @@ impl Core {
             && watch
                 .facts
                 .invocation()
-                .is_some_and(|now| !now.is_empty() && Some(now) != watch.our_invocation());
+                .is_some_and(|now| !now.is_empty() && Some(now.as_str()) != watch.our_invocation());
         // The final stop of a generation goes out only once a read after the proof shows the
         // unit runs nothing: what the proof was made from may predate a new invocation.
         let final_stop = kind == StopKind::FinalGeneration;
         if !self.bus_up || watch.stale || runs_other || final_stop {
             let target = match kind {
-                StopKind::Proof(StopReason::Requested) => watch.our_invocation(),
+                StopKind::Proof(StopReason::Requested) => watch.our_invocation().map(str::to_owned),
                 StopKind::Proof(StopReason::Foreign) => watch.facts.invocation(),
-                StopKind::FinalGeneration => Some(""),
+                StopKind::FinalGeneration => Some(String::new()),
             };
-            let target = target.unwrap_or_default().to_owned();
+            let target = target.unwrap_or_default();
             let line = format!(
                 "{}: stop ({kind}) deferred until the bus is back",
                 watch.unit
