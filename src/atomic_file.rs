@@ -49,6 +49,21 @@ pub(crate) fn replace(
     contents: &[u8],
     mode: u32,
 ) -> Result<(), AtomicWriteError> {
+    replace_with(dirfd, dir, name, temp_name, mode, |file| {
+        file.write_all(contents)
+    })
+}
+
+/// [`replace`] with what `write` writes to the temporary file, for contents too large to be
+/// worth holding whole in memory first.
+pub(crate) fn replace_with(
+    dirfd: BorrowedFd<'_>,
+    dir: &Path,
+    name: &str,
+    temp_name: &str,
+    mode: u32,
+    write: impl FnOnce(&mut File) -> io::Result<()>,
+) -> Result<(), AtomicWriteError> {
     let fail = |path: PathBuf, action| {
         move |source: io::Error| AtomicWriteError {
             path,
@@ -73,8 +88,7 @@ pub(crate) fn replace(
     stat::fchmod(&fd, Mode::from_bits_truncate(mode))
         .map_err(|errno| fail(temp_path.clone(), "set the mode of")(errno.into()))?;
     let mut file = File::from(fd);
-    file.write_all(contents)
-        .map_err(fail(temp_path.clone(), "write"))?;
+    write(&mut file).map_err(fail(temp_path.clone(), "write"))?;
     file.sync_all().map_err(fail(temp_path, "sync"))?;
     drop(file);
     fcntl::renameat(dirfd, temp_name, dirfd, name)

@@ -17,7 +17,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File};
 use std::hash::{BuildHasher, RandomState};
-use std::io::{self, Read};
+use std::io::{self, BufWriter, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -306,6 +306,24 @@ pub(super) fn io_error(
     }
 }
 
+/// A writer that counts the bytes written through it.
+struct Counted<W> {
+    inner: W,
+    bytes: usize,
+}
+
+impl<W: Write> Write for Counted<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// The state file `state.json` in a state directory.
 #[derive(Clone, Debug)]
 pub struct StateFile {
@@ -385,34 +403,45 @@ impl StateFile {
     /// directory is synced. On failure the temporary file is removed and the old `state.json`
     /// is intact. The directory is created (mode 0700) if missing. Returns the bytes written.
     pub fn save(&self, state: &AgentState) -> Result<usize, StateError> {
-        // Compact: with 10,000 watches this is 2-4 MB, written on every change.
-        let mut contents = serde_json::to_vec(state)
-            .map_err(|error| io_error(&self.path, "encode the state for", error))?;
-        contents.push(b'\n');
-        self.replace(STATE_FILE_NAME, &contents)?;
-        Ok(contents.len())
+        // Compact, and encoded straight into the file: with 10,000 watches this is 2-4 MB,
+        // which a buffer would hold whole at every compaction, the agent's peak of memory.
+        let mut written = 0;
+        self.replace_with(STATE_FILE_NAME, |file| {
+            let mut out = Counted {
+                inner: BufWriter::new(file),
+                bytes: 0,
+            };
+            serde_json::to_writer(&mut out, state)?;
+            out.write_all(b"\n")?;
+            out.inner.flush()?;
+            written = out.bytes;
+            Ok(())
+        })?;
+        Ok(written)
     }
 
     /// Replaces the file `name` in the state directory with `contents` atomically, through a
     /// temporary file `.<name>.<pid>.<random>.tmp`, creating the directory if missing.
     pub(super) fn replace(&self, name: &str, contents: &[u8]) -> Result<(), StateError> {
+        self.replace_with(name, |file| file.write_all(contents))
+    }
+
+    /// [`StateFile::replace`] with what `write` writes to the file.
+    fn replace_with(
+        &self,
+        name: &str,
+        write: impl FnOnce(&mut File) -> io::Result<()>,
+    ) -> Result<(), StateError> {
         let dirfd = self.open_or_create_dir()?;
         let temp_name = format!(
             ".{name}.{}.{:016x}{TEMP_SUFFIX}",
             std::process::id(),
             // RandomState is keyed from the OS's randomness, so no crate is needed for this.
-            RandomState::new().hash_one(contents.len())
+            RandomState::new().hash_one(name)
         );
         debug_assert!(temp_name.starts_with(TEMP_PREFIX));
-        atomic_file::replace(
-            dirfd.as_fd(),
-            &self.dir,
-            name,
-            &temp_name,
-            contents,
-            FILE_MODE,
-        )
-        .map_err(|e| io_error(&e.path, e.action, e.source))
+        atomic_file::replace_with(dirfd.as_fd(), &self.dir, name, &temp_name, FILE_MODE, write)
+            .map_err(|e| io_error(&e.path, e.action, e.source))
     }
 
     /// Reads what is at `name` in the state directory, without following a symlink there and

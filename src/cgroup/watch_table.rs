@@ -3,7 +3,7 @@
 //! inotify calls; this table decides when a watch is shared, unused, or whose it was.
 
 use std::collections::HashMap;
-use std::ffi::{OsStr, OsString};
+use std::ffi::OsStr;
 use std::path::Path;
 use std::rc::Rc;
 
@@ -13,7 +13,7 @@ use crate::memory::shrink_when_sparse;
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Role<'a> {
     Events,
-    Parent(&'a OsStr),
+    Parent(&'a Rc<OsStr>),
 }
 
 /// The kernel gave one descriptor to watches of two kinds (which only happens when both paths
@@ -57,17 +57,44 @@ enum Target<K> {
 struct ParentDir<K> {
     path: Rc<Path>,
     /// The name of each watched child directory, and the keys watching it.
-    children: HashMap<OsString, Keys<K>>,
+    children: HashMap<Rc<OsStr>, Keys<K>>,
 }
 
-/// The keys that use one watch or one child directory, each once: almost always a single one
-/// (an alias and its unit may share a cgroup), so a short list; a hash set would cost a table
-/// for each.
-type Keys<K> = Vec<K>;
+/// The keys that use one watch or one child directory, each once, never none: almost always a
+/// single one (an alias and its unit may share a cgroup), so that one is held inline and only
+/// more go in a list, which would otherwise cost every unit two allocations.
+#[derive(Debug)]
+enum Keys<K> {
+    One(K),
+    More(Vec<K>),
+}
 
-fn add_key<K: PartialEq>(keys: &mut Keys<K>, key: K) {
-    if !keys.contains(&key) {
-        keys.push(key);
+impl<K: Copy + PartialEq> Keys<K> {
+    fn add(&mut self, key: K) {
+        match self {
+            Keys::One(first) if *first == key => {}
+            Keys::One(first) => *self = Keys::More(vec![*first, key]),
+            Keys::More(keys) if keys.contains(&key) => {}
+            Keys::More(keys) => keys.push(key),
+        }
+    }
+
+    /// Removes `key`, and says whether none is left: the caller drops the keys then.
+    fn remove(&mut self, key: K) -> bool {
+        match self {
+            Keys::One(first) => *first == key,
+            Keys::More(keys) => {
+                keys.retain(|k| *k != key);
+                keys.is_empty()
+            }
+        }
+    }
+
+    fn to_vec(&self) -> Vec<K> {
+        match self {
+            Keys::One(first) => vec![*first],
+            Keys::More(keys) => keys.clone(),
+        }
     }
 }
 
@@ -96,7 +123,7 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
         let watch = self.watches.entry(wd).or_insert_with(|| Watch {
             descriptor,
             target: match role {
-                Role::Events => Target::Events(Keys::new()),
+                Role::Events => Target::Events(Keys::One(key)),
                 Role::Parent(_) => Target::Parent(Box::new(ParentDir {
                     path: Rc::from(path),
                     children: HashMap::new(),
@@ -104,10 +131,13 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
             },
         });
         match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => add_key(keys, key),
-            (Target::Parent(dir), Role::Parent(name)) => {
-                add_key(dir.children.entry(name.to_owned()).or_default(), key)
-            }
+            (Target::Events(keys), Role::Events) => keys.add(key),
+            (Target::Parent(dir), Role::Parent(name)) => match dir.children.get_mut(&**name) {
+                Some(keys) => keys.add(key),
+                None => {
+                    dir.children.insert(Rc::clone(name), Keys::One(key));
+                }
+            },
             _ => return Err(Clash),
         }
         Ok(())
@@ -126,17 +156,13 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
     pub(super) fn detach(&mut self, key: K, wd: i32, role: Role<'_>) -> Option<Unused<D>> {
         let watch = self.watches.get_mut(&wd)?;
         let unused = match (&mut watch.target, role) {
-            (Target::Events(keys), Role::Events) => {
-                keys.retain(|k| *k != key);
-                keys.is_empty()
-            }
+            (Target::Events(keys), Role::Events) => keys.remove(key),
             (Target::Parent(dir), Role::Parent(name)) => {
-                if let Some(keys) = dir.children.get_mut(name) {
-                    keys.retain(|k| *k != key);
-                    if keys.is_empty() {
-                        dir.children.remove(name);
-                        shrink_when_sparse(&mut dir.children);
-                    }
+                if let Some(keys) = dir.children.get_mut(&**name)
+                    && keys.remove(key)
+                {
+                    dir.children.remove(&**name);
+                    shrink_when_sparse(&mut dir.children);
                 }
                 dir.children.is_empty()
             }
@@ -172,8 +198,8 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
     /// Forgets watch `wd`, which the kernel dropped, and returns every key that used it.
     pub(super) fn forget(&mut self, wd: i32) -> Vec<K> {
         match self.watches.remove(&wd).map(|watch| watch.target) {
-            Some(Target::Events(keys)) => keys,
-            Some(Target::Parent(dir)) => dir.children.into_values().flatten().collect(),
+            Some(Target::Events(keys)) => keys.to_vec(),
+            Some(Target::Parent(dir)) => dir.children.values().flat_map(Keys::to_vec).collect(),
             None => Vec::new(),
         }
     }
@@ -182,6 +208,11 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A child directory's name, as the watcher shares it.
+    fn name(name: &str) -> Rc<OsStr> {
+        Rc::from(OsStr::new(name))
+    }
 
     const EVENTS: &str = "/cg/slice/a/cgroup.events";
 
@@ -192,8 +223,8 @@ mod tests {
     #[test]
     fn a_watch_is_unused_only_once_its_last_key_leaves() {
         let mut table = table();
-        let a = OsStr::new("a");
-        let b = OsStr::new("b");
+        let a = &name("a");
+        let b = &name("b");
         let parent = Path::new("/cg/slice");
         for (key, name) in [(1, a), (2, b), (3, a)] {
             table
@@ -228,11 +259,11 @@ mod tests {
             .attach(1, 7, "events", Path::new(EVENTS), Role::Events)
             .expect("first");
         assert_eq!(
-            table.attach(2, 7, "dir", Path::new("/cg"), Role::Parent(OsStr::new("x"))),
+            table.attach(2, 7, "dir", Path::new("/cg"), Role::Parent(&name("x"))),
             Err(Clash)
         );
         assert!(
-            table.detach(2, 7, Role::Parent(OsStr::new("x"))).is_none(),
+            table.detach(2, 7, Role::Parent(&name("x"))).is_none(),
             "a role the watch does not have removes nothing"
         );
         assert_eq!(table.len(), 1);
@@ -243,10 +274,10 @@ mod tests {
         let mut table = table();
         let parent = Path::new("/cg/slice");
         table
-            .attach(1, 7, "parent", parent, Role::Parent(OsStr::new("a")))
+            .attach(1, 7, "parent", parent, Role::Parent(&name("a")))
             .expect("attach");
         table
-            .attach(2, 7, "parent", parent, Role::Parent(OsStr::new("b")))
+            .attach(2, 7, "parent", parent, Role::Parent(&name("b")))
             .expect("attach");
         table
             .attach(1, 8, "events", Path::new(EVENTS), Role::Events)
@@ -270,9 +301,9 @@ mod tests {
     fn a_forgotten_watch_names_every_key_it_had() {
         let mut table = table();
         let parent = Path::new("/cg/slice");
-        for (key, name) in [(1, "a"), (2, "b"), (3, "a")] {
+        for (key, child) in [(1, "a"), (2, "b"), (3, "a")] {
             table
-                .attach(key, 7, "parent", parent, Role::Parent(OsStr::new(name)))
+                .attach(key, 7, "parent", parent, Role::Parent(&name(child)))
                 .expect("attach");
         }
         let mut keys = table.forget(7);

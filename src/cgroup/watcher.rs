@@ -58,8 +58,9 @@ struct Unit {
     /// The directory that holds the unit's cgroup directory, shared with its parent watch and
     /// so with every sibling (all services of a slice).
     parent: Rc<Path>,
-    /// The name of the unit's cgroup directory inside `parent`.
-    name: OsString,
+    /// The name of the unit's cgroup directory inside `parent`, shared with the parent
+    /// watch's list of children.
+    name: Rc<OsStr>,
     /// The descriptor of the watch on `parent`, if the directory existed.
     parent_wd: Option<i32>,
     /// The descriptor of the watch on the unit's `cgroup.events`, if the cgroup existed.
@@ -68,7 +69,7 @@ struct Unit {
 
 impl Unit {
     fn events_path(&self) -> PathBuf {
-        self.parent.join(&self.name).join(EVENTS_FILE)
+        self.parent.join(&*self.name).join(EVENTS_FILE)
     }
 }
 
@@ -119,7 +120,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         self.unwatch(key);
         let mut unit = Unit {
             parent: Rc::from(parent),
-            name,
+            name: Rc::from(name),
             parent_wd: None,
             events_wd: None,
         };

@@ -38,6 +38,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 pub use crate::cgroup::CgroupReading;
+use crate::systemd::words::{Word, word};
 
 /// How often a repeated condition may be logged for one unit: one line per condition per
 /// interval, however often the facts repeat it.
@@ -230,6 +231,49 @@ impl Retry {
     }
 }
 
+/// What a unit proof needs of the rest of systemd's state, kept small: every watch holds one.
+/// The active state is one of systemd's known words, and the invocation is ours or none in all
+/// but the rare case of a foreign one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Seen {
+    active_state: Word,
+    invocation: SeenInvocation,
+}
+
+/// The invocation a state names, against ours.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum SeenInvocation {
+    None,
+    Ours,
+    Foreign(Box<str>),
+}
+
+impl Seen {
+    fn new(state: &UnitState, ours: &str) -> Seen {
+        Seen {
+            active_state: word(&state.active_state),
+            invocation: if state.invocation.is_empty() {
+                SeenInvocation::None
+            } else if state.invocation == ours {
+                SeenInvocation::Ours
+            } else {
+                SeenInvocation::Foreign(state.invocation.as_str().into())
+            },
+        }
+    }
+}
+
+/// What only a unit in trouble needs (its cgroup unreadable, processes remaining, leftovers
+/// beside a new invocation): boxed, made at the first trouble, so a watch never in trouble
+/// carries none of it.
+#[derive(Clone, Copy, Debug, Default)]
+struct Trouble {
+    leftovers_log: RateLimit,
+    remain_log: RateLimit,
+    read_error_log: RateLimit,
+    retry: Retry,
+}
+
 /// How a state is classified against our invocation: terminal or not, ours or foreign.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Verdict {
@@ -271,16 +315,10 @@ pub struct UnitProof {
     invocation: String,
     stop_requested: bool,
     foreign_stopped: bool,
-    /// How many processes that may be ours (not certainly the current invocation's) the last
-    /// count found alive in the unit's cgroup, less those seen exiting since.
-    leftovers: Option<usize>,
-    leftovers_log: RateLimit,
-    state: Option<UnitState>,
+    state: Option<Seen>,
     last_reading: Option<CgroupReading>,
     proof: Option<Proof>,
-    remain_log: RateLimit,
-    read_error_log: RateLimit,
-    retry: Retry,
+    trouble: Option<Box<Trouble>>,
     outputs: VecDeque<Output>,
 }
 
@@ -291,14 +329,10 @@ impl UnitProof {
             invocation,
             stop_requested: false,
             foreign_stopped: false,
-            leftovers: None,
-            leftovers_log: RateLimit::default(),
             state: None,
             last_reading: None,
             proof: None,
-            remain_log: RateLimit::default(),
-            read_error_log: RateLimit::default(),
-            retry: Retry::default(),
+            trouble: None,
             outputs: VecDeque::new(),
         }
     }
@@ -318,8 +352,16 @@ impl UnitProof {
     }
 
     /// The last systemd state handed in, if it is still known.
-    pub fn state(&self) -> Option<&UnitState> {
-        self.state.as_ref()
+    pub fn state(&self) -> Option<UnitState> {
+        let seen = self.state.as_ref()?;
+        Some(UnitState {
+            active_state: seen.active_state.clone().into_owned(),
+            invocation: match &seen.invocation {
+                SeenInvocation::None => String::new(),
+                SeenInvocation::Ours => self.invocation.clone(),
+                SeenInvocation::Foreign(theirs) => theirs.to_string(),
+            },
+        })
     }
 
     /// The last cgroup reading handed in.
@@ -353,12 +395,12 @@ impl UnitProof {
         }
         match input {
             Input::State(state) => {
-                self.state = Some(state);
+                self.state = Some(Seen::new(&state, &self.invocation));
                 self.on_state();
             }
             Input::StateUnknown => {
                 self.state = None;
-                self.retry.reset();
+                self.reset_retry();
             }
             Input::Cgroup(reading) => self.on_reading(reading, now),
             Input::Rebooted => self.prove(Cause::Rebooted, Level::Warn, REBOOTED.into()),
@@ -376,13 +418,15 @@ impl UnitProof {
 
     /// The next instant at which [`UnitProof::handle_timeout`] wants to run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.retry.at
+        self.trouble.as_ref()?.retry.at
     }
 
     /// Lets time pass: a due retry asks for another read of the cgroup.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.retry.at.is_some_and(|at| at <= now) {
-            self.retry.at = None;
+        if let Some(trouble) = &mut self.trouble
+            && trouble.retry.at.is_some_and(|at| at <= now)
+        {
+            trouble.retry.at = None;
             self.outputs.push_back(Output::ReadCgroup);
         }
     }
@@ -400,13 +444,25 @@ impl UnitProof {
 
     fn verdict(&self) -> Option<Verdict> {
         let state = self.state.as_ref()?;
-        let foreign = !state.invocation.is_empty() && state.invocation != self.invocation;
-        let terminal = !foreign && matches!(state.active_state.as_str(), "inactive" | "failed");
+        let foreign = matches!(state.invocation, SeenInvocation::Foreign(_));
+        let terminal = !foreign && matches!(&*state.active_state, "inactive" | "failed");
         Some(Verdict {
             terminal,
             foreign,
-            no_invocation: state.invocation.is_empty(),
+            no_invocation: state.invocation == SeenInvocation::None,
         })
+    }
+
+    /// What a unit in trouble needs, made at its first trouble.
+    fn trouble(&mut self) -> &mut Trouble {
+        self.trouble.get_or_insert_default()
+    }
+
+    /// No read again is due.
+    fn reset_retry(&mut self) {
+        if let Some(trouble) = &mut self.trouble {
+            trouble.retry.reset();
+        }
     }
 
     /// Whether our stop was requested and systemd has begun something that is not our
@@ -425,7 +481,10 @@ impl UnitProof {
             return;
         };
         if v.foreign && !self.foreign_stopped && !self.stop_requested {
-            let theirs = self.state.as_ref().map_or("", |s| s.invocation.as_str());
+            let theirs = match self.state.as_ref().map(|s| &s.invocation) {
+                Some(SeenInvocation::Foreign(theirs)) => theirs,
+                _ => "",
+            };
             let line = format!(
                 "unit restarted outside the activator (invocation {theirs}, ours {}); stopping it",
                 display_invocation(&self.invocation)
@@ -438,7 +497,7 @@ impl UnitProof {
         if self.needs_cgroup(v) {
             self.outputs.push_back(Output::ReadCgroup);
         } else {
-            self.retry.reset();
+            self.reset_retry();
         }
     }
 
@@ -472,24 +531,25 @@ impl UnitProof {
                 // systemd starts a new invocation only once the stop job of ours completed, but
                 // with `KillMode=process` (or `mixed`) it starts it beside what ours left in the
                 // cgroup: only a count of those tells.
-                self.retry.reset();
+                self.reset_retry();
                 self.outputs.push_back(Output::CountLeftovers);
             }
             CgroupReading::Populated => {
-                self.retry.reset();
-                if self.remain_log.allow(now) {
-                    let active = self.state.as_ref().map_or("", |s| s.active_state.as_str());
+                self.reset_retry();
+                if self.trouble().remain_log.allow(now) {
+                    let active = self.state.as_ref().map_or("", |s| &*s.active_state);
                     let line = format!("processes remain after {active}; not releasing");
                     self.outputs.push_back(Output::Log(Level::Warn, line));
                 }
             }
             CgroupReading::Unreadable(why) => {
                 // Not evidence of anything: not exited, not running, unknown.
-                if self.read_error_log.allow(now) {
+                let trouble = self.trouble();
+                if trouble.read_error_log.allow(now) {
                     self.outputs
                         .push_back(Output::Log(Level::Warn, format!("cgroup.events: {why}")));
                 }
-                self.retry.arm(now);
+                self.trouble().retry.arm(now);
             }
         }
     }
@@ -500,7 +560,6 @@ impl UnitProof {
         };
         match count {
             Ok(count) => {
-                self.leftovers = Some(count);
                 if !self.replaced(v) {
                     return;
                 }
@@ -510,7 +569,7 @@ impl UnitProof {
                         Level::Warn,
                         REPLACED_AFTER_STOP.into(),
                     );
-                } else if self.leftovers_log.allow(now) {
+                } else if self.trouble().leftovers_log.allow(now) {
                     let line = format!(
                         "{count} processes of our invocation remain beside the new one; not releasing"
                     );
@@ -518,13 +577,12 @@ impl UnitProof {
                 }
             }
             Err(why) => {
-                self.leftovers = None;
-                if self.read_error_log.allow(now) {
+                if self.trouble().read_error_log.allow(now) {
                     self.outputs
                         .push_back(Output::Log(Level::Warn, format!("count leftovers: {why}")));
                 }
                 if self.replaced(v) {
-                    self.retry.arm(now);
+                    self.trouble().retry.arm(now);
                 }
             }
         }
@@ -536,7 +594,7 @@ impl UnitProof {
             level,
             message,
         };
-        self.retry.reset();
+        self.trouble = None;
         self.outputs.push_back(Output::Proven(proof.clone()));
         self.proof = Some(proof);
     }

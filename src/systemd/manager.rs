@@ -31,6 +31,10 @@ const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 /// room rather than dropping, and the agent drains its streams every turn, so this bounds memory
 /// (the queue is allocated up front), not what a burst may carry.
 const STREAM_QUEUE: usize = 1024;
+/// The queue of the stream of NameOwnerChanged for systemd's name alone, which changes only
+/// when systemd goes or comes back: a queue as deep as the others would be 72 KiB held for
+/// nothing.
+const OWNER_QUEUE: usize = 16;
 
 /// A failed call to systemd, with what it was for.
 #[derive(Debug, thiserror::Error)]
@@ -111,13 +115,13 @@ pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> 
         .interface(PROPERTIES)
         .member("PropertiesChanged")
         .path_namespace(UNIT_PATH_PREFIX);
-    let units = signal_stream(conn, units, "the unit match rule").await?;
+    let units = signal_stream(conn, units, STREAM_QUEUE, "the unit match rule").await?;
     let manager = MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
         .sender(systemd.as_str())
         .interface(MANAGER_INTERFACE)
         .path(MANAGER_PATH);
-    let manager = signal_stream(conn, manager, "the manager match rule").await?;
+    let manager = signal_stream(conn, manager, STREAM_QUEUE, "the manager match rule").await?;
     call_manager(conn, &systemd, "Subscribe", &())
         .await
         .map_err(ManagerError::new("subscribe to systemd"))?;
@@ -129,17 +133,19 @@ pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> 
     })
 }
 
-/// Adds the match rule `rule` and returns the stream of what it matches.
+/// Adds the match rule `rule` and returns the stream of what it matches, with a queue of
+/// `queue` messages.
 async fn signal_stream(
     conn: &Connection,
     rule: zbus::match_rule::Builder<'_>,
+    queue: usize,
     what: &str,
 ) -> Result<MessageStream, ManagerError> {
     let rule = rule
         .build()
         .map(|rule| rule.to_owned())
         .map_err(ManagerError::new(format!("build {what}")))?;
-    MessageStream::for_match_rule(rule, conn, NonZeroUsize::new(STREAM_QUEUE))
+    MessageStream::for_match_rule(rule, conn, NonZeroUsize::new(queue))
         .await
         .map_err(ManagerError::new(format!("add {what}")))
 }
@@ -156,7 +162,7 @@ async fn systemd_owner(conn: &Connection) -> Result<(String, MessageStream), Man
         .interface("org.freedesktop.DBus")
         .member("NameOwnerChanged")
         .add_arg(SYSTEMD);
-    let mut changes = signal_stream(conn, rule, "the name owner match rule").await?;
+    let mut changes = signal_stream(conn, rule, OWNER_QUEUE, "the name owner match rule").await?;
     let reply = conn
         .call_method(
             Some("org.freedesktop.DBus"),

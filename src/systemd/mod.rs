@@ -3,6 +3,7 @@
 pub(crate) mod manager;
 pub mod runtime;
 pub(crate) mod signal;
+pub(crate) mod words;
 
 use std::fmt;
 use std::time::Duration;

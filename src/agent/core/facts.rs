@@ -15,6 +15,7 @@ use crate::cgroup::procs::NextInvocation;
 use crate::proof::UnitState;
 use crate::systemd::manager::{ServiceExit, UnitSnapshot};
 use crate::systemd::signal::UnitChange;
+use crate::systemd::words::{Word, word};
 
 /// One property and the serial of the message that set it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +52,48 @@ impl<T: PartialEq + Clone> Stamped<T> {
     }
 }
 
+/// An InvocationID as the facts keep it: the 32 lowercase hex digits systemd's are held as
+/// their 16 bytes, anything else (none: empty) as it came. Every watch holds one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Invocation {
+    Id([u8; 16]),
+    Text(Box<str>),
+}
+
+impl Invocation {
+    fn new(text: &str) -> Invocation {
+        let digit = |c: u8| match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            _ => None,
+        };
+        let mut id = [0u8; 16];
+        let parsed = text.len() == 32
+            && text.as_bytes().chunks(2).zip(&mut id).all(|(pair, byte)| {
+                match (digit(pair[0]), digit(pair[1])) {
+                    (Some(high), Some(low)) => {
+                        *byte = high << 4 | low;
+                        true
+                    }
+                    _ => false,
+                }
+            });
+        if parsed {
+            Invocation::Id(id)
+        } else {
+            Invocation::Text(text.into())
+        }
+    }
+
+    /// The text it was made from.
+    fn text(&self) -> String {
+        match self {
+            Invocation::Id(id) => id.iter().map(|b| format!("{b:02x}")).collect(),
+            Invocation::Text(text) => text.to_string(),
+        }
+    }
+}
+
 /// Whether serial `a` comes after `b`, allowing for the counter wrapping around.
 fn newer(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
@@ -61,10 +104,10 @@ fn newer(a: u32, b: u32) -> bool {
 pub struct UnitFacts {
     /// systemd has the unit loaded (a signal about it says so too).
     loaded: Stamped<bool>,
-    active_state: Stamped<String>,
-    sub_state: Stamped<String>,
-    invocation: Stamped<String>,
-    result: Stamped<String>,
+    active_state: Stamped<Word>,
+    sub_state: Stamped<Word>,
+    invocation: Stamped<Invocation>,
+    result: Stamped<Word>,
     exec_main_code: Stamped<i32>,
     exec_main_status: Stamped<i32>,
     inactive_exit_us: Stamped<u64>,
@@ -81,11 +124,13 @@ impl UnitFacts {
         let before = self.invocation.value.clone();
         self.loaded.offer(&snapshot.loaded, snapshot.serial);
         self.active_state
-            .offer(&snapshot.active_state, snapshot.serial);
-        self.sub_state.offer(&snapshot.sub_state, snapshot.serial);
-        self.offer_invocation(&snapshot.invocation, snapshot.serial);
+            .offer(&word(&snapshot.active_state), snapshot.serial);
+        self.sub_state
+            .offer(&word(&snapshot.sub_state), snapshot.serial);
+        self.offer_invocation(&Invocation::new(&snapshot.invocation), snapshot.serial);
         if let Some((exit, serial)) = &snapshot.exit {
-            self.result.offer_some(exit.result.as_ref(), *serial);
+            self.result
+                .offer_some(exit.result.as_deref().map(word).as_ref(), *serial);
             self.exec_main_code
                 .offer_some(exit.exec_main_code.as_ref(), *serial);
             self.exec_main_status
@@ -105,9 +150,11 @@ impl UnitFacts {
     pub fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
         self.loaded.offer(&true, serial);
         self.active_state
-            .offer_some(change.active_state.as_ref(), serial);
-        self.sub_state.offer_some(change.sub_state.as_ref(), serial);
-        self.result.offer_some(change.result.as_ref(), serial);
+            .offer_some(change.active_state.as_deref().map(word).as_ref(), serial);
+        self.sub_state
+            .offer_some(change.sub_state.as_deref().map(word).as_ref(), serial);
+        self.result
+            .offer_some(change.result.as_deref().map(word).as_ref(), serial);
         self.exec_main_code
             .offer_some(change.exec_main_code.as_ref(), serial);
         self.exec_main_status
@@ -120,14 +167,15 @@ impl UnitFacts {
         let before = self.invocation.value.clone();
         match &change.invocation {
             Some(v) => {
-                self.offer_invocation(v, serial) && before.is_some() && before.as_ref() != Some(v)
+                let v = Invocation::new(v);
+                self.offer_invocation(&v, serial) && before.is_some() && before != Some(v)
             }
             None => false,
         }
     }
 
     /// Takes a newer InvocationID, remembering until when the previous one was said.
-    fn offer_invocation(&mut self, value: &String, serial: u32) -> bool {
+    fn offer_invocation(&mut self, value: &Invocation, serial: u32) -> bool {
         let previous = self.invocation.clone();
         let taken = self.invocation.offer(value, serial);
         if taken && previous.value.as_ref().is_some_and(|old| old != value) {
@@ -149,15 +197,15 @@ impl UnitFacts {
     /// The state the proof is made from, once both of its fields are known.
     pub fn state(&self) -> Option<UnitState> {
         Some(UnitState {
-            active_state: self.active_state.value.clone()?,
-            invocation: self.invocation.value.clone()?,
+            active_state: self.active_state.value.as_deref()?.to_owned(),
+            invocation: self.invocation.value.as_ref()?.text(),
         })
     }
 
     /// How the service's main process last ended, as far as systemd has said.
     pub fn service_exit(&self) -> Option<ServiceExit> {
         let exit = ServiceExit {
-            result: self.result.value.clone(),
+            result: self.result.value.as_deref().map(str::to_owned),
             exec_main_code: self.exec_main_code.value,
             exec_main_status: self.exec_main_status.value,
         };
@@ -199,8 +247,8 @@ impl UnitFacts {
         self.sub_state.value.as_deref()
     }
 
-    pub fn invocation(&self) -> Option<&str> {
-        self.invocation.value.as_deref()
+    pub fn invocation(&self) -> Option<String> {
+        self.invocation.value.as_ref().map(Invocation::text)
     }
 }
 
@@ -242,7 +290,7 @@ mod tests {
         read_first.apply_change(&change(Some("inactive"), None), 11);
         for facts in [signal_first, read_first] {
             assert_eq!(facts.active_state(), Some("inactive"));
-            assert_eq!(facts.invocation(), Some("a"));
+            assert_eq!(facts.invocation().as_deref(), Some("a"));
         }
     }
 
@@ -252,7 +300,7 @@ mod tests {
         facts.apply_snapshot(&snapshot(20, "active", "b"));
         facts.apply_change(&change(Some("inactive"), Some("a")), 19);
         assert_eq!(facts.state().map(|s| s.active_state), Some("active".into()));
-        assert_eq!(facts.invocation(), Some("b"));
+        assert_eq!(facts.invocation().as_deref(), Some("b"));
     }
 
     #[test]
@@ -345,6 +393,25 @@ mod tests {
                 began_us: Some(7_000),
                 roots: vec![30],
             }
+        );
+    }
+
+    #[test]
+    fn an_invocation_reads_back_as_it_came() {
+        let id = "0123456789abcdef0123456789abcdef";
+        assert!(matches!(Invocation::new(id), Invocation::Id(_)));
+        for text in [
+            id,
+            "",
+            "a",
+            "0123456789ABCDEF0123456789ABCDEF",
+            "0123456789abcdef0123456789abcdeg",
+        ] {
+            assert_eq!(Invocation::new(text).text(), text);
+        }
+        assert_ne!(
+            Invocation::new(id),
+            Invocation::new(&id.to_ascii_uppercase())
         );
     }
 

@@ -38,6 +38,7 @@ mod watch;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 pub(crate) use crate::cgroup::procs::NextInvocation;
@@ -281,7 +282,7 @@ pub(crate) struct Core {
     outputs: VecDeque<Output>,
     units: Watches,
     /// Watches by the name the client used.
-    by_name: HashMap<String, UnitKey>,
+    by_name: HashMap<Rc<str>, UnitKey>,
     /// Watches by systemd's own name for the unit (differs from the client's for an alias).
     by_id: Index,
     /// Watches by the unit's object path, which PropertiesChanged carries.
@@ -320,22 +321,23 @@ pub(crate) struct Core {
 
 /// Keys by a string, several per string (an alias and its unit may both be watched), in the
 /// order they came. Almost every string has one key, so the first is held alone and only the
-/// others in a list: a list for each would cost an allocation a watch.
+/// others in a list: a list for each would cost an allocation a watch. The strings are the
+/// watches' own, shared.
 #[derive(Debug, Default)]
 struct Index {
-    first: HashMap<String, UnitKey>,
-    others: HashMap<String, Vec<UnitKey>>,
+    first: HashMap<Rc<str>, UnitKey>,
+    others: HashMap<Rc<str>, Vec<UnitKey>>,
 }
 
 impl Index {
-    fn insert(&mut self, name: &str, key: UnitKey) {
+    fn insert(&mut self, name: &Rc<str>, key: UnitKey) {
         match self.first.get(name) {
             None => {
-                self.first.insert(name.to_owned(), key);
+                self.first.insert(Rc::clone(name), key);
             }
             Some(first) if *first == key => {}
             Some(_) => {
-                let others = self.others.entry(name.to_owned()).or_default();
+                let others = self.others.entry(Rc::clone(name)).or_default();
                 if !others.contains(&key) {
                     others.push(key);
                 }
@@ -347,7 +349,10 @@ impl Index {
         if self.first.get(name) == Some(&key) {
             match self.others.get_mut(name) {
                 Some(others) => {
-                    self.first.insert(name.to_owned(), others.remove(0));
+                    let next = others.remove(0);
+                    if let Some(first) = self.first.get_mut(name) {
+                        *first = next;
+                    }
                     if others.is_empty() {
                         self.others.remove(name);
                     }
@@ -681,7 +686,7 @@ impl Core {
         };
         let next = [
             watch.proof.as_ref().and_then(|p| p.poll_timeout()),
-            watch.retry.map(|(at, _)| at),
+            watch.retry.as_deref().map(|(at, _)| *at),
         ]
         .into_iter()
         .flatten()
@@ -702,11 +707,11 @@ impl Core {
             return;
         };
         watch.timer = None;
-        if watch.retry.is_some_and(|(at, _)| at <= now) {
+        if let Some(retry) = watch.retry.as_deref_mut()
+            && retry.0 <= now
+        {
             // The backoff is kept until a read succeeds, so a lasting failure backs off.
-            if let Some((_, backoff)) = watch.retry {
-                watch.retry = Some((now + Duration::from_secs(3600), backoff));
-            }
+            retry.0 = now + Duration::from_secs(3600);
             self.read_unit(key);
         }
         if let Some(proof) = self.units.get_mut(&key).and_then(|w| w.proof.as_mut()) {
@@ -720,8 +725,9 @@ impl Core {
         if let Some(watch) = self.units.get_mut(&key) {
             let backoff = watch
                 .retry
-                .map_or(RETRY_FIRST, |(_, b)| (b * 2).min(RETRY_MAX));
-            watch.retry = Some((now + backoff, backoff));
+                .as_deref()
+                .map_or(RETRY_FIRST, |(_, b)| (*b * 2).min(RETRY_MAX));
+            watch.retry = Some(Box::new((now + backoff, backoff)));
         }
         self.rearm(key);
     }

@@ -14,6 +14,7 @@
 //! unit's invocation in this boot is not ours to stop).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::rc::Rc;
 use std::time::Instant;
 
 use super::event::ProofEvent;
@@ -68,7 +69,7 @@ impl Core {
         for unit in unsaved.units {
             let record = self
                 .by_name
-                .get(&unit)
+                .get(unit.as_str())
                 .and_then(|key| self.units.get(key))
                 .and_then(record_of);
             match record {
@@ -138,13 +139,16 @@ impl Core {
             watch.restored = true;
             watch.control_group = record.control_group.unwrap_or_default();
             if watch.release.is_some() {
-                watch.release = Some(Release::resume(has_launch_file, record.stop_succeeded));
+                watch.release = Some(Box::new(Release::resume(
+                    has_launch_file,
+                    record.stop_succeeded,
+                )));
             }
             if let Some(proof) = record.proof {
                 match proof.decode::<ProofEvent>() {
                     Ok(event) => {
                         let key = self.new_key();
-                        self.by_name.insert(unit.to_string(), key);
+                        self.by_name.insert(Rc::clone(&watch.id), key);
                         watch.event = Some(Box::new(event));
                         self.units.insert(key, watch);
                         self.proven_order.push_back((now, key));
@@ -167,7 +171,7 @@ impl Core {
                 }));
             }
             let key = self.new_key();
-            self.by_name.insert(unit.to_string(), key);
+            self.by_name.insert(Rc::clone(&watch.id), key);
             self.by_id.insert(&watch.id, key);
             self.by_path.insert(&watch.path, key);
             self.units.insert(key, watch);
@@ -247,7 +251,10 @@ fn record_of(watch: &Watch) -> Option<WatchRecord> {
         run_dir: watch.spec.run_dir.clone(),
         record: watch.spec.record.clone(),
         launch_file: watch.spec.launch_file.clone(),
-        stop_succeeded: watch.release.as_ref().is_some_and(Release::stop_succeeded),
+        stop_succeeded: watch
+            .release
+            .as_deref()
+            .is_some_and(Release::stop_succeeded),
         proof: watch
             .event
             .as_ref()

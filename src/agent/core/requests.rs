@@ -1,5 +1,6 @@
 //! The request rules: watch, wait, stop, unwatch, list, events, version.
 
+use std::rc::Rc;
 use std::time::Instant;
 
 use super::watch::{Watch, WatchSpec};
@@ -161,7 +162,7 @@ impl Core {
     ) -> UnitKey {
         let key = self.new_key();
         let watch = Watch::new(unit.clone(), invocation, spec);
-        self.by_name.insert(unit.to_string(), key);
+        self.by_name.insert(Rc::clone(&watch.id), key);
         self.by_id.insert(&watch.id, key);
         self.by_path.insert(&watch.path, key);
         self.units.insert(key, watch);

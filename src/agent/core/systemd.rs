@@ -12,6 +12,7 @@
 //! - A StopUnit decided while the bus is down is sent once it is back only if a fresh read
 //!   shows the unit still runs the invocation it was meant for.
 
+use std::rc::Rc;
 use std::time::Instant;
 
 use super::watch::{CgroupWatch, UnsentStop};
@@ -182,7 +183,7 @@ impl Core {
         let fresh = watch.reads.epoch == self.fact_epoch && !self.reloading;
         if let Ok(snapshot) = &result
             && snapshot.loaded
-            && (snapshot.id != watch.id || snapshot.path != watch.path)
+            && (*snapshot.id != *watch.id || *snapshot.path != *watch.path)
         {
             self.follow_alias(key, snapshot, now);
             return;
@@ -276,13 +277,14 @@ impl Core {
         watch.facts.apply_snapshot(snapshot);
         watch.stale = true;
         watch.reads.again = false;
-        let (old_id, old_path) = (watch.id.clone(), watch.path.clone());
-        watch.id = snapshot.id.clone();
-        watch.path = snapshot.path.clone();
+        let (old_id, old_path) = (Rc::clone(&watch.id), Rc::clone(&watch.path));
+        watch.id = Rc::from(snapshot.id.as_str());
+        watch.path = Rc::from(snapshot.path.as_str());
+        let (id, path) = (Rc::clone(&watch.id), Rc::clone(&watch.path));
         self.by_id.remove(&old_id, key);
         self.by_path.remove(&old_path, key);
-        self.by_id.insert(&snapshot.id, key);
-        self.by_path.insert(&snapshot.path, key);
+        self.by_id.insert(&id, key);
+        self.by_path.insert(&path, key);
         self.share_snapshot(key, snapshot, now);
         self.read_unit(key);
     }
@@ -404,17 +406,17 @@ impl Core {
             && watch
                 .facts
                 .invocation()
-                .is_some_and(|now| !now.is_empty() && Some(now) != watch.our_invocation());
+                .is_some_and(|now| !now.is_empty() && Some(now.as_str()) != watch.our_invocation());
         // The final stop of a generation goes out only once a read after the proof shows the
         // unit runs nothing: what the proof was made from may predate a new invocation.
         let final_stop = kind == StopKind::FinalGeneration;
         if !self.bus_up || watch.stale || runs_other || final_stop {
             let target = match kind {
-                StopKind::Proof(StopReason::Requested) => watch.our_invocation(),
+                StopKind::Proof(StopReason::Requested) => watch.our_invocation().map(str::to_owned),
                 StopKind::Proof(StopReason::Foreign) => watch.facts.invocation(),
-                StopKind::FinalGeneration => Some(""),
+                StopKind::FinalGeneration => Some(String::new()),
             };
-            let target = target.unwrap_or_default().to_owned();
+            let target = target.unwrap_or_default();
             let line = format!(
                 "{}: stop ({kind}) deferred until the bus is back",
                 watch.unit
@@ -445,7 +447,7 @@ impl Core {
         if let Some(release) = watch.release.as_mut() {
             release.handle(ReleaseInput::StopIssued);
         }
-        let unit = watch.id.clone();
+        let unit = watch.id.to_string();
         let line = format!("{}: stopping ({kind})", watch.unit);
         self.log_about(key, None, log::Level::Info, line);
         self.outputs.push_back(Output::StopUnit { key, unit, kind });

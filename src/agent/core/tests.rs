@@ -899,9 +899,9 @@ fn version_is_answered_at_once_with_the_build_versions() {
 fn an_index_keeps_every_key_of_a_name_in_the_order_they_came() {
     let mut index = Index::default();
     for key in [1, 2, 3, 2] {
-        index.insert("a.service", UnitKey(key));
+        index.insert(&"a.service".into(), UnitKey(key));
     }
-    index.insert("b.service", UnitKey(4));
+    index.insert(&"b.service".into(), UnitKey(4));
     assert_eq!(index.get("a.service"), [UnitKey(1), UnitKey(2), UnitKey(3)]);
     index.remove("a.service", UnitKey(1));
     assert_eq!(index.get("a.service"), [UnitKey(2), UnitKey(3)]);

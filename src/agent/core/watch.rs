@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::event::{ProofEvent, WatchView};
@@ -101,10 +102,11 @@ pub struct UnsentStop {
 pub struct Watch {
     /// The name the client used, and the name it is reported under.
     pub unit: UnitName,
-    /// systemd's own name for the unit (an alias resolves to it at the first read).
-    pub id: String,
+    /// systemd's own name for the unit (an alias resolves to it at the first read). Shared
+    /// with the registry's keys, like the path: each would otherwise be a copy a watch.
+    pub id: Rc<str>,
     /// The unit's object path, which its signals carry.
-    pub path: String,
+    pub path: Rc<str>,
     /// The invocation the watch was asked for; `None` adopts the current one.
     pub asked_invocation: Option<String>,
     /// `None` until the first read of the unit came back.
@@ -125,8 +127,9 @@ pub struct Watch {
     /// `watch` requests answered once the first reading of the cgroup is in.
     pub watch_replies: Vec<ReplyTo>,
     pub reads: Reads,
-    /// The next read after a failed one (or a failed cgroup watch), and its backoff.
-    pub retry: Option<(Instant, Duration)>,
+    /// The next read after a failed one (or a failed cgroup watch), and its backoff; boxed,
+    /// as most watches never have one.
+    pub retry: Option<Box<(Instant, Duration)>>,
     /// Taken up from the state file: never dropped because a read failed.
     pub restored: bool,
     pub timer: Option<Instant>,
@@ -140,15 +143,16 @@ pub struct Watch {
     pub proof_pending: Option<Box<Proof>>,
     pub event: Option<Box<ProofEvent>>,
     pub spec: SpecIfAny,
-    /// A generation's files to release after the proof; `None` for a watch without `gen`.
-    pub release: Option<Release>,
+    /// A generation's files to release after the proof; `None` for a watch without `gen`
+    /// (boxed: most watches have none).
+    pub release: Option<Box<Release>>,
 }
 
 impl Watch {
     pub fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
         Watch {
-            id: unit.to_string(),
-            path: unit_path(unit.as_str()),
+            id: Rc::from(unit.as_str()),
+            path: Rc::from(unit_path(unit.as_str())),
             unit,
             asked_invocation,
             proof: None,
@@ -170,7 +174,7 @@ impl Watch {
             event: None,
             release: spec
                 .generation
-                .map(|_| Release::new(spec.launch_file.is_some())),
+                .map(|_| Box::new(Release::new(spec.launch_file.is_some()))),
             spec: SpecIfAny::new(spec),
         }
     }
