@@ -8,12 +8,6 @@
 //! file or leaves the old one intact. It never writes through a symlink and never leaves a
 //! temporary file behind. It knows nothing of D-Bus, cgroups or the loop.
 
-// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
-#![allow(
-    unreachable_pub,
-    reason = "left to avoid a merge conflict with concurrent work"
-)]
-
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, DirBuilder, File};
 use std::hash::{BuildHasher, RandomState};
@@ -34,7 +28,7 @@ use crate::unit_name;
 
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
 /// `control_group` and `stop_unsent`; version 3 the `journal` that follows the snapshot.
-pub const STATE_VERSION: u32 = 3;
+pub(crate) const STATE_VERSION: u32 = 3;
 
 /// The oldest version this agent still reads; the fields added since read as absent.
 const OLDEST_READABLE_VERSION: u32 = 1;
@@ -65,16 +59,16 @@ const ASIDE_ATTEMPTS: u32 = 1000;
 /// building the state, measured, while proofs were due).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct ProofJson(Box<serde_json::value::RawValue>);
+pub(crate) struct ProofJson(Box<serde_json::value::RawValue>);
 
 impl ProofJson {
     /// Encodes `value`.
-    pub fn encode<T: Serialize>(value: &T) -> serde_json::Result<Self> {
+    pub(crate) fn encode<T: Serialize>(value: &T) -> serde_json::Result<Self> {
         serde_json::value::to_raw_value(value).map(Self)
     }
 
     /// Decodes it as a `T`.
-    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
+    pub(crate) fn decode<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
         serde_json::from_str(self.0.get())
     }
 }
@@ -91,7 +85,7 @@ impl Eq for ProofJson {}
 /// One watch as it must survive a restart.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct WatchRecord {
+pub(crate) struct WatchRecord {
     /// The unit's name; [`StateFile::load`] rejects a file holding an invalid one.
     pub unit: String,
     /// Our invocation, `""` if the unit had none when the watch began.
@@ -144,7 +138,7 @@ impl WatchRecord {
 /// Everything the agent keeps across a restart.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AgentState {
+pub(crate) struct AgentState {
     /// The format's version, [`STATE_VERSION`]; any other makes the file corrupt.
     pub version: u32,
     /// The watched units, proven ones included until they are dropped.
@@ -167,7 +161,7 @@ pub struct AgentState {
 /// afterwards, a unit in `removed` has none. A unit is in one of the two at most.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ChangeSet {
+pub(crate) struct ChangeSet {
     /// The new record of each unit that changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub watches: Vec<WatchRecord>,
@@ -184,7 +178,7 @@ pub struct ChangeSet {
 
 impl ChangeSet {
     /// Nothing changed.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.watches.is_empty()
             && self.removed.is_empty()
             && self.generations.is_empty()
@@ -195,7 +189,7 @@ impl ChangeSet {
 /// One save of the watch set: all of it (at start, and when the journal is compacted), or what
 /// changed since the save before.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StateSave {
+pub(crate) enum StateSave {
     Snapshot(AgentState),
     Changes(ChangeSet),
 }
@@ -204,7 +198,7 @@ impl AgentState {
     /// Applies change sets in order, in one pass over the watches however many there are (a
     /// journal of thousands of turns is replayed at start). Pure: the loader and the
     /// simulator's model of the disk both restart through it.
-    pub fn apply<'a>(&mut self, changes: impl IntoIterator<Item = &'a ChangeSet>) {
+    pub(crate) fn apply<'a>(&mut self, changes: impl IntoIterator<Item = &'a ChangeSet>) {
         // Each unit's final record (`None`: removed), and each generation's final presence.
         let mut records: HashMap<&str, Option<&WatchRecord>> = HashMap::new();
         let mut generations: HashMap<&(String, u64), bool> = HashMap::new();
@@ -326,7 +320,7 @@ impl<W: Write> Write for Counted<W> {
 
 /// The state file `state.json` in a state directory.
 #[derive(Clone, Debug)]
-pub struct StateFile {
+pub(crate) struct StateFile {
     dir: PathBuf,
     path: PathBuf,
 }
@@ -343,13 +337,13 @@ pub(super) enum Found {
 
 impl StateFile {
     /// The state file of the state directory `dir`.
-    pub fn new(dir: PathBuf) -> StateFile {
+    pub(crate) fn new(dir: PathBuf) -> StateFile {
         let path = dir.join(STATE_FILE_NAME);
         StateFile { dir, path }
     }
 
     /// The state file's path.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 
@@ -362,7 +356,7 @@ impl StateFile {
     /// is never deleted nor overwritten) and reported as [`StateError::Corrupt`]; the caller
     /// logs it loudly and starts empty. Temporary files left by a save that was killed are
     /// removed, so this must only be called by the one agent that owns the directory.
-    pub fn load(&self) -> Result<AgentState, StateError> {
+    pub(crate) fn load(&self) -> Result<AgentState, StateError> {
         let dirfd = match open_dir(&self.dir) {
             Ok(dirfd) => dirfd,
             Err(Errno::ENOENT) => return Ok(AgentState::default()),
@@ -402,7 +396,7 @@ impl StateFile {
     /// `state.json` (replacing a symlink there rather than writing through it); then the
     /// directory is synced. On failure the temporary file is removed and the old `state.json`
     /// is intact. The directory is created (mode 0700) if missing. Returns the bytes written.
-    pub fn save(&self, state: &AgentState) -> Result<usize, StateError> {
+    pub(crate) fn save(&self, state: &AgentState) -> Result<usize, StateError> {
         // Compact, and encoded straight into the file: with 10,000 watches this is 2-4 MB,
         // which a buffer would hold whole at every compaction, the agent's peak of memory.
         let mut written = 0;

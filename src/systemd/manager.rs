@@ -3,12 +3,6 @@
 //! Every call here is async and runs on the agent's own loop (see `systemd::runtime`); the
 //! connection has a method-call timeout, so a lost reply is an error, never a hang.
 
-// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
-#![allow(
-    unreachable_pub,
-    reason = "left to avoid a merge conflict with concurrent work"
-)]
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::num::NonZeroUsize;
@@ -23,7 +17,7 @@ use super::signal::{
 };
 
 /// systemd's well-known name on the bus.
-pub const SYSTEMD: &str = "org.freedesktop.systemd1";
+pub(crate) const SYSTEMD: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
@@ -54,7 +48,7 @@ impl ManagerError {
 /// What one read of a unit showed, with the serial number of the reply it came from, so the
 /// agent can order it against signals from the same sender.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnitSnapshot {
+pub(crate) struct UnitSnapshot {
     pub serial: u32,
     pub loaded: bool,
     /// The unit's own name (its `Id`): for an alias, the name systemd signals it under.
@@ -76,7 +70,7 @@ pub struct UnitSnapshot {
 /// When the unit's current invocation began and which processes are its roots: with a stamp
 /// (serial) each, as they come in different replies.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CurrentInvocation {
+pub(crate) struct CurrentInvocation {
     /// InactiveExitTimestampMonotonic in microseconds (0: never left inactive).
     pub inactive_exit_us: Option<u64>,
     /// MainPID and ControlPID (0: none), and the serial of the reply they came in.
@@ -85,7 +79,7 @@ pub struct CurrentInvocation {
 
 /// How a service's main process ended, as systemd reports it (tenants cannot forge it).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct ServiceExit {
+pub(crate) struct ServiceExit {
     pub result: Option<String>,
     pub exec_main_code: Option<i32>,
     pub exec_main_status: Option<i32>,
@@ -105,7 +99,7 @@ pub struct Subscription {
 
 /// Subscribes to systemd's unit signals: `Subscribe` (without it systemd sends none), one
 /// match rule for PropertiesChanged under the unit path namespace, one for the manager.
-pub async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> {
+pub(crate) async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> {
     let (systemd, owner) = systemd_owner(conn).await?;
     // The sender is part of each rule: anyone on the bus may emit a signal with any path and
     // interface, and only systemd's are facts.
@@ -257,7 +251,7 @@ pub(crate) const SERVICE_PROPERTIES: [&str; 6] = [
 /// `systemd` is the bus name asked: the agent names the unique name whose signals it orders
 /// reads against, so a reply can never come from another systemd (one re-executed meanwhile,
 /// whose serials started again), only fail.
-pub async fn read_unit(
+pub(crate) async fn read_unit(
     conn: &Connection,
     systemd: &str,
     unit: &str,
@@ -549,7 +543,11 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
 
 /// Asks `systemd` (a bus name) to stop `unit`, replacing any queued job. A unit systemd does
 /// not have is already stopped.
-pub async fn stop_unit(conn: &Connection, systemd: &str, unit: &str) -> Result<(), ManagerError> {
+pub(crate) async fn stop_unit(
+    conn: &Connection,
+    systemd: &str,
+    unit: &str,
+) -> Result<(), ManagerError> {
     match call_manager(conn, systemd, "StopUnit", &(unit, "replace")).await {
         Ok(_) => Ok(()),
         Err(zbus::Error::MethodError(name, _, _)) if name.as_str() == NO_SUCH_UNIT => Ok(()),
@@ -560,7 +558,7 @@ pub async fn stop_unit(conn: &Connection, systemd: &str, unit: &str) -> Result<(
 /// Starts a transient service `unit` running `argv` (the benchmark's units), like
 /// `systemd-run --unit=UNIT ARGV...`.
 #[cfg(feature = "bench")]
-pub async fn start_transient_service(
+pub(crate) async fn start_transient_service(
     conn: &Connection,
     unit: &str,
     argv: &[&str],
@@ -587,7 +585,10 @@ pub async fn start_transient_service(
 #[cfg(any(feature = "cli", feature = "bench"))]
 /// The value of a transient service's `ExecStart`: `program` (an absolute path) run with
 /// `argv` (its first element the process's name), its failure not ignored.
-pub fn exec_start<S: AsRef<str>>(program: &str, argv: &[S]) -> Vec<(String, Vec<String>, bool)> {
+pub(crate) fn exec_start<S: AsRef<str>>(
+    program: &str,
+    argv: &[S],
+) -> Vec<(String, Vec<String>, bool)> {
     let argv = argv.iter().map(|a| a.as_ref().to_owned()).collect();
     vec![(program.to_owned(), argv, false)]
 }
@@ -595,7 +596,7 @@ pub fn exec_start<S: AsRef<str>>(program: &str, argv: &[S]) -> Vec<(String, Vec<
 // For `exitproof run` and the benchmark's units.
 #[cfg(any(feature = "cli", feature = "bench"))]
 /// A property value as `StartTransientUnit` takes it.
-pub fn owned_variant<'a>(value: impl Into<zbus::Variant<'a>>) -> zbus::Result<OwnedVariant> {
+pub(crate) fn owned_variant<'a>(value: impl Into<zbus::Variant<'a>>) -> zbus::Result<OwnedVariant> {
     OwnedVariant::try_from(value.into())
 }
 
@@ -603,7 +604,7 @@ pub fn owned_variant<'a>(value: impl Into<zbus::Variant<'a>>) -> zbus::Result<Ow
 #[cfg(any(feature = "cli", feature = "bench"))]
 /// Starts the transient unit `unit` with `properties` (`StartTransientUnit`, mode `fail`) from
 /// `systemd` (a bus name); returns the start job's object path, which `JobRemoved` names.
-pub async fn start_transient_unit(
+pub(crate) async fn start_transient_unit(
     conn: &Connection,
     systemd: &str,
     unit: &str,

@@ -5,12 +5,6 @@
 //! serial numbers only grow, so each property keeps the serial of the message it came from and
 //! an older message never overwrites a newer value.
 
-// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
-#![allow(
-    unreachable_pub,
-    reason = "left to avoid a merge conflict with concurrent work"
-)]
-
 use crate::cgroup::procs::NextInvocation;
 use crate::proof::UnitState;
 use crate::systemd::manager::{ServiceExit, UnitSnapshot};
@@ -101,7 +95,7 @@ fn newer(a: u32, b: u32) -> bool {
 
 /// The merged state of one unit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct UnitFacts {
+pub(super) struct UnitFacts {
     /// systemd has the unit loaded (a signal about it says so too).
     loaded: Stamped<bool>,
     active_state: Stamped<Word>,
@@ -120,7 +114,7 @@ pub struct UnitFacts {
 
 impl UnitFacts {
     /// Applies a read. Returns true if the invocation changed.
-    pub fn apply_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
+    pub(super) fn apply_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
         let before = self.invocation.value.clone();
         self.loaded.offer(&snapshot.loaded, snapshot.serial);
         self.active_state
@@ -147,7 +141,7 @@ impl UnitFacts {
     }
 
     /// Applies a signal. Returns true if the invocation changed.
-    pub fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
+    pub(super) fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
         self.loaded.offer(&true, serial);
         self.active_state
             .offer_some(change.active_state.as_deref().map(word).as_ref(), serial);
@@ -185,17 +179,17 @@ impl UnitFacts {
     }
 
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
-    pub fn clear(&mut self) {
+    pub(super) fn clear(&mut self) {
         *self = UnitFacts::default();
     }
 
     /// Whether systemd had the unit loaded, as last said (`None`: not said yet).
-    pub fn loaded(&self) -> Option<bool> {
+    pub(super) fn loaded(&self) -> Option<bool> {
         self.loaded.value
     }
 
     /// The state the proof is made from, once both of its fields are known.
-    pub fn state(&self) -> Option<UnitState> {
+    pub(super) fn state(&self) -> Option<UnitState> {
         Some(UnitState {
             active_state: self.active_state.value.as_deref()?.to_owned(),
             invocation: self.invocation.value.as_ref()?.text(),
@@ -203,7 +197,7 @@ impl UnitFacts {
     }
 
     /// How the service's main process last ended, as far as systemd has said.
-    pub fn service_exit(&self) -> Option<ServiceExit> {
+    pub(super) fn service_exit(&self) -> Option<ServiceExit> {
         let exit = ServiceExit {
             result: self.result.value.as_deref().map(str::to_owned),
             exec_main_code: self.exec_main_code.value,
@@ -215,7 +209,7 @@ impl UnitFacts {
     /// What tells the current invocation's processes apart: only values systemd said after the
     /// last message that carried the previous InvocationID, so they cannot be an earlier one's
     /// (systemd sends a service's MainPID before the InvocationID of the same change).
-    pub fn next_invocation(&self) -> NextInvocation {
+    pub(super) fn next_invocation(&self) -> NextInvocation {
         let current = |serial: u32| {
             self.invocation.value.is_some() && newer(serial, self.previous_invocation_until)
         };
@@ -239,15 +233,15 @@ impl UnitFacts {
         NextInvocation { began_us, roots }
     }
 
-    pub fn active_state(&self) -> Option<&str> {
+    pub(super) fn active_state(&self) -> Option<&str> {
         self.active_state.value.as_deref()
     }
 
-    pub fn sub_state(&self) -> Option<&str> {
+    pub(super) fn sub_state(&self) -> Option<&str> {
         self.sub_state.value.as_deref()
     }
 
-    pub fn invocation(&self) -> Option<String> {
+    pub(super) fn invocation(&self) -> Option<String> {
         self.invocation.value.as_ref().map(Invocation::text)
     }
 }

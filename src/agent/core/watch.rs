@@ -1,11 +1,5 @@
 //! One watched unit: what the client asked for, what systemd said, and its proof.
 
-// Its `pub` items become `pub(crate)` once the memory work on this file has landed.
-#![allow(
-    unreachable_pub,
-    reason = "left to avoid a merge conflict with concurrent work"
-)]
-
 use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::rc::Rc;
@@ -24,7 +18,7 @@ use crate::unit_name::UnitName;
 
 /// What a `watch` may carry besides the unit and the invocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct WatchSpec {
+pub(super) struct WatchSpec {
     pub run_dir: Option<PathBuf>,
     /// The record's file name; `None` with a run dir is `exit-<invocation>.json`.
     pub record: Option<String>,
@@ -35,7 +29,7 @@ pub struct WatchSpec {
 /// A watch's options, boxed only when it has any: most watches have none, and inline they are
 /// 88 bytes of every watch. Reads as a [`WatchSpec`].
 #[derive(Debug, Default)]
-pub struct SpecIfAny(Option<Box<WatchSpec>>);
+pub(super) struct SpecIfAny(Option<Box<WatchSpec>>);
 
 /// What a watch without options reads as.
 static NO_SPEC: WatchSpec = WatchSpec {
@@ -61,7 +55,7 @@ impl std::ops::Deref for SpecIfAny {
 
 /// Where the unit's reads stand.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Reads {
+pub(super) struct Reads {
     pub in_flight: bool,
     /// Another read was asked for while one was in flight: it runs when that one returns.
     pub again: bool,
@@ -74,7 +68,7 @@ pub struct Reads {
 
 /// The inotify watches of the unit's cgroup.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum CgroupWatch {
+pub(super) enum CgroupWatch {
     /// None asked for yet, or the last attempt failed.
     #[default]
     Absent,
@@ -90,7 +84,7 @@ pub enum CgroupWatch {
 /// read shows the unit still runs `target` (for the final stop of a generation: that the
 /// unit runs nothing).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnsentStop {
+pub(super) struct UnsentStop {
     pub kind: StopKind,
     pub target: String,
     /// The first read whose answer may decide it: one sent after the stop was decided, where
@@ -99,7 +93,7 @@ pub struct UnsentStop {
 }
 
 /// One watched unit.
-pub struct Watch {
+pub(super) struct Watch {
     /// The name the client used, and the name it is reported under.
     pub unit: UnitName,
     /// systemd's own name for the unit (an alias resolves to it at the first read). Shared
@@ -149,7 +143,7 @@ pub struct Watch {
 }
 
 impl Watch {
-    pub fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
+    pub(super) fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
         Watch {
             id: Rc::from(unit.as_str()),
             path: Rc::from(unit_path(unit.as_str())),
@@ -180,7 +174,7 @@ impl Watch {
     }
 
     /// Our invocation, once known.
-    pub fn our_invocation(&self) -> Option<&str> {
+    pub(super) fn our_invocation(&self) -> Option<&str> {
         match (&self.event, &self.proof) {
             (Some(event), _) => Some(&event.invocation),
             (None, Some(proof)) => Some(proof.invocation()),
@@ -189,7 +183,7 @@ impl Watch {
     }
 
     /// Whether a stop of ours was requested, before or after the first read or a restart.
-    pub fn stop_requested(&self) -> bool {
+    pub(super) fn stop_requested(&self) -> bool {
         self.proof.as_ref().is_some_and(UnitProof::stop_requested)
             || self.pending_stop
             || self.resumed.stop_requested
@@ -197,7 +191,7 @@ impl Watch {
     }
 
     /// The exit record's file name, once our invocation is known.
-    pub fn record_name(&self) -> Option<String> {
+    pub(super) fn record_name(&self) -> Option<String> {
         self.spec.run_dir.as_ref()?;
         match &self.spec.record {
             Some(name) => Some(name.clone()),
@@ -205,7 +199,7 @@ impl Watch {
         }
     }
 
-    pub fn phase(&self) -> Phase {
+    pub(super) fn phase(&self) -> Phase {
         match (&self.event, &self.proof) {
             (Some(_), _) => Phase::Proven,
             (None, Some(proof)) => proof.phase(),
@@ -213,7 +207,7 @@ impl Watch {
         }
     }
 
-    pub fn view(&self) -> WatchView {
+    pub(super) fn view(&self) -> WatchView {
         let proof = self.proof.as_ref();
         WatchView {
             unit: self.unit.to_string(),
@@ -243,36 +237,36 @@ impl Watch {
 /// Every watch, by its key. Each is boxed: a watch is over a kilobyte and the table keeps up to
 /// twice as many slots as watches, so inline they cost 2.5 KiB a unit (measured at 1,000).
 #[derive(Default)]
-pub struct Watches(HashMap<UnitKey, Box<Watch>>);
+pub(super) struct Watches(HashMap<UnitKey, Box<Watch>>);
 
 impl Watches {
-    pub fn insert(&mut self, key: UnitKey, watch: Watch) {
+    pub(super) fn insert(&mut self, key: UnitKey, watch: Watch) {
         self.0.insert(key, Box::new(watch));
     }
 
-    pub fn get(&self, key: &UnitKey) -> Option<&Watch> {
+    pub(super) fn get(&self, key: &UnitKey) -> Option<&Watch> {
         self.0.get(key).map(|watch| &**watch)
     }
 
-    pub fn get_mut(&mut self, key: &UnitKey) -> Option<&mut Watch> {
+    pub(super) fn get_mut(&mut self, key: &UnitKey) -> Option<&mut Watch> {
         self.0.get_mut(key).map(|watch| &mut **watch)
     }
 
-    pub fn contains_key(&self, key: &UnitKey) -> bool {
+    pub(super) fn contains_key(&self, key: &UnitKey) -> bool {
         self.0.contains_key(key)
     }
 
-    pub fn remove(&mut self, key: &UnitKey) -> Option<Box<Watch>> {
+    pub(super) fn remove(&mut self, key: &UnitKey) -> Option<Box<Watch>> {
         let watch = self.0.remove(key);
         shrink_when_sparse(&mut self.0);
         watch
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (&UnitKey, &Watch)> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = (&UnitKey, &Watch)> {
         self.0.iter().map(|(key, watch)| (key, &**watch))
     }
 
-    pub fn values(&self) -> impl Iterator<Item = &Watch> {
+    pub(super) fn values(&self) -> impl Iterator<Item = &Watch> {
         self.0.values().map(|watch| &**watch)
     }
 }
