@@ -17,9 +17,8 @@ use zbus::export::futures_core::Stream;
 use zbus::{Connection, MessageStream, OwnedObjectPath, OwnedVariant};
 
 use crate::duration::parse_duration;
-use crate::systemd::manager::{
-    ManagerError, exec_start, owned_variant, read_unit, start_transient_unit,
-};
+use crate::systemd::manager::{ManagerError, exec_start, owned_variant, start_transient_unit};
+use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::{self as sd, Bus, ConnectError};
 use crate::unit_name::UnitName;

@@ -46,7 +46,8 @@ use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
 use crate::service::Notifier;
 use crate::systemd::ConnectError;
-use crate::systemd::manager::{self, ManagerError, Subscription, UnitSnapshot};
+use crate::systemd::manager::{self, ManagerError, Subscription};
+use crate::systemd::read::{self, UnitSnapshot};
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use dirs::DirError;
@@ -700,7 +701,7 @@ impl Agent {
         let systemd = self.systemd.clone();
         self.runtime
             .spawn(async move {
-                let result = manager::read_unit(&conn, &systemd, &unit).await;
+                let result = read::read_unit(&conn, &systemd, &unit).await;
                 push(&queue, Completion::Read { epoch, key, result });
             })
             .detach();

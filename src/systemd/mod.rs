@@ -1,6 +1,7 @@
 //! The systemd side: decoding its signals and calling its manager over D-Bus, on the caller's
 //! own mio loop.
 pub(crate) mod manager;
+pub(crate) mod read;
 pub mod runtime;
 pub(crate) mod signal;
 pub(crate) mod words;

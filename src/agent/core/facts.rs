@@ -7,7 +7,7 @@
 
 use crate::cgroup::procs::NextInvocation;
 use crate::proof::UnitState;
-use crate::systemd::manager::{ServiceExit, UnitSnapshot};
+use crate::systemd::read::{ServiceExit, UnitSnapshot};
 use crate::systemd::signal::UnitChange;
 use crate::systemd::words::{Word, word};
 

@@ -56,7 +56,7 @@ use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
 use crate::memory::shrink_when_sparse;
 use crate::proof::{Input as ProofInput, StopReason};
-use crate::systemd::manager::UnitSnapshot;
+use crate::systemd::read::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
 
 pub(crate) use super::state::{AgentState, ChangeSet, StateSave};

@@ -20,7 +20,7 @@ use super::{Answer, Core, Output, StopKind, UnitKey};
 use crate::control::protocol::ErrorKind;
 use crate::proof::release::ReleaseInput;
 use crate::proof::{Input as ProofInput, StopReason, UnitProof};
-use crate::systemd::manager::UnitSnapshot;
+use crate::systemd::read::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
 
 /// ActiveStates in which the unit runs nothing.

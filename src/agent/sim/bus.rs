@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::systemd::manager::{SERVICE_PROPERTIES, UNIT_PROPERTIES};
+use crate::systemd::read::{SERVICE_PROPERTIES, UNIT_PROPERTIES};
 use crate::systemd::signal::SystemdSignal;
 
 /// What systemd answered a read with.
@@ -46,7 +46,7 @@ pub(crate) enum CallKind {
     Stop,
 }
 
-/// How a read asks systemd, as the driver does (`systemd::manager::read_unit`). Each of its
+/// How a read asks systemd, as the driver does (`systemd::read::read_unit`). Each of its
 /// messages is answered at its own moment, and other calls may be answered in between.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ReadKind {

@@ -30,8 +30,10 @@ use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::RequestId;
 use crate::proof::StopReason;
-use crate::systemd::manager::{CurrentInvocation, ServiceExit, UnitSnapshot};
-use crate::systemd::manager::{PROPERTY_READ_ATTEMPTS, SERVICE_PROPERTIES, UNIT_PROPERTIES};
+use crate::systemd::read::{
+    CurrentInvocation, PROPERTY_READ_ATTEMPTS, SERVICE_PROPERTIES, ServiceExit, UNIT_PROPERTIES,
+    UnitSnapshot,
+};
 use crate::systemd::signal::{SystemdSignal, unit_path};
 
 /// What one simulated run is made of.
@@ -801,7 +803,7 @@ pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
         .collect()
 }
 
-/// What the driver makes of a read's answers (`systemd::manager::read_unit`): the snapshot,
+/// What the driver makes of a read's answers (`systemd::read::read_unit`): the snapshot,
 /// or `None` if the unit began another invocation between the first and the last answer of a
 /// read property by property.
 fn driver_read(kind: ReadKind, parts: &[Snapshot]) -> Option<UnitSnapshot> {
