@@ -14,6 +14,7 @@
     reason = "the benchmark measures with the clock; it is not the agent"
 )]
 
+mod agent;
 pub mod cli;
 pub mod observer;
 pub mod poll;

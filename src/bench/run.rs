@@ -2,25 +2,22 @@
 //! transient units, have the contenders watch them, measure an idle window (first round), kill
 //! them through `cgroup.kill` on the kill schedule, and collect who knew when.
 
-use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::process::Command;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::agent::AgentContender;
 use super::observer::{Arm, Observer};
 use super::poll::Poller;
 use super::sample::{BenchRun, Mode, Phase, Resources, UnitSample};
 use super::schedule::kill_offsets;
-use super::{BenchError, METHOD_TIMEOUT, children_cpu_ns, reap, schedstat_ns};
+use super::{BenchError, METHOD_TIMEOUT, children_cpu_ns};
 use crate::agent::monotonic_ns;
 use crate::cgroup::cgroup2_mount;
-use crate::control::client::Client;
-use crate::control::protocol::{self, Request, WatchArgs};
-use crate::control::wire::WatchAnswer;
 use crate::systemd::manager::{SYSTEMD, start_transient_service};
 use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
@@ -55,151 +52,8 @@ fn round_timeout(config: &BenchConfig) -> Duration {
     Duration::from_secs(60).max(config.poll_interval * 10)
 }
 
-/// The agent contender, a child process of the bench.
-struct AgentChild {
-    child: Child,
-    socket: PathBuf,
-}
-
-impl AgentChild {
-    fn start(config: &BenchConfig) -> Result<AgentChild, BenchError> {
-        std::fs::create_dir_all(&config.work_dir)
-            .map_err(|e| BenchError::Io(format!("create {}", config.work_dir.display()), e))?;
-        let socket = config.work_dir.join("agent.sock");
-        let log_path = config.work_dir.join("agent.log");
-        let log = std::fs::File::create(&log_path)
-            .map_err(|e| BenchError::Io(format!("create {}", log_path.display()), e))?;
-        let mut command = Command::new(&config.agent_binary);
-        command
-            .arg("agent")
-            .arg("--socket")
-            .arg(&socket)
-            .arg("--state-dir")
-            .arg(config.work_dir.join("state"));
-        if config.bus == Bus::User {
-            command.arg("--user");
-        }
-        let child = command
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| BenchError::Io(format!("run {}", config.agent_binary.display()), e))?;
-        let mut agent = AgentChild { child, socket };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Client::connect(&agent.socket).is_err() {
-            if !matches!(agent.child.try_wait(), Ok(None)) || Instant::now() > deadline {
-                let log = std::fs::read_to_string(&log_path).unwrap_or_default();
-                return Err(BenchError::Failed(format!(
-                    "the agent did not start: {}",
-                    log.trim()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(agent)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn status_field(&self, field: &str) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix(field))
-            .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
-    }
-
-    fn cpu_ns(&self) -> u64 {
-        schedstat_ns(&format!("/proc/{}/schedstat", self.pid())).unwrap_or(0)
-    }
-}
-
-impl Drop for AgentChild {
-    fn drop(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        reap(&mut self.child);
-    }
-}
-
-/// The agent's event stream, read on a thread: unit -> proven_mono_ns.
-fn follow_events(socket: &Path) -> Result<Arc<Mutex<HashMap<String, u64>>>, BenchError> {
-    let events = Client::connect(socket)
-        .and_then(Client::events)
-        .map_err(BenchError::Control)?;
-    let proven: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
-    let sink = proven.clone();
-    std::thread::Builder::new()
-        .name("bench events".into())
-        .spawn(move || {
-            for event in events.map_while(Result::ok) {
-                sink.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(event.unit, event.proven_mono_ns);
-            }
-        })
-        .map_err(|e| BenchError::Io("start the events thread".into(), e))?;
-    Ok(proven)
-}
-
-/// The agent with its control connection and what its event stream said.
-struct AgentContender {
-    child: AgentChild,
-    client: Client,
-    proven: Arc<Mutex<HashMap<String, u64>>>,
-}
-
-impl AgentContender {
-    fn start(config: &BenchConfig) -> Result<AgentContender, BenchError> {
-        let child = AgentChild::start(config)?;
-        let proven = follow_events(&child.socket)?;
-        let client = Client::connect(&child.socket).map_err(BenchError::Control)?;
-        Ok(AgentContender {
-            child,
-            client,
-            proven,
-        })
-    }
-
-    /// Watches every unit, the requests pipelined on one connection.
-    fn watch(&mut self, units: &[StartedUnit]) -> Result<(), BenchError> {
-        for unit in units {
-            let name = unit_name(&unit.name)?;
-            let request = Request {
-                id: None,
-                command: protocol::Command::Watch(WatchArgs::new(name)),
-            };
-            self.client.send(&request).map_err(BenchError::Control)?;
-        }
-        for _ in units {
-            self.client
-                .receive::<WatchAnswer>()
-                .map_err(BenchError::Control)?;
-        }
-        Ok(())
-    }
-
-    fn proven(&self) -> HashMap<String, u64> {
-        self.proven
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Keeps the agent's list to the units of the round under way.
-    fn unwatch(&mut self, unit: &str) {
-        if let Ok(unit) = unit_name(unit) {
-            let _ = self.client.unwatch(&unit);
-        }
-    }
-}
-
 /// The bench's own unit names are valid; one that is not is the bench's bug, reported.
-fn unit_name(name: &str) -> Result<UnitName, BenchError> {
+pub(super) fn unit_name(name: &str) -> Result<UnitName, BenchError> {
     name.parse()
         .map_err(|e| BenchError::Failed(format!("unit {name}: {e}")))
 }
@@ -254,8 +108,8 @@ impl Contenders {
 }
 
 /// A unit started for a round, active, as systemd reported it.
-struct StartedUnit {
-    name: String,
+pub(super) struct StartedUnit {
+    pub(super) name: String,
     invocation: String,
     /// Its ControlGroup, as systemd names it.
     cgroup: String,
