@@ -370,14 +370,11 @@ impl Index {
         }
     }
 
-    fn get(&self, name: &str) -> Vec<UnitKey> {
-        let others = self.others.get(name).into_iter().flatten();
-        self.first
-            .get(name)
-            .into_iter()
-            .chain(others)
-            .copied()
-            .collect()
+    /// The keys of `name`, owned so the caller may change the core while it goes through
+    /// them; with one key (almost always: this runs for every signal) nothing is allocated.
+    fn get(&self, name: &str) -> impl Iterator<Item = UnitKey> + use<> {
+        let others = self.others.get(name).cloned().unwrap_or_default();
+        self.first.get(name).copied().into_iter().chain(others)
     }
 }
 
