@@ -18,33 +18,10 @@
 
 use super::events::CgroupReading;
 
-/// A cgroup directory (`H`: a descriptor of its `cgroup.events`, or the simulator's number)
-/// held for reading the cgroup at one path without walking it.
-#[derive(Debug)]
-pub(crate) struct HeldNode<H> {
-    node: H,
-    cgroup: Box<str>,
-}
-
-impl<H> HeldNode<H> {
-    /// The directory found at `cgroup` (as systemd names it).
-    pub(crate) fn new(node: H, cgroup: &str) -> Self {
-        HeldNode {
-            node,
-            cgroup: cgroup.into(),
-        }
-    }
-
-    /// The directory.
-    pub(crate) fn node(&self) -> &H {
-        &self.node
-    }
-}
-
 /// How one reading is to be taken.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Route {
-    /// Through the directory held for the unit.
+    /// Through the directory held for the unit's path.
     Held,
     /// Take the directory now at the path (none there is a cgroup gone), hold it in place of
     /// any other, and read through it.
@@ -53,13 +30,12 @@ pub(crate) enum Route {
     Path,
 }
 
-/// How to read `cgroup` for a unit holding `held`; `room` says whether one more directory may
-/// be held.
-pub(crate) fn route<H>(held: Option<&HeldNode<H>>, cgroup: &str, room: bool) -> Route {
+/// How to read a unit's cgroup: `held` is the directory held for the unit, given only if it
+/// was taken at the path read now (a directory found at another path speaks for that one);
+/// `room` says whether one more directory may be held.
+pub(crate) fn route<H>(held: Option<&H>, room: bool) -> Route {
     match held {
-        Some(node) if *node.cgroup == *cgroup => Route::Held,
-        // The unit's cgroup moved: the directory is another path's. Replacing needs no room.
-        Some(_) => Route::TakeNode,
+        Some(_) => Route::Held,
         None if room => Route::TakeNode,
         None => Route::Path,
     }
@@ -94,23 +70,11 @@ pub(crate) fn reading_through(open: NodeOpen) -> Option<CgroupReading> {
 mod tests {
     use super::*;
 
-    const CGROUP: &str = "/app.slice/a.service";
-
     #[test]
-    fn a_directory_is_read_through_only_for_the_path_it_was_found_at() {
-        let held = HeldNode::new(7, CGROUP);
-        assert_eq!(route(Some(&held), CGROUP, false), Route::Held);
-        assert_eq!(
-            route(Some(&held), "/other.slice/a.service", false),
-            Route::TakeNode,
-            "the unit's cgroup moved"
-        );
-    }
-
-    #[test]
-    fn a_new_directory_is_taken_only_while_there_is_room() {
-        assert_eq!(route::<i32>(None, CGROUP, true), Route::TakeNode);
-        assert_eq!(route::<i32>(None, CGROUP, false), Route::Path);
+    fn a_held_directory_is_read_through_and_a_new_one_taken_only_while_there_is_room() {
+        assert_eq!(route(Some(&7), false), Route::Held);
+        assert_eq!(route::<i32>(None, true), Route::TakeNode);
+        assert_eq!(route::<i32>(None, false), Route::Path);
     }
 
     #[test]

@@ -27,7 +27,7 @@ use nix::errno::Errno;
 
 use super::CgroupError;
 use super::events::{CgroupReading, parse_populated};
-use super::held_node::{HeldNode, NodeOpen, Route, reading_through, route};
+use super::held_node::{NodeOpen, Route, reading_through, route};
 use super::watch_table::{Clash, Role, Unused, WatchTable};
 use crate::memory::shrink_when_sparse;
 
@@ -66,6 +66,9 @@ struct Unit {
     parent_wd: Option<i32>,
     /// The descriptor of the watch on the unit's `cgroup.events`, if the cgroup existed.
     events_wd: Option<i32>,
+    /// The unit's `cgroup.events` as an `O_PATH` descriptor taken at this path, read without
+    /// walking it (see [`super::held_node`]).
+    node: Option<OwnedFd>,
 }
 
 impl Unit {
@@ -90,9 +93,8 @@ pub(crate) struct CgroupWatcher<K> {
     inotify: Inotify,
     units: HashMap<K, Unit>,
     watches: WatchTable<K, WatchDescriptor>,
-    /// Each unit's `cgroup.events` held as an `O_PATH` descriptor, read without walking its path
-    /// (see [`super::held_node`]); at most `node_capacity` of them.
-    nodes: HashMap<K, HeldNode<OwnedFd>>,
+    /// How many units hold a node; at most `node_capacity`.
+    nodes_held: usize,
     node_capacity: usize,
     /// The capacity was reached and said so in the log: once is enough.
     told_full: bool,
@@ -108,7 +110,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             inotify,
             units: HashMap::new(),
             watches: WatchTable::new(),
-            nodes: HashMap::new(),
+            nodes_held: 0,
             node_capacity,
             told_full: false,
         })
@@ -134,6 +136,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             name: Rc::from(name),
             parent_wd: None,
             events_wd: None,
+            node: None,
         };
         match self.add_unit_watches(key, &mut unit) {
             Ok(()) => {
@@ -150,10 +153,8 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Stops watching `key`, removing every watch no other key uses and closing its held
     /// node. Unknown keys are ignored.
     pub(crate) fn unwatch(&mut self, key: K) {
-        if self.nodes.remove(&key).is_some() {
-            shrink_when_sparse(&mut self.nodes);
-        }
         if let Some(unit) = self.units.remove(&key) {
+            self.nodes_held -= usize::from(unit.node.is_some());
             shrink_when_sparse(&mut self.units);
             self.release(key, &unit);
         }
@@ -174,21 +175,28 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Reads the `cgroup.events` of `cgroup` (as systemd reports it) for `key` now, whether or
     /// not it is watched. A cgroup that does not exist is [`CgroupReading::Gone`].
     ///
-    /// While it has room, it reads through the directory held for `key` since an earlier read,
-    /// which walks no path, and takes one otherwise; see [`super::held_node`] for why that is a
-    /// reading of the path.
+    /// For a unit watched at that path, while there is room, it reads through the directory
+    /// held since an earlier read, which walks no path, and takes one otherwise; see
+    /// [`super::held_node`] for why that is a reading of the path.
     pub(crate) fn read_cgroup(&mut self, key: K, cgroup: &str) -> CgroupReading {
-        let path = match locate(&self.root, cgroup) {
-            Ok((parent, name)) => parent.join(name).join(EVENTS_FILE),
+        let (parent, name) = match locate(&self.root, cgroup) {
+            Ok(located) => located,
             Err(error) => return CgroupReading::Unreadable(error.to_string()),
         };
-        let room = self.nodes.len() < self.node_capacity;
-        let take = match route(self.nodes.get(&key), cgroup, room) {
+        let path = parent.join(&name).join(EVENTS_FILE);
+        let Some(unit) = self
+            .units
+            .get_mut(&key)
+            .filter(|unit| *unit.parent == *parent && *unit.name == *name)
+        else {
+            return read_events_file(&path);
+        };
+        let take = match route(unit.node.as_ref(), self.nodes_held < self.node_capacity) {
             Route::Held => {
-                if let Some(reading) = self
-                    .nodes
-                    .get(&key)
-                    .and_then(|held| reading_through(open_node(held.node(), &path)))
+                if let Some(reading) = unit
+                    .node
+                    .as_ref()
+                    .and_then(|node| reading_through(open_node(node, &path)))
                 {
                     return reading;
                 }
@@ -207,11 +215,12 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             }
         };
         if take {
-            self.nodes.remove(&key);
+            self.nodes_held -= usize::from(unit.node.take().is_some());
             match take_node(&path) {
                 Ok(Some(node)) => {
                     if let Some(reading) = reading_through(open_node(&node, &path)) {
-                        self.nodes.insert(key, HeldNode::new(node, cgroup));
+                        unit.node = Some(node);
+                        self.nodes_held += 1;
                         return reading;
                     }
                 }
@@ -226,7 +235,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// Returns how many cgroup nodes are held now.
     #[cfg(test)]
     pub(crate) fn node_count(&self) -> usize {
-        self.nodes.len()
+        self.nodes_held
     }
 
     /// Reads every pending inotify event and appends what the caller must re-read to `out`.
@@ -829,6 +838,9 @@ mod tests {
         let cgroup = scratch.cgroup("unit");
         let mut watcher = CgroupWatcher::new(scratch.mount.clone(), 16).expect("watcher");
         assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Populated);
+        assert_eq!(watcher.node_count(), 0, "only a watched unit's is held");
+        watcher.watch(1, &cgroup).expect("watch");
+        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Populated);
         assert_eq!(watcher.node_count(), 1, "taken at the first read");
         scratch.kill(first);
         assert_eq!(
@@ -850,6 +862,15 @@ mod tests {
         scratch.rmdir("unit");
         assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Gone);
         assert_eq!(watcher.node_count(), 0);
+
+        scratch.mkdir("unit");
+        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Empty);
+        assert_eq!(watcher.node_count(), 1);
+        watcher
+            .watch(1, &scratch.cgroup("elsewhere"))
+            .expect("watch moved");
+        assert_eq!(watcher.node_count(), 0, "a moved watch drops the directory");
+        watcher.unwatch(1);
     }
 
     #[test]

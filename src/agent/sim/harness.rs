@@ -27,7 +27,7 @@ use crate::agent::core::{
 };
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
-use crate::cgroup::held_node::{HeldNode, NodeOpen, Route, reading_through, route};
+use crate::cgroup::held_node::{NodeOpen, Route, reading_through, route};
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::RequestId;
 use crate::proof::StopReason;
@@ -66,8 +66,9 @@ pub(crate) struct Sim {
     watches: BTreeMap<UnitKey, String>,
     /// The leftovers each key holds a pidfd of, until their exit is delivered.
     leftovers: BTreeMap<UnitKey, BTreeSet<Pid>>,
-    /// The cgroup directory each key's reads may go through, as the driver holds them.
-    nodes: BTreeMap<UnitKey, HeldNode<Node>>,
+    /// The cgroup directory each key's reads may go through, as the driver holds them: only
+    /// while the key's watch stays at the path it was taken at.
+    nodes: BTreeMap<UnitKey, Node>,
     /// How many the driver may hold: in some worlds one, so that reads by path are made too.
     node_capacity: usize,
     /// The name each key was read under: the client's name for the unit.
@@ -342,6 +343,8 @@ impl Sim {
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
             Output::WatchCgroup { key, cgroup } => {
+                // Watching again starts afresh, as the driver's watcher does.
+                self.nodes.remove(&key);
                 if let Some(old) = self.watches.insert(key, cgroup.clone()) {
                     self.world.kernel.unwatch(&old);
                 }
@@ -463,37 +466,37 @@ impl Sim {
         }
     }
 
-    /// What the real driver's `count_leftovers` does: a census of the cgroup subtree, the
-    /// processes `earlier_processes` keeps, each held until it exits, in place of what was held
-    /// for `key`. A listing that fails keeps what was held; a pidfd that cannot be opened drops
-    /// it all.
     /// The driver's read of a cgroup, with its rule for held directories (the real one, over
-    /// the kernel's): any read may fail (EIO), and a held directory may give no reading.
+    /// the kernel's): a directory is held only for a unit watched at the path read, any read
+    /// may fail (EIO), and a held directory may give no reading.
     fn read_cgroup(&mut self, key: UnitKey, cgroup: &str) -> CgroupReading {
         if self.rng.percent(2) {
             return CgroupReading::Unreadable(format!("{cgroup}: EIO"));
         }
-        let room = self.nodes.len() < self.node_capacity;
-        match route(self.nodes.get(&key), cgroup, room) {
+        if self.watches.get(&key).map(String::as_str) != Some(cgroup) {
+            return cgroup_reading(self.world.kernel.read(cgroup));
+        }
+        let held = self.nodes.get(&key).copied();
+        let take = match route(held.as_ref(), self.nodes.len() < self.node_capacity) {
             Route::Held => {
-                let node = self.nodes.get(&key).map(|held| *held.node());
                 if let Some(reading) =
-                    node.and_then(|node| reading_through(self.open_node(node, cgroup)))
+                    held.and_then(|node| reading_through(self.open_node(node, cgroup)))
                 {
                     return reading;
                 }
-                self.nodes.remove(&key);
+                true
             }
-            Route::TakeNode => {
-                self.nodes.remove(&key);
-                if let Some(node) = self.world.kernel.node_at(cgroup)
-                    && let Some(reading) = reading_through(self.open_node(node, cgroup))
-                {
-                    self.nodes.insert(key, HeldNode::new(node, cgroup));
-                    return reading;
-                }
+            Route::TakeNode => true,
+            Route::Path => false,
+        };
+        if take {
+            self.nodes.remove(&key);
+            if let Some(node) = self.world.kernel.node_at(cgroup)
+                && let Some(reading) = reading_through(self.open_node(node, cgroup))
+            {
+                self.nodes.insert(key, node);
+                return reading;
             }
-            Route::Path => {}
         }
         cgroup_reading(self.world.kernel.read(cgroup))
     }
@@ -517,6 +520,10 @@ impl Sim {
         }
     }
 
+    /// What the real driver's `count_leftovers` does: a census of the cgroup subtree, the
+    /// processes `earlier_processes` keeps, each held until it exits, in place of what was held
+    /// for `key`. A listing that fails keeps what was held; a pidfd that cannot be opened drops
+    /// it all.
     fn count_leftovers(
         &mut self,
         key: UnitKey,
