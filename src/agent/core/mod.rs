@@ -56,8 +56,8 @@ use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
 use crate::memory::shrink_when_sparse;
 use crate::proof::{Input as ProofInput, StopReason};
-use crate::systemd::read::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
+use crate::systemd::snapshot::UnitSnapshot;
 
 pub(crate) use super::state::{AgentState, ChangeSet, StateSave};
 
