@@ -347,7 +347,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let units = connect(&socket)?.list().map_err(|e| e.to_string())?;
             let listing = Listing {
                 units,
-                now_mono_ns: agent::monotonic_ns(),
+                now_mono_ns: crate::clock::monotonic_ns(),
             };
             print(format, &listing)
         }

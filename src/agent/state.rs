@@ -15,7 +15,6 @@ use std::io::{self, BufWriter, Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use nix::errno::Errno;
 use nix::fcntl::{self, OFlag, RenameFlags};
@@ -24,6 +23,7 @@ use nix::unistd::{self, UnlinkatFlags};
 use serde::{Deserialize, Serialize};
 
 use crate::atomic_file;
+use crate::clock;
 use crate::unit_name;
 
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
@@ -371,7 +371,12 @@ impl StateFile {
                 Err(reason) => reason,
             },
         };
-        Err(self.move_aside(dirfd.as_fd(), STATE_FILE_NAME, now_seconds(), reason))
+        Err(self.move_aside(
+            dirfd.as_fd(),
+            STATE_FILE_NAME,
+            clock::wall_seconds(),
+            reason,
+        ))
     }
 
     /// Moves the snapshot aside after it was read well, because the journal that follows it
@@ -563,17 +568,6 @@ impl StateFile {
         unistd::fsync(&parentfd).map_err(|errno| io_error(parent, "sync directory", errno))?;
         open_dir(&self.dir).map_err(|errno| io_error(&self.dir, "open state directory", errno))
     }
-}
-
-/// Seconds since the epoch, for the names of corrupt files moved aside.
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the driver: a name for a file moved aside, never a decision"
-)]
-pub(super) fn now_seconds() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |since| since.as_secs())
 }
 
 /// Opens a directory for `*at` calls and for fsync. The state directory is the operator's

@@ -16,10 +16,11 @@
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
+use crate::clock;
+
 use super::journal::{self, JOURNAL_FILE_NAME, JournalFile, Replayed};
 use super::state::{
-    AgentState, Found, STATE_FILE_NAME, STATE_VERSION, StateError, StateFile, StateSave,
-    now_seconds, open_dir,
+    AgentState, Found, STATE_FILE_NAME, STATE_VERSION, StateError, StateFile, StateSave, open_dir,
 };
 
 /// The journal is compacted into a new snapshot once it is longer than this, or than twice the
@@ -68,7 +69,7 @@ impl StateStore {
             Ok(state) => state,
             Err(error) => {
                 if matches!(error, StateError::Corrupt { .. }) {
-                    self.move_journal_aside(now_seconds());
+                    self.move_journal_aside(clock::wall_seconds());
                 }
                 return Err(error);
             }
@@ -110,7 +111,7 @@ impl StateStore {
                 Err(reason) => reason,
             },
         };
-        let seconds = now_seconds();
+        let seconds = clock::wall_seconds();
         let snapshot_aside = self.snapshot.move_snapshot_aside(seconds);
         let reason = match snapshot_aside {
             Some(aside) => format!(
@@ -178,10 +179,12 @@ impl StateStore {
 
     fn move_snapshot_aside_because(&self, reason: String) -> StateError {
         match open_dir(self.snapshot.dir()) {
-            Ok(dirfd) => {
-                self.snapshot
-                    .move_aside(dirfd.as_fd(), STATE_FILE_NAME, now_seconds(), reason)
-            }
+            Ok(dirfd) => self.snapshot.move_aside(
+                dirfd.as_fd(),
+                STATE_FILE_NAME,
+                clock::wall_seconds(),
+                reason,
+            ),
             Err(errno) => StateError::Corrupt {
                 path: self.snapshot.path().to_owned(),
                 moved_to: None,
