@@ -39,6 +39,7 @@ pub mod exit;
 pub(crate) mod journald;
 pub(crate) mod memory;
 pub mod proof;
+pub mod record_name;
 #[cfg(any(test, feature = "bench"))]
 mod rng;
 pub(crate) mod service;

@@ -45,6 +45,7 @@ use crate::control::server::{ControlServer, ServerEvent, ServerOptions};
 use crate::control::wire;
 use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
+use crate::record_name::RecordName;
 use crate::service::Notifier;
 use crate::systemd::ConnectError;
 use crate::systemd::manager::{self, ManagerError, Subscription};
@@ -856,7 +857,7 @@ fn answer_line(
 /// invocation. A record that cannot be read words the proof as having none.
 fn take_exit_record(
     run_dir: &std::path::Path,
-    name: &str,
+    name: &RecordName,
 ) -> Option<crate::exit::record::ExitRecord> {
     let record = match read_record(run_dir, name) {
         Ok(record) => record,
@@ -865,7 +866,7 @@ fn take_exit_record(
             None
         }
     };
-    if let Err(e) = remove_beneath(run_dir, name) {
+    if let Err(e) = remove_beneath(run_dir, name.as_str()) {
         log::warn!("remove the exit record: {e}");
     }
     record

@@ -24,6 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::atomic_file;
 use crate::clock;
+use crate::record_name::RecordName;
 use crate::unit_name;
 
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
@@ -98,7 +99,7 @@ pub(crate) struct WatchRecord {
     /// The run directory of the unit's advisory exit record.
     pub run_dir: Option<PathBuf>,
     /// The exit record's file name in `run_dir`.
-    pub record: Option<String>,
+    pub record: Option<RecordName>,
     /// The generation's launch file, removed after the proof.
     pub launch_file: Option<PathBuf>,
     /// A stop of ours already succeeded for this generation (the final stop is then not needed).
@@ -644,7 +645,7 @@ mod tests {
             stop_requested: true,
             generation: Some(7),
             run_dir: Some(PathBuf::from("/run/app")),
-            record: Some("exit-6f6c.json".to_owned()),
+            record: Some(RecordName::parse("exit-6f6c.json").expect("a valid name")),
             launch_file: Some(PathBuf::from("/var/lib/app/launch-7")),
             stop_succeeded: true,
             proof: None,

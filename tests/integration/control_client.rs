@@ -543,7 +543,9 @@ fn a_typed_request_is_the_line_the_agent_parses() {
         Command::Watch(WatchArgs {
             invocation: Some(INVOCATION.to_owned()),
             run_dir: Some("/run/web".into()),
-            record: Some("exit.json".to_owned()),
+            record: Some(
+                exitproof::record_name::RecordName::parse("exit.json").expect("a valid name"),
+            ),
             generation: Some(7),
             launch_file: Some("/run/web-7.env".into()),
             ..WatchArgs::new(unit.clone())

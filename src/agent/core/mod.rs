@@ -56,6 +56,7 @@ use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
 use crate::memory::shrink_when_sparse;
 use crate::proof::{Input as ProofInput, StopReason};
+use crate::record_name::RecordName;
 use crate::systemd::signal::SystemdSignal;
 use crate::systemd::snapshot::UnitSnapshot;
 
@@ -214,7 +215,7 @@ pub(crate) enum Output {
     TakeExitRecord {
         key: UnitKey,
         run_dir: PathBuf,
-        name: String,
+        name: RecordName,
     },
     /// Remove a generation's launch file (never following a final symlink).
     RemoveLaunchFile { unit: String, path: PathBuf },
