@@ -22,9 +22,8 @@ use nix::fcntl::{self, OFlag};
 use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
 
-use super::state::{
-    AgentState, ChangeSet, Found, STATE_VERSION, StateError, StateFile, check, io_error, open_dir,
-};
+use super::saved::{AgentState, ChangeSet, STATE_VERSION};
+use super::state::{Found, StateError, StateFile, check, io_error, open_dir};
 
 /// The journal's name in the state directory.
 pub(super) const JOURNAL_FILE_NAME: &str = "state.journal";
@@ -200,7 +199,7 @@ pub(super) fn read(state_file: &StateFile) -> Result<Found, StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::state::WatchRecord;
+    use crate::agent::saved::WatchRecord;
 
     fn record(unit: &str, invocation: &str) -> WatchRecord {
         WatchRecord::bare(unit, invocation)

@@ -13,6 +13,7 @@ pub(crate) mod dirs;
 mod journal;
 mod metrics;
 mod remaining;
+pub(crate) mod saved;
 #[cfg(test)]
 mod sim;
 pub(crate) mod state;
@@ -54,7 +55,8 @@ use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use crate::systemd::snapshot::UnitSnapshot;
 use dirs::DirError;
-use state::{AgentState, StateError, StateSave};
+use saved::{AgentState, StateSave};
+use state::StateError;
 use stats::DriverCounters;
 use store::StateStore;
 

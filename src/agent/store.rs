@@ -19,9 +19,8 @@ use std::path::PathBuf;
 use crate::clock;
 
 use super::journal::{self, JOURNAL_FILE_NAME, JournalFile, Replayed};
-use super::state::{
-    AgentState, Found, STATE_FILE_NAME, STATE_VERSION, StateError, StateFile, StateSave, open_dir,
-};
+use super::saved::{AgentState, STATE_VERSION, StateSave};
+use super::state::{Found, STATE_FILE_NAME, StateError, StateFile, open_dir};
 
 /// The journal is compacted into a new snapshot once it is longer than this, or than twice the
 /// last snapshot (so a compaction costs at most as much as the appends since the last one).
@@ -212,7 +211,7 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::state::{ChangeSet, WatchRecord};
+    use crate::agent::saved::{ChangeSet, WatchRecord};
     use crate::atomic_file::dir_entries as entries;
     use std::fs;
     use std::path::Path;

@@ -4,13 +4,14 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use exitproof::control::ClientId;
 use exitproof::control::ControlError;
 use exitproof::control::client::Client;
 use exitproof::control::protocol::{
     Command, ErrorKind, Request, RequestId, Response, StreamedReply, Version, WaitArgs, WatchArgs,
     event_line, list_reply,
 };
-use exitproof::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
+use exitproof::control::server::{ControlServer, ServerEvent, ServerOptions};
 use exitproof::control::wire::{
     AgentStats, Bucket, Cause, CoreStats, EventAnswer, EventKind, InotifyStats, JournaldStats,
     LatencySummary, Level, ListAnswer, Phase, PhaseCounts, ProofCounts, ProofEvent,

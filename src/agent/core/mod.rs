@@ -51,8 +51,8 @@ use waiters::Waiters;
 use watch::{Watch, Watches};
 
 use crate::cgroup::CgroupReading;
+use crate::control::ClientId;
 use crate::control::protocol::{ErrorKind, Request, RequestId, Version};
-use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
 use crate::memory::shrink_when_sparse;
 use crate::proof::{Input as ProofInput, StopReason};
@@ -60,7 +60,7 @@ use crate::record_name::RecordName;
 use crate::systemd::signal::SystemdSignal;
 use crate::systemd::snapshot::UnitSnapshot;
 
-pub(crate) use super::state::{AgentState, ChangeSet, StateSave};
+pub(crate) use super::saved::{AgentState, ChangeSet, StateSave};
 
 /// Identifies a watch for its whole life; never reused, so a late answer for a unit that was
 /// unwatched and watched again cannot land on the new watch.

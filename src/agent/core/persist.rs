@@ -20,7 +20,7 @@ use std::time::Instant;
 use super::event::ProofEvent;
 use super::watch::{UnsentStop, Watch, WatchSpec};
 use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
-use crate::agent::state::{ProofJson, WatchRecord};
+use crate::agent::saved::{ProofJson, WatchRecord};
 use crate::proof::release::Release;
 use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
 use crate::unit_name;

@@ -946,7 +946,7 @@ fn show_output(output: &Output) -> String {
     }
 }
 
-fn show_records(records: &[crate::agent::state::WatchRecord]) -> String {
+fn show_records(records: &[crate::agent::saved::WatchRecord]) -> String {
     records
         .iter()
         .map(|w| {
