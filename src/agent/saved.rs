@@ -3,18 +3,27 @@
 //! and the snapshot file (`state.rs`), the journal (`journal.rs`) and the simulator's model of
 //! the disk write and read them.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::wire::{EventKind, ProofEvent, SanitizedRecord};
+use crate::proof::{Cause, Level};
 use crate::record_name::RecordName;
 
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
-/// `control_group` and `stop_unsent`; version 3 the `journal` that follows the snapshot.
-pub(crate) const STATE_VERSION: u32 = 3;
+/// `control_group` and `stop_unsent`; version 3 the `journal` that follows the snapshot;
+/// version 4 saves a proof as [`SavedProof`], the state's own shape (its names are the ones
+/// versions 1 to 3 saved, so their proofs still load).
+pub(crate) const STATE_VERSION: u32 = 4;
 
-/// A proof event kept as the JSON text it was encoded to: every save writes every proven
+/// The oldest version of a journal this agent still replays: a journal follows a snapshot of
+/// its version, and journals began with version 3.
+pub(crate) const OLDEST_JOURNAL_VERSION: u32 = 3;
+
+/// A proof event kept as the JSON text of its [`SavedProof`]: every save writes every proven
 /// watch's event, and encoding it to a string once per save costs one allocation where a
 /// `serde_json::Value` costs one per field (the saves of 1,000 proven watches took 13 ms of
 /// building the state, measured, while proofs were due).
@@ -23,14 +32,153 @@ pub(crate) const STATE_VERSION: u32 = 3;
 pub(crate) struct ProofJson(Box<serde_json::value::RawValue>);
 
 impl ProofJson {
-    /// Encodes `value`.
-    pub(crate) fn encode<T: Serialize>(value: &T) -> serde_json::Result<Self> {
-        serde_json::value::to_raw_value(value).map(Self)
+    /// Saves `event`.
+    pub(crate) fn of(event: &ProofEvent) -> serde_json::Result<Self> {
+        serde_json::value::to_raw_value(&SavedProof::from(event)).map(Self)
     }
 
-    /// Decodes it as a `T`.
-    pub(crate) fn decode<T: serde::de::DeserializeOwned>(&self) -> serde_json::Result<T> {
-        serde_json::from_str(self.0.get())
+    /// The event saved; an error if the text is not a [`SavedProof`].
+    pub(crate) fn event(&self) -> serde_json::Result<ProofEvent> {
+        serde_json::from_str::<SavedProof<'_>>(self.0.get()).map(ProofEvent::from)
+    }
+
+    /// Any JSON as a saved proof, for tests of what a damaged one does.
+    #[cfg(test)]
+    pub(crate) fn from_json(value: &serde_json::Value) -> serde_json::Result<Self> {
+        serde_json::value::to_raw_value(value).map(Self)
+    }
+}
+
+/// A proof event as the state file saves it: the state's own shape, apart from the wire's
+/// `ProofEvent`, so that changing the protocol cannot make a newer agent drop the proofs an
+/// older one retained. Its names are those the wire used when versions 1 to 3 were written;
+/// they change only with a new [`STATE_VERSION`], which must still read the names before.
+#[derive(Serialize, Deserialize)]
+struct SavedProof<'a> {
+    #[serde(rename = "type")]
+    kind: SavedKind,
+    unit: Cow<'a, str>,
+    invocation: Cow<'a, str>,
+    level: SavedLevel,
+    message: Cow<'a, str>,
+    cause: SavedCause,
+    proven_mono_ns: u64,
+    stop_requested: bool,
+    systemd: Option<SavedRecord<'a>>,
+    record: Option<SavedRecord<'a>>,
+    #[serde(rename = "gen")]
+    generation: Option<u64>,
+    launch_file: Option<Cow<'a, str>>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SavedKind {
+    Proven,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SavedLevel {
+    Info,
+    Warn,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum SavedCause {
+    Exited,
+    ReplacedAfterStop,
+    RestartedOutside,
+    Rebooted,
+    /// A cause this build does not know, saved by a newer agent: a proof all the same.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SavedRecord<'a> {
+    result: Cow<'a, str>,
+    code: Cow<'a, str>,
+    status: Cow<'a, str>,
+}
+
+impl<'a> From<&'a ProofEvent> for SavedProof<'a> {
+    fn from(event: &'a ProofEvent) -> Self {
+        // Another kind of event would need a saved kind of its own.
+        let EventKind::Proven = event.kind;
+        SavedProof {
+            kind: SavedKind::Proven,
+            unit: Cow::Borrowed(&event.unit),
+            invocation: Cow::Borrowed(&event.invocation),
+            level: match event.level {
+                Level::Info => SavedLevel::Info,
+                Level::Warn => SavedLevel::Warn,
+            },
+            message: Cow::Borrowed(&event.message),
+            cause: match event.cause {
+                Cause::Exited => SavedCause::Exited,
+                Cause::ReplacedAfterStop => SavedCause::ReplacedAfterStop,
+                Cause::RestartedOutside => SavedCause::RestartedOutside,
+                Cause::Rebooted => SavedCause::Rebooted,
+                Cause::Other => SavedCause::Other,
+            },
+            proven_mono_ns: event.proven_mono_ns,
+            stop_requested: event.stop_requested,
+            systemd: event.systemd.as_ref().map(SavedRecord::from),
+            record: event.record.as_ref().map(SavedRecord::from),
+            generation: event.generation,
+            launch_file: event.launch_file.as_deref().map(Cow::Borrowed),
+        }
+    }
+}
+
+impl From<SavedProof<'_>> for ProofEvent {
+    fn from(saved: SavedProof<'_>) -> Self {
+        let SavedKind::Proven = saved.kind;
+        ProofEvent {
+            kind: EventKind::Proven,
+            unit: saved.unit.into_owned(),
+            invocation: saved.invocation.into_owned(),
+            level: match saved.level {
+                SavedLevel::Info => Level::Info,
+                SavedLevel::Warn => Level::Warn,
+            },
+            message: saved.message.into_owned(),
+            cause: match saved.cause {
+                SavedCause::Exited => Cause::Exited,
+                SavedCause::ReplacedAfterStop => Cause::ReplacedAfterStop,
+                SavedCause::RestartedOutside => Cause::RestartedOutside,
+                SavedCause::Rebooted => Cause::Rebooted,
+                SavedCause::Other => Cause::Other,
+            },
+            proven_mono_ns: saved.proven_mono_ns,
+            stop_requested: saved.stop_requested,
+            systemd: saved.systemd.map(SanitizedRecord::from),
+            record: saved.record.map(SanitizedRecord::from),
+            generation: saved.generation,
+            launch_file: saved.launch_file.map(Cow::into_owned),
+        }
+    }
+}
+
+impl<'a> From<&'a SanitizedRecord> for SavedRecord<'a> {
+    fn from(record: &'a SanitizedRecord) -> Self {
+        SavedRecord {
+            result: Cow::Borrowed(&record.result),
+            code: Cow::Borrowed(&record.code),
+            status: Cow::Borrowed(&record.status),
+        }
+    }
+}
+
+impl From<SavedRecord<'_>> for SanitizedRecord {
+    fn from(saved: SavedRecord<'_>) -> Self {
+        SanitizedRecord {
+            result: saved.result.into_owned(),
+            code: saved.code.into_owned(),
+            status: saved.status.into_owned(),
+        }
     }
 }
 

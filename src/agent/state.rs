@@ -454,8 +454,10 @@ mod tests {
         };
         let proven = WatchRecord {
             proof: Some(
-                ProofJson::encode(&serde_json::json!({"type": "proven", "unit": "backup.service"}))
-                    .expect("encode"),
+                ProofJson::from_json(
+                    &serde_json::json!({"type": "proven", "unit": "backup.service"}),
+                )
+                .expect("encode"),
             ),
             ..watch("backup.service")
         };
@@ -555,8 +557,8 @@ mod tests {
                 "unknown version 0",
             ),
             (
-                r#"{"version":4,"watches":"new shape","extra":true}"#.to_owned(),
-                "unknown version 4",
+                r#"{"version":5,"watches":"new shape","extra":true}"#.to_owned(),
+                "unknown version 5",
             ),
             (
                 r#"{"version":1,"watches":[],"generations":[],"extra":1}"#.to_owned(),

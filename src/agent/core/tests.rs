@@ -1001,7 +1001,7 @@ fn a_refused_watch_gives_its_generation_back_in_a_change_set() {
 fn a_unit_watched_again_after_its_proof_in_an_old_file_keeps_the_new_watch() {
     let proven = WatchRecord {
         proof: Some(
-            crate::agent::saved::ProofJson::encode(&serde_json::json!({"unit": "p.service"}))
+            crate::agent::saved::ProofJson::from_json(&serde_json::json!({"unit": "p.service"}))
                 .expect("encode"),
         ),
         ..saved("p.service", A)

@@ -23,7 +23,7 @@ use super::rng::Rng;
 use super::tenant::Tenant;
 use super::world::World;
 use crate::agent::core::{
-    AgentState, Answer, Core, CoreConfig, Input, Output, ProofEvent, StateSave, StopKind, UnitKey,
+    AgentState, Answer, Core, CoreConfig, Input, Output, StateSave, StopKind, UnitKey,
 };
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
@@ -429,11 +429,7 @@ impl Sim {
     /// never broadcasts it, and lists it from the saved state after its restart.
     fn saved_proofs(&mut self) {
         for record in &self.disk.load().watches {
-            let Some(event) = record
-                .proof
-                .as_ref()
-                .and_then(|proof| proof.decode::<ProofEvent>().ok())
-            else {
+            let Some(event) = record.proof.as_ref().and_then(|proof| proof.event().ok()) else {
                 continue;
             };
             let inv = parse_inv(&event.invocation);
