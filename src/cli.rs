@@ -21,7 +21,8 @@ use crate::control::client::Client;
 use crate::control::protocol::{ErrorKind, WatchArgs, parse_invocation_id};
 use crate::control::wire::ProofEvent;
 use crate::duration::{parse_duration, parse_interval};
-use crate::exit::write::{default_record_name, record_from_env, write_record};
+use crate::exit::write::{record_from_env, write_record};
+use crate::record_name::RecordName;
 use crate::transient;
 use crate::unit_name::{self, UnitName};
 
@@ -162,7 +163,7 @@ enum Cmd {
         run_dir: Option<PathBuf>,
         /// The exit record's file name in the run directory [default: exit-<invocation>.json].
         #[arg(long, requires = "run_dir")]
-        record: Option<String>,
+        record: Option<RecordName>,
         /// The generation (> 0) this invocation belongs to; never reused.
         #[arg(long = "gen", value_parser = clap::value_parser!(u64).range(1..))]
         generation: Option<u64>,
@@ -178,7 +179,7 @@ enum Cmd {
         dir: PathBuf,
         /// The file name [default: exit-$INVOCATION_ID.json].
         #[arg(long)]
-        name: Option<String>,
+        name: Option<RecordName>,
     },
     /// Wait for a unit's proof (watching it first if needed) and print the proof event.
     Wait {
@@ -330,7 +331,9 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 record_from_env(|var| std::env::var(var).ok()).map_err(|e| e.to_string())?;
             let name = match (name, invocation) {
                 (Some(name), _) => name,
-                (None, Some(invocation)) => default_record_name(&invocation),
+                (None, Some(invocation)) => {
+                    RecordName::for_invocation(&invocation).map_err(|e| e.to_string())?
+                }
                 (None, None) => {
                     return Err("$INVOCATION_ID is not set: give --name, or run this from \
                                 ExecStopPost= where systemd sets it"
@@ -350,7 +353,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             let units = connect(&socket)?.list().map_err(|e| e.to_string())?;
             let listing = Listing {
                 units,
-                now_mono_ns: agent::monotonic_ns(),
+                now_mono_ns: crate::clock::monotonic_ns(),
             };
             print(format, &listing)
         }

@@ -11,7 +11,7 @@
 #![warn(missing_docs)]
 #![warn(unreachable_pub)]
 // Tests may read the clock. The library's own code is linted without cfg(test), where
-// clippy.toml's disallowed-methods keeps the clock to the driver.
+// clippy.toml's disallowed-methods keeps the clock to `clock`.
 #![cfg_attr(
     test,
     allow(clippy::disallowed_methods, reason = "tests may read the clock")
@@ -28,6 +28,7 @@ pub(crate) mod cgroup;
 #[cfg(feature = "cli")]
 #[doc(hidden)]
 pub mod cli;
+pub mod clock;
 pub mod control;
 // `DUR` arguments of the command lines.
 #[cfg(feature = "cli")]
@@ -38,6 +39,7 @@ pub mod exit;
 pub(crate) mod journald;
 pub(crate) mod memory;
 pub mod proof;
+pub mod record_name;
 #[cfg(any(test, feature = "bench"))]
 mod rng;
 pub(crate) mod service;

@@ -14,6 +14,7 @@ use zbus::{Connection, Message, MessageStream};
 
 use super::core::Input;
 use super::{Agent, Completion, Completions, push};
+use crate::clock;
 use crate::systemd::ConnectError;
 use crate::systemd::manager::Subscription;
 
@@ -21,10 +22,6 @@ use crate::systemd::manager::Subscription;
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
 const RECONNECT_MAX: Duration = Duration::from_secs(5);
 
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the driver: the loop reads the clock and hands `now` to the core"
-)]
 impl Agent {
     /// Takes a fresh connection into use: forward its signals, then read every unit again.
     pub(super) fn on_connected(&mut self, conn: Connection, subscription: Subscription) {
@@ -72,7 +69,7 @@ impl Agent {
         self.bus_epoch += 1;
         log::error!("{why}");
         self.input(Input::BusLost);
-        self.reconnect = Some((Instant::now(), RECONNECT_FIRST));
+        self.reconnect = Some((clock::now(), RECONNECT_FIRST));
     }
 
     /// A reconnect attempt came back.
@@ -94,7 +91,7 @@ impl Agent {
                     .reconnect
                     .map_or(RECONNECT_FIRST, |(_, b)| (b * 2).min(RECONNECT_MAX));
                 log::warn!("reconnect: {e}; trying again in {backoff:?}");
-                self.reconnect = Some((Instant::now() + backoff, backoff));
+                self.reconnect = Some((clock::now() + backoff, backoff));
             }
         }
     }

@@ -2,7 +2,7 @@
 //! the agent that changed anything, appended and synced (group commit: one `fdatasync` a turn)
 //! before anything that relies on it is carried out.
 //!
-//! `state.journal` holds JSON lines: a header `{"version":3,"journal":N}`, written whole and
+//! `state.journal` holds JSON lines: a header `{"version":V,"journal":N}`, written whole and
 //! atomically right after the snapshot that names journal `N`, then one line per turn,
 //! `{"seq":S,"changes":{...}}`, numbered from 1 without a gap. A journal is applied only to the
 //! snapshot of its number: an older one is what a compaction killed before it started the new
@@ -22,9 +22,8 @@ use nix::fcntl::{self, OFlag};
 use nix::sys::stat::Mode;
 use serde::{Deserialize, Serialize};
 
-use super::state::{
-    AgentState, ChangeSet, Found, STATE_VERSION, StateError, StateFile, check, io_error, open_dir,
-};
+use super::saved::{AgentState, ChangeSet, OLDEST_JOURNAL_VERSION, STATE_VERSION};
+use super::state::{Found, StateError, StateFile, check, io_error, open_dir};
 
 /// The journal's name in the state directory.
 pub(super) const JOURNAL_FILE_NAME: &str = "state.journal";
@@ -92,9 +91,10 @@ pub(super) fn replay(state: &mut AgentState, bytes: &[u8]) -> Result<Replayed, S
     let mut lines = complete[..complete.len() - 1].split(|&b| b == b'\n');
     let header: Header = serde_json::from_slice(lines.next().unwrap_or_default())
         .map_err(|error| format!("the journal's header: {error}"))?;
-    if header.version != STATE_VERSION {
+    if !(OLDEST_JOURNAL_VERSION..=STATE_VERSION).contains(&header.version) {
         return Err(format!(
-            "the journal's version is {}, this agent writes {STATE_VERSION}",
+            "the journal's version is {}, this agent reads {OLDEST_JOURNAL_VERSION} to \
+             {STATE_VERSION}",
             header.version
         ));
     }
@@ -200,7 +200,7 @@ pub(super) fn read(state_file: &StateFile) -> Result<Found, StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::state::WatchRecord;
+    use crate::agent::saved::WatchRecord;
 
     fn record(unit: &str, invocation: &str) -> WatchRecord {
         WatchRecord::bare(unit, invocation)

@@ -13,6 +13,7 @@ pub(crate) mod dirs;
 mod journal;
 mod metrics;
 mod remaining;
+pub(crate) mod saved;
 #[cfg(test)]
 mod sim;
 pub(crate) mod state;
@@ -38,20 +39,24 @@ use crate::cgroup::procs::{
     ClockBasis, ProcessTracker, Tracked, earlier_processes, list_processes,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
+use crate::clock;
 use crate::control::ControlError;
 use crate::control::protocol::{Response, event_line, list_reply};
 use crate::control::server::{ControlServer, ServerEvent, ServerOptions};
 use crate::control::wire;
 use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
+use crate::record_name::RecordName;
 use crate::service::Notifier;
 use crate::systemd::ConnectError;
 use crate::systemd::manager::{self, ManagerError, Subscription};
-use crate::systemd::read::{self, UnitSnapshot};
+use crate::systemd::read;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
+use crate::systemd::snapshot::UnitSnapshot;
 use dirs::DirError;
-use state::{AgentState, StateError, StateSave};
+use saved::{AgentState, StateSave};
+use state::StateError;
 use stats::DriverCounters;
 use store::StateStore;
 
@@ -270,10 +275,6 @@ struct Agent {
     metrics: Option<metrics::MetricsFile>,
 }
 
-#[allow(
-    clippy::disallowed_methods,
-    reason = "the driver: the loop reads the clock and hands `now` to the core"
-)]
 impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
         // First: it changes the environment, which only a process with one thread may do.
@@ -367,7 +368,7 @@ impl Agent {
             subscription.systemd,
             config.bus
         );
-        let now = Instant::now();
+        let now = clock::now();
         let metrics = match &config.metrics_file {
             Some(path) => Some(metrics::MetricsFile::new(path, now).map_err(AgentError::Metrics)?),
             None => None,
@@ -378,7 +379,7 @@ impl Agent {
             resync_interval: config.resync_interval,
             max_reads_in_flight: MAX_READS_IN_FLIGHT,
             boot_id: boot_id(),
-            clock_anchor: (now, monotonic_ns()),
+            clock_anchor: (now, clock::monotonic_ns()),
         };
         let mut agent = Agent {
             config,
@@ -407,7 +408,7 @@ impl Agent {
         agent.on_connected(conn, subscription);
         // A new snapshot and journal: a journal is only ever appended to by the agent that
         // started it, so a killed append's remains are never followed by another line.
-        agent.core.save_snapshot(Instant::now());
+        agent.core.save_snapshot(clock::now());
         agent.carry_out();
         if let Some(e) = agent.save_failed.take() {
             return Err(AgentError::Save(e));
@@ -419,7 +420,7 @@ impl Agent {
             }
             agent.next_ping = notifier
                 .watchdog_interval()
-                .map(|every| Instant::now() + every);
+                .map(|every| clock::now() + every);
         }
         Ok(agent)
     }
@@ -428,14 +429,14 @@ impl Agent {
         let mut events = Events::with_capacity(1024);
         let mut requests = Vec::new();
         loop {
-            let timeout = self.timeout(Instant::now());
+            let timeout = self.timeout(clock::now());
             match self.poll.poll(&mut events, timeout) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_error("wait for events")(e)),
             }
             if !events.is_empty() && self.release_heap.is_none() {
-                self.release_heap = Some(Instant::now() + RELEASE_HEAP_AFTER);
+                self.release_heap = Some(clock::now() + RELEASE_HEAP_AFTER);
             }
             let mut cgroups_ready = false;
             for event in events.iter() {
@@ -455,7 +456,7 @@ impl Agent {
                             if let Some(notifier) = &self.notifier {
                                 let _ = notifier.stopping();
                             }
-                            self.core.save_now(Instant::now());
+                            self.core.save_now(clock::now());
                             self.carry_out();
                             return match self.save_failed.take() {
                                 Some(e) => Err(AgentError::Save(e)),
@@ -483,7 +484,7 @@ impl Agent {
                 self.input(input);
             }
             self.server.take_closed(&mut requests);
-            let now = Instant::now();
+            let now = clock::now();
             self.on_time(now);
             if self.core.poll_timeout().is_some_and(|at| at <= now) {
                 self.metrics_changed(now);
@@ -496,7 +497,7 @@ impl Agent {
                 .as_ref()
                 .is_some_and(StateStore::wants_snapshot)
             {
-                self.core.save_snapshot(Instant::now());
+                self.core.save_snapshot(clock::now());
                 self.carry_out();
             }
             if let Some(e) = self.save_failed.take() {
@@ -526,7 +527,7 @@ impl Agent {
 
     /// Hands one input to the core and carries out everything it asks for.
     fn input(&mut self, input: Input) {
-        let now = Instant::now();
+        let now = clock::now();
         self.metrics_changed(now);
         self.core.handle_input(input, now);
         self.carry_out();
@@ -552,7 +553,7 @@ impl Agent {
                 Output::WatchCgroup { key, cgroup } => {
                     let result = self.cgroups.watch(key, &cgroup).map_err(|e| e.to_string());
                     self.core
-                        .handle_input(Input::CgroupWatched { key, result }, Instant::now());
+                        .handle_input(Input::CgroupWatched { key, result }, clock::now());
                 }
                 Output::Release { key } => {
                     self.cgroups.unwatch(key);
@@ -566,17 +567,17 @@ impl Agent {
                 } => {
                     let result = self.count_leftovers(key, &cgroup, &next, &held);
                     self.core
-                        .handle_input(Input::Leftovers { key, result }, Instant::now());
+                        .handle_input(Input::Leftovers { key, result }, clock::now());
                 }
                 Output::ReadCgroup { key, cgroup } => {
                     let reading = self.cgroups.read_cgroup(key, &cgroup);
                     self.core
-                        .handle_input(Input::CgroupRead { key, reading }, Instant::now());
+                        .handle_input(Input::CgroupRead { key, reading }, clock::now());
                 }
                 Output::TakeExitRecord { key, run_dir, name } => {
                     let record = take_exit_record(&run_dir, &name);
                     self.core
-                        .handle_input(Input::ExitRecord { key, record }, Instant::now());
+                        .handle_input(Input::ExitRecord { key, record }, clock::now());
                 }
                 Output::RemoveLaunchFile { unit, path } => {
                     // unlink never follows the final component: a symlink is removed, never
@@ -633,7 +634,7 @@ impl Agent {
                 ),
                 Output::Save(save) => {
                     if let Some(store) = &mut self.state_store {
-                        let started = Instant::now();
+                        let started = clock::now();
                         let what = match &*save {
                             StateSave::Snapshot(state) => {
                                 format!("a snapshot of {} watches", state.watches.len())
@@ -888,7 +889,7 @@ fn answer_line(
 /// invocation. A record that cannot be read words the proof as having none.
 fn take_exit_record(
     run_dir: &std::path::Path,
-    name: &str,
+    name: &RecordName,
 ) -> Option<crate::exit::record::ExitRecord> {
     let record = match read_record(run_dir, name) {
         Ok(record) => record,
@@ -897,7 +898,7 @@ fn take_exit_record(
             None
         }
     };
-    if let Err(e) = remove_beneath(run_dir, name) {
+    if let Err(e) = remove_beneath(run_dir, name.as_str()) {
         log::warn!("remove the exit record: {e}");
     }
     record
@@ -911,16 +912,5 @@ fn boot_id() -> Option<String> {
             log::warn!("{BOOT_ID_PATH}: {e}: a reboot will not be recognised in the state file");
             None
         }
-    }
-}
-
-/// CLOCK_MONOTONIC now, in nanoseconds.
-pub fn monotonic_ns() -> u64 {
-    match nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) {
-        Ok(ts) => {
-            u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
-                + u64::try_from(ts.tv_nsec()).unwrap_or(0)
-        }
-        Err(_) => 0,
     }
 }

@@ -7,20 +7,20 @@
 //! by the new journal's header. Killed in between, the old journal is older than the snapshot
 //! and is not applied (its changes are in the snapshot).
 //!
-//! A journal file is there whenever a snapshot of version 3 is: where there was none (the
-//! first start, or a state of an older version), an empty journal numbered below the snapshot
-//! is put there before the snapshot is written. So a snapshot found without any journal lost
+//! A journal file is there whenever a snapshot of version 3 or later is: where there was none
+//! (the first start, or a state of an older version), an empty journal numbered below the
+//! snapshot is put there before the snapshot is written. So a snapshot found without any journal lost
 //! it after it was written, with whatever changes were acknowledged since, and it is not
 //! taken up alone (it could bring back watches since unwatched, and proofs since released).
 
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 
+use crate::clock;
+
 use super::journal::{self, JOURNAL_FILE_NAME, JournalFile, Replayed};
-use super::state::{
-    AgentState, Found, STATE_FILE_NAME, STATE_VERSION, StateError, StateFile, StateSave,
-    now_seconds, open_dir,
-};
+use super::saved::{AgentState, STATE_VERSION, StateSave};
+use super::state::{Found, STATE_FILE_NAME, StateError, StateFile, open_dir};
 
 /// The journal is compacted into a new snapshot once it is longer than this, or than twice the
 /// last snapshot (so a compaction costs at most as much as the appends since the last one).
@@ -68,7 +68,7 @@ impl StateStore {
             Ok(state) => state,
             Err(error) => {
                 if matches!(error, StateError::Corrupt { .. }) {
-                    self.move_journal_aside(now_seconds());
+                    self.move_journal_aside(clock::wall_seconds());
                 }
                 return Err(error);
             }
@@ -110,7 +110,7 @@ impl StateStore {
                 Err(reason) => reason,
             },
         };
-        let seconds = now_seconds();
+        let seconds = clock::wall_seconds();
         let snapshot_aside = self.snapshot.move_snapshot_aside(seconds);
         let reason = match snapshot_aside {
             Some(aside) => format!(
@@ -178,10 +178,12 @@ impl StateStore {
 
     fn move_snapshot_aside_because(&self, reason: String) -> StateError {
         match open_dir(self.snapshot.dir()) {
-            Ok(dirfd) => {
-                self.snapshot
-                    .move_aside(dirfd.as_fd(), STATE_FILE_NAME, now_seconds(), reason)
-            }
+            Ok(dirfd) => self.snapshot.move_aside(
+                dirfd.as_fd(),
+                STATE_FILE_NAME,
+                clock::wall_seconds(),
+                reason,
+            ),
             Err(errno) => StateError::Corrupt {
                 path: self.snapshot.path().to_owned(),
                 moved_to: None,
@@ -209,8 +211,10 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::state::{ChangeSet, WatchRecord};
+    use crate::agent::saved::{ChangeSet, WatchRecord};
     use crate::atomic_file::dir_entries as entries;
+    use crate::control::wire::{EventKind, ProofEvent, SanitizedRecord};
+    use crate::proof::{Cause, Level};
     use std::fs;
     use std::path::Path;
 
@@ -459,6 +463,64 @@ mod tests {
             names.len() == 2 && names.iter().all(|n| n.contains(".corrupt-")),
             "{names:?}"
         );
+    }
+
+    /// A snapshot and journal written by the agent of version 3, each with a proven watch,
+    /// load with both proofs, which read back as the events saved; the next snapshot is of
+    /// this version and holds the same.
+    #[test]
+    fn a_state_of_version_3_loads_with_its_proofs() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/state-v3");
+        for name in ["state.json", "state.journal"] {
+            fs::copy(fixture.join(name), dir.path().join(name)).expect("copy the fixture");
+        }
+        let mut store = StateStore::new(dir.path().to_owned());
+        let loaded = store.load().expect("load");
+        assert_eq!(loaded.note, None);
+        assert_eq!(watches(&loaded), ["a.service", "b.service", "c.service"]);
+        let proofs = |state: &AgentState| -> Vec<ProofEvent> {
+            let proofs = state.watches.iter().filter_map(|w| w.proof.as_ref());
+            proofs.map(|p| p.event().expect("a saved proof")).collect()
+        };
+        let events = proofs(&loaded.state);
+        let expected = |unit: &str, cause| ProofEvent {
+            kind: EventKind::Proven,
+            unit: unit.to_owned(),
+            invocation: "0123456789abcdef0123456789abcdef".to_owned(),
+            level: Level::Warn,
+            message: format!(
+                "proven {unit} (invocation 01234567): instance exited: exit 3 (exit-code)"
+            ),
+            cause,
+            proven_mono_ns: 123_456_789,
+            stop_requested: true,
+            systemd: Some(exit_3()),
+            record: Some(exit_3()),
+            generation: Some(7),
+            launch_file: Some("/run/launch/a".to_owned()),
+        };
+        assert_eq!(
+            events,
+            [
+                expected("a.service", Cause::Exited),
+                expected("b.service", Cause::ReplacedAfterStop)
+            ]
+        );
+        store
+            .save(StateSave::Snapshot(loaded.state))
+            .expect("snapshot");
+        let again = load(dir.path());
+        assert_eq!(again.state.version, STATE_VERSION);
+        assert_eq!(proofs(&again.state), events);
+    }
+
+    fn exit_3() -> SanitizedRecord {
+        SanitizedRecord {
+            result: "exit-code".to_owned(),
+            code: "exited".to_owned(),
+            status: "3".to_owned(),
+        }
     }
 
     #[test]

@@ -85,7 +85,7 @@ fn bench(cli: BenchCli, bus: Bus) -> Result<(), String> {
         poll_interval: cli.poll_interval,
         idle: cli.idle,
         kill_interval: cli.kill_interval,
-        seed: cli.seed.unwrap_or_else(crate::agent::monotonic_ns),
+        seed: cli.seed.unwrap_or_else(crate::clock::monotonic_ns),
         mode: if cli.together {
             Mode::Together
         } else {

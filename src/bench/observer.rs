@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use zbus::export::futures_core::Stream;
 
 use super::{BenchError, METHOD_TIMEOUT};
-use crate::agent::monotonic_ns;
 use crate::cgroup::{CgroupReading, CgroupWatcher, Notice, cgroup2_mount};
+use crate::clock::monotonic_ns;
 use crate::systemd::Bus;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal::{self, SystemdSignal, unit_path};

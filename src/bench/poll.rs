@@ -16,8 +16,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::BenchError;
-use crate::agent::monotonic_ns;
 use crate::cgroup::read_events_file;
+use crate::clock::monotonic_ns;
 use crate::proof::{Input, Output, UnitProof, UnitState};
 use crate::systemd::Bus;
 

@@ -9,10 +9,31 @@ pub mod protocol;
 pub mod server;
 pub mod wire;
 
+use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
 use protocol::ErrorKind;
+
+/// Identifies one client connection; never reused during a server's life. It is here rather
+/// than in [`server`] because the agent's core names clients too, and the core knows no
+/// socket.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClientId(u64);
+
+impl ClientId {
+    /// A client of a simulated or scripted run of the agent's core.
+    #[cfg(test)]
+    pub(crate) fn for_test(n: u64) -> ClientId {
+        ClientId(n)
+    }
+}
+
+impl fmt::Display for ClientId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "client {}", self.0)
+    }
+}
 
 /// A failure to set up or use the control socket, naming the socket path it concerns.
 #[derive(Debug, thiserror::Error)]

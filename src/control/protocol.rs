@@ -15,6 +15,7 @@ use serde::de::{DeserializeOwned, Error as _};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
+use crate::record_name::RecordName;
 use crate::unit_name::{self, UnitName};
 
 mod response;
@@ -166,8 +167,12 @@ pub struct WatchArgs {
     pub run_dir: Option<PathBuf>,
     /// The exit record's file name in `run_dir` (one path component); `None` with a `run_dir`
     /// is `exit-<invocation>.json`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub record: Option<String>,
+    #[serde(
+        default,
+        deserialize_with = "record_name",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub record: Option<RecordName>,
     /// The generation this invocation belongs to (> 0); generation numbers are never reused.
     #[serde(
         default,
@@ -204,19 +209,23 @@ impl WatchArgs {
     /// The checks that involve more than one field.
     fn check(self) -> Result<WatchArgs, (ErrorKind, String)> {
         let bad = |message: &str| Err((ErrorKind::BadRequest, message.to_owned()));
-        if let Some(name) = &self.record {
-            if self.run_dir.is_none() {
-                return bad("field `record` needs `run_dir`");
-            }
-            if let Err(e) = crate::exit::beneath::validate_name(name) {
-                return Err((ErrorKind::BadRequest, format!("field `record`: {e}")));
-            }
+        if self.record.is_some() && self.run_dir.is_none() {
+            return bad("field `record` needs `run_dir`");
         }
         if self.launch_file.is_some() && self.generation.is_none() {
             return bad("field `launch_file` needs `gen`");
         }
         Ok(self)
     }
+}
+
+fn record_name<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<RecordName>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    RecordName::parse(&text)
+        .map(Some)
+        .map_err(|e| D::Error::custom(format!("field `record`: {e}")))
 }
 
 fn absolute_path<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<PathBuf>, D::Error> {

@@ -20,8 +20,8 @@ use mio::net::{UnixListener, UnixStream};
 use mio::{Interest, Registry, Token};
 use nix::unistd::geteuid;
 
-use super::ControlError;
 use super::protocol::{ErrorKind, Request, StreamedReply};
+use super::{ClientId, ControlError};
 use crate::token_pool::TokenPool;
 use admission::{admitted, refuse};
 use connection::{Connection, Liveness, READ_CHUNK};
@@ -85,24 +85,6 @@ impl Default for ServerOptions {
             allowed_uids: Vec::new(),
             allowed_gids: Vec::new(),
         }
-    }
-}
-
-/// Identifies one client connection; never reused during a server's life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ClientId(u64);
-
-impl ClientId {
-    /// A client of a simulated or scripted run of the agent's core.
-    #[cfg(test)]
-    pub(crate) fn for_test(n: u64) -> ClientId {
-        ClientId(n)
-    }
-}
-
-impl fmt::Display for ClientId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "client {}", self.0)
     }
 }
 

@@ -17,23 +17,14 @@ use nix::fcntl::{self, AtFlags, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{self, FileStat, Mode, SFlag};
 use nix::unistd::{self, UnlinkatFlags};
 
-/// The longest file name Linux accepts, in bytes.
-const NAME_MAX: usize = 255;
+use crate::record_name::{InvalidRecordName, RecordName};
 
 /// Why a file beneath a directory was not read or removed.
 #[derive(Debug, thiserror::Error)]
 pub enum BeneathError {
     /// The name is not a single path component.
-    #[error(
-        "invalid file name \"{}\": {reason}",
-        .name.chars().take(64).collect::<String>().escape_debug()
-    )]
-    InvalidName {
-        /// The name as given.
-        name: String,
-        /// What is wrong with it.
-        reason: &'static str,
-    },
+    #[error(transparent)]
+    InvalidName(#[from] InvalidRecordName),
     /// The directory could not be opened (missing, not a directory, or a symlink).
     #[error("open directory {dir}: {source}")]
     OpenDir {
@@ -102,28 +93,6 @@ impl fmt::Display for Shown<'_> {
     }
 }
 
-/// Checks that `name` is a single path component: non-empty, no `/`, no NUL, not `.` or `..`,
-/// at most 255 bytes.
-pub fn validate_name(name: &str) -> Result<(), BeneathError> {
-    let reason = if name.is_empty() {
-        "empty"
-    } else if name == "." || name == ".." {
-        "a reference to a directory"
-    } else if name.contains('/') {
-        "contains '/'"
-    } else if name.contains('\0') {
-        "contains a NUL byte"
-    } else if name.len() > NAME_MAX {
-        "longer than 255 bytes"
-    } else {
-        return Ok(());
-    };
-    Err(BeneathError::InvalidName {
-        name: name.to_owned(),
-        reason,
-    })
-}
-
 /// Opens the trusted directory `dir` for `*at` calls and for fsync; its last component must
 /// not be a symlink.
 pub(super) fn open_dir(dir: &Path) -> nix::Result<OwnedFd> {
@@ -177,7 +146,7 @@ fn io_error(dir: &Path, name: &str, action: &'static str, errno: Errno) -> Benea
 
 /// Reads the regular file `name` directly beneath `dir`, at most `limit` bytes.
 ///
-/// `dir` is trusted (see the module docs); `name` must pass [`validate_name`]. A symlink
+/// `dir` is trusted (see the module docs); `name` must be a [`RecordName`]. A symlink
 /// anywhere in `name`'s resolution, a file with several hard links, anything but a regular
 /// file, and a file of more than `limit` bytes are errors, and nothing is read from them.
 pub fn read_beneath(dir: &Path, name: &str, limit: usize) -> Result<Vec<u8>, BeneathError> {
@@ -185,7 +154,7 @@ pub fn read_beneath(dir: &Path, name: &str, limit: usize) -> Result<Vec<u8>, Ben
 }
 
 fn read_with(open: Opener, dir: &Path, name: &str, limit: usize) -> Result<Vec<u8>, BeneathError> {
-    validate_name(name)?;
+    RecordName::parse(name)?;
     let dirfd = open_dir(dir).map_err(|errno| BeneathError::OpenDir {
         dir: dir.to_owned(),
         source: errno.into(),
@@ -251,7 +220,7 @@ fn read_with(open: Opener, dir: &Path, name: &str, limit: usize) -> Result<Vec<u
 /// Only the directory entry is removed: a symlink swapped in between the check and the removal
 /// is removed itself, never its target.
 pub fn remove_beneath(dir: &Path, name: &str) -> Result<bool, BeneathError> {
-    validate_name(name)?;
+    RecordName::parse(name)?;
     let dirfd = open_dir(dir).map_err(|errno| BeneathError::OpenDir {
         dir: dir.to_owned(),
         source: errno.into(),
@@ -499,20 +468,15 @@ mod tests {
         let longest = "a".repeat(255);
         let scratch = Scratch::new();
         for name in ["", ".", "..", "a/b", "/", "a\0b", "../outside", &long] {
-            let err = validate_name(name).expect_err(name);
-            assert!(matches!(err, BeneathError::InvalidName { .. }), "{err}");
             for (how, open) in OPENERS {
                 let err = read_with(open, &scratch.dir(), name, 4096).expect_err(how);
-                assert!(
-                    matches!(err, BeneathError::InvalidName { .. }),
-                    "{how}: {err}"
-                );
+                assert!(matches!(err, BeneathError::InvalidName(_)), "{how}: {err}");
             }
             let err = remove_beneath(&scratch.dir(), name).expect_err(name);
-            assert!(matches!(err, BeneathError::InvalidName { .. }), "{err}");
+            assert!(matches!(err, BeneathError::InvalidName(_)), "{err}");
         }
         for name in [NAME, "...", ".hidden", &longest, "a\nb"] {
-            validate_name(name).expect(name);
+            RecordName::parse(name).expect(name);
         }
     }
 
@@ -540,10 +504,10 @@ mod tests {
                 "open /run/x/r: Permission denied (os error 13)",
             ),
             (
-                BeneathError::InvalidName {
+                BeneathError::InvalidName(InvalidRecordName {
                     name: "a/\u{1b}".to_owned(),
                     reason: "contains '/'",
-                },
+                }),
                 "invalid file name \"a/\\u{1b}\": contains '/'",
             ),
         ];

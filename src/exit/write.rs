@@ -7,9 +7,10 @@ use std::io;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 
-use super::beneath::{self, BeneathError};
+use super::beneath;
 use super::record::ExitRecord;
 use crate::atomic_file;
+use crate::record_name::RecordName;
 
 /// The mode of a written record: readable by the agent whatever user the unit runs as.
 const RECORD_MODE: u32 = 0o644;
@@ -23,9 +24,6 @@ pub enum WriteRecordError {
          ExecStopPost=, where systemd sets it"
     )]
     MissingVar(&'static str),
-    /// The record's file name is not a single path component.
-    #[error("bad record name: {0}")]
-    BadName(#[source] BeneathError),
     /// The system call named by `action` failed on `path`.
     #[error("{action} {path}: {source}")]
     Io {
@@ -54,11 +52,6 @@ pub fn record_from_env(
     Ok((record, invocation))
 }
 
-/// The record's file name for an invocation: `exit-<invocation>.json`.
-pub fn default_record_name(invocation: &str) -> String {
-    format!("exit-{invocation}.json")
-}
-
 /// Writes `record` as `name` in `dir` and returns the record's path.
 ///
 /// The record is written to a temporary file `.<name>.<pid>.<random>.tmp` in the same
@@ -67,10 +60,10 @@ pub fn default_record_name(invocation: &str) -> String {
 /// through it), and the directory is synced. On any failure the temporary file is removed.
 pub fn write_record(
     dir: &Path,
-    name: &str,
+    name: &RecordName,
     record: &ExitRecord,
 ) -> Result<PathBuf, WriteRecordError> {
-    beneath::validate_name(name).map_err(WriteRecordError::BadName)?;
+    let name = name.as_str();
     let io_error = |path: &Path, action, source: io::Error| WriteRecordError::Io {
         path: path.to_owned(),
         action,
@@ -104,6 +97,10 @@ mod tests {
 
     const NAME: &str = "exit-0123.json";
 
+    fn name() -> RecordName {
+        RecordName::parse(NAME).expect("a valid name")
+    }
+
     fn record() -> ExitRecord {
         ExitRecord {
             result: "signal".to_owned(),
@@ -117,7 +114,7 @@ mod tests {
     #[test]
     fn writes_a_record_that_reads_back() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = write_record(dir.path(), NAME, &record()).expect("write");
+        let path = write_record(dir.path(), &name(), &record()).expect("write");
         assert_eq!(path, dir.path().join(NAME));
         let bytes = fs::read(&path).expect("read");
         assert_eq!(
@@ -131,7 +128,7 @@ mod tests {
     #[test]
     fn the_record_is_0644_although_created_0600() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = write_record(dir.path(), NAME, &record()).expect("write");
+        let path = write_record(dir.path(), &name(), &record()).expect("write");
         let mode = fs::metadata(path).expect("stat").permissions().mode();
         assert_eq!(mode & 0o7777, RECORD_MODE);
     }
@@ -140,7 +137,7 @@ mod tests {
     fn replaces_an_older_record() {
         let dir = tempfile::tempdir().expect("tempdir");
         fs::write(dir.path().join(NAME), b"old").expect("write old");
-        let path = write_record(dir.path(), NAME, &record()).expect("write");
+        let path = write_record(dir.path(), &name(), &record()).expect("write");
         assert_eq!(parse_record(&fs::read(path).expect("read")), Some(record()));
     }
 
@@ -152,7 +149,7 @@ mod tests {
         let outside = root.path().join("outside");
         fs::write(&outside, b"keep").expect("write outside");
         symlink(&outside, dir.join(NAME)).expect("symlink");
-        write_record(&dir, NAME, &record()).expect("write");
+        write_record(&dir, &name(), &record()).expect("write");
         let written = fs::symlink_metadata(dir.join(NAME)).expect("stat");
         assert!(written.file_type().is_file());
         assert_eq!(fs::read(&outside).expect("read outside"), b"keep");
@@ -162,7 +159,8 @@ mod tests {
     #[test]
     fn a_missing_directory_fails_and_creates_nothing() {
         let root = tempfile::tempdir().expect("tempdir");
-        let err = write_record(&root.path().join("missing"), NAME, &record()).expect_err("write");
+        let err =
+            write_record(&root.path().join("missing"), &name(), &record()).expect_err("write");
         assert!(matches!(err, WriteRecordError::Io { .. }), "{err}");
         assert!(entries(root.path()).is_empty());
     }
@@ -172,22 +170,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         fs::create_dir(dir.path().join(NAME)).expect("mkdir");
         fs::write(dir.path().join(NAME).join("inside"), b"").expect("fill");
-        let err = write_record(dir.path(), NAME, &record()).expect_err("write");
+        let err = write_record(dir.path(), &name(), &record()).expect_err("write");
         assert!(
             matches!(err, WriteRecordError::Io { action, .. } if action.starts_with("rename")),
             "{err}"
         );
         assert_eq!(entries(dir.path()), [NAME]);
-    }
-
-    #[test]
-    fn a_bad_name_is_refused() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        for name in ["", "..", "a/b"] {
-            let err = write_record(dir.path(), name, &record()).expect_err(name);
-            assert!(matches!(err, WriteRecordError::BadName(_)), "{err}");
-        }
-        assert!(entries(dir.path()).is_empty());
     }
 
     #[test]
@@ -244,10 +232,5 @@ mod tests {
                 (outcome, expected) => panic!("{outcome:?}, expected {expected:?}"),
             }
         }
-    }
-
-    #[test]
-    fn default_record_names() {
-        assert_eq!(default_record_name("0123abcd"), "exit-0123abcd.json");
     }
 }

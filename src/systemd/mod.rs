@@ -4,6 +4,7 @@ pub(crate) mod manager;
 pub(crate) mod read;
 pub mod runtime;
 pub(crate) mod signal;
+pub(crate) mod snapshot;
 pub(crate) mod words;
 
 use std::fmt;

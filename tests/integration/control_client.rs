@@ -4,13 +4,14 @@ use std::path::{Path, PathBuf};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use exitproof::control::ClientId;
 use exitproof::control::ControlError;
 use exitproof::control::client::Client;
 use exitproof::control::protocol::{
     Command, ErrorKind, Request, RequestId, Response, StreamedReply, Version, WaitArgs, WatchArgs,
     event_line, list_reply,
 };
-use exitproof::control::server::{ClientId, ControlServer, ServerEvent, ServerOptions};
+use exitproof::control::server::{ControlServer, ServerEvent, ServerOptions};
 use exitproof::control::wire::{
     AgentStats, Bucket, Cause, CoreStats, EventAnswer, EventKind, InotifyStats, JournaldStats,
     LatencySummary, Level, ListAnswer, Phase, PhaseCounts, ProofCounts, ProofEvent,
@@ -543,7 +544,9 @@ fn a_typed_request_is_the_line_the_agent_parses() {
         Command::Watch(WatchArgs {
             invocation: Some(INVOCATION.to_owned()),
             run_dir: Some("/run/web".into()),
-            record: Some("exit.json".to_owned()),
+            record: Some(
+                exitproof::record_name::RecordName::parse("exit.json").expect("a valid name"),
+            ),
             generation: Some(7),
             launch_file: Some("/run/web-7.env".into()),
             ..WatchArgs::new(unit.clone())

@@ -9,11 +9,11 @@ use std::os::unix::net::{UnixListener as StdListener, UnixStream as StdStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use exitproof::control::ControlError;
 use exitproof::control::protocol::{Command, RequestId, Response, Version, event_line, list_reply};
 use exitproof::control::server::{
-    ClientId, ControlServer, MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions,
+    ControlServer, MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions,
 };
+use exitproof::control::{ClientId, ControlError};
 use mio::{Events, Poll};
 use nix::fcntl::OFlag;
 use nix::sys::signal::{Signal, kill};

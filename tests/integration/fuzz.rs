@@ -535,7 +535,8 @@ fn check_accepted(bytes: &[u8], request: &Request) -> Result<(), String> {
                 sent_str(&fields, "invocation").map(str::to_ascii_lowercase),
             )?;
             if let Some(name) = &args.record {
-                exit::beneath::validate_name(name).map_err(|e| format!("accepted {e}"))?;
+                exitproof::record_name::RecordName::parse(name.as_str())
+                    .map_err(|e| format!("accepted {e}"))?;
             }
             if let Some(dir) = &args.run_dir {
                 same("absolute run_dir", dir.is_absolute(), true)?;

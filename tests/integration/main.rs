@@ -14,6 +14,7 @@ mod contrib_units;
 mod control_client;
 mod control_server;
 mod fuzz;
+mod layering;
 // `exitproof completions`, `exitproof man` and the package need the feature `docs`.
 #[cfg(feature = "docs")]
 mod generated_docs;

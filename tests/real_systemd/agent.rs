@@ -381,7 +381,7 @@ fn two_hundred_units_killed_at_once_are_all_proven_none_early() {
         .iter()
         .map(|n| sandbox.host_cgroup_dir(&sandbox.show(n, "ControlGroup")))
         .collect();
-    let t_kill = exitproof::agent::monotonic_ns();
+    let t_kill = exitproof::clock::monotonic_ns();
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "many@*.service"]);
 
     let mut proven = [false; UNITS];

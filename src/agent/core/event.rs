@@ -5,7 +5,7 @@
 pub(crate) use crate::control::wire::{EventKind, ProofEvent, WatchView};
 use crate::exit::record::{ExitRecord, exit_level, exit_line, signal_name};
 use crate::proof::Level;
-use crate::systemd::read::ServiceExit;
+use crate::systemd::snapshot::ServiceExit;
 
 /// systemd's exit status in the vocabulary of an exit record (`$SERVICE_RESULT`, `$EXIT_CODE`,
 /// `$EXIT_STATUS`): a code of `exited`, `killed` or `dumped`, and a signal by name.

@@ -7,8 +7,8 @@
 
 use crate::cgroup::procs::NextInvocation;
 use crate::proof::UnitState;
-use crate::systemd::read::{ServiceExit, UnitSnapshot};
 use crate::systemd::signal::UnitChange;
+use crate::systemd::snapshot::{ServiceExit, UnitSnapshot};
 use crate::systemd::words::{Word, word};
 
 /// One property and the serial of the message that set it.

@@ -51,15 +51,16 @@ use waiters::Waiters;
 use watch::{Watch, Watches};
 
 use crate::cgroup::CgroupReading;
+use crate::control::ClientId;
 use crate::control::protocol::{ErrorKind, Request, RequestId, Version};
-use crate::control::server::ClientId;
 use crate::exit::record::ExitRecord;
 use crate::memory::shrink_when_sparse;
 use crate::proof::{Input as ProofInput, StopReason};
-use crate::systemd::read::UnitSnapshot;
+use crate::record_name::RecordName;
 use crate::systemd::signal::SystemdSignal;
+use crate::systemd::snapshot::UnitSnapshot;
 
-pub(crate) use super::state::{AgentState, ChangeSet, StateSave};
+pub(crate) use super::saved::{AgentState, ChangeSet, StateSave};
 
 /// Identifies a watch for its whole life; never reused, so a late answer for a unit that was
 /// unwatched and watched again cannot land on the new watch.
@@ -214,7 +215,7 @@ pub(crate) enum Output {
     TakeExitRecord {
         key: UnitKey,
         run_dir: PathBuf,
-        name: String,
+        name: RecordName,
     },
     /// Remove a generation's launch file (never following a final symlink).
     RemoveLaunchFile { unit: String, path: PathBuf },

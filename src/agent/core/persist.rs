@@ -17,10 +17,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::event::ProofEvent;
 use super::watch::{UnsentStop, Watch, WatchSpec};
 use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
-use crate::agent::state::{ProofJson, WatchRecord};
+use crate::agent::saved::{ProofJson, WatchRecord};
 use crate::proof::release::Release;
 use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
 use crate::unit_name;
@@ -145,7 +144,7 @@ impl Core {
                 )));
             }
             if let Some(proof) = record.proof {
-                match proof.decode::<ProofEvent>() {
+                match proof.event() {
                     Ok(event) => {
                         let key = self.new_key();
                         self.by_name.insert(Rc::clone(&watch.id), key);
@@ -258,7 +257,7 @@ fn record_of(watch: &Watch) -> Option<WatchRecord> {
         proof: watch
             .event
             .as_ref()
-            .and_then(|event| ProofJson::encode(event).ok()),
+            .and_then(|event| ProofJson::of(event).ok()),
         control_group: (!watch.control_group.is_empty()).then(|| watch.control_group.clone()),
         stop_unsent: watch
             .unsent_stop

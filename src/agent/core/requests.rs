@@ -5,10 +5,10 @@ use std::time::Instant;
 
 use super::watch::{Watch, WatchSpec};
 use super::{Answer, Core, ReplyTo, UnitKey};
+use crate::control::ClientId;
 use crate::control::protocol::{
     Command, ErrorKind, Request, StatusArgs, UnwatchArgs, Version, WaitArgs, WatchArgs,
 };
-use crate::control::server::ClientId;
 use crate::proof::Input as ProofInput;
 use crate::unit_name::UnitName;
 

@@ -20,8 +20,8 @@ use super::{Answer, Core, Output, StopKind, UnitKey};
 use crate::control::protocol::ErrorKind;
 use crate::proof::release::ReleaseInput;
 use crate::proof::{Input as ProofInput, StopReason, UnitProof};
-use crate::systemd::read::UnitSnapshot;
 use crate::systemd::signal::SystemdSignal;
+use crate::systemd::snapshot::UnitSnapshot;
 
 /// ActiveStates in which the unit runs nothing.
 fn is_terminal(active_state: &str) -> bool {

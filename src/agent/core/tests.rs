@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::agent::state::WatchRecord;
+use crate::agent::saved::WatchRecord;
 use crate::control::protocol::parse_request;
 use crate::proof::{Cause, Phase};
 use crate::systemd::signal::{UnitChange, unit_path};
@@ -1001,7 +1001,7 @@ fn a_refused_watch_gives_its_generation_back_in_a_change_set() {
 fn a_unit_watched_again_after_its_proof_in_an_old_file_keeps_the_new_watch() {
     let proven = WatchRecord {
         proof: Some(
-            crate::agent::state::ProofJson::encode(&serde_json::json!({"unit": "p.service"}))
+            crate::agent::saved::ProofJson::from_json(&serde_json::json!({"unit": "p.service"}))
                 .expect("encode"),
         ),
         ..saved("p.service", A)

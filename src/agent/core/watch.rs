@@ -9,10 +9,10 @@ use super::event::{ProofEvent, WatchView};
 use super::facts::UnitFacts;
 use super::{ReplyTo, StopKind, UnitKey};
 use crate::cgroup::CgroupReading;
-use crate::exit::write::default_record_name;
 use crate::memory::shrink_when_sparse;
 use crate::proof::release::Release;
 use crate::proof::{Phase, Proof, Resumed, UnitProof};
+use crate::record_name::RecordName;
 use crate::systemd::signal::unit_path;
 use crate::unit_name::UnitName;
 
@@ -21,7 +21,7 @@ use crate::unit_name::UnitName;
 pub(super) struct WatchSpec {
     pub run_dir: Option<PathBuf>,
     /// The record's file name; `None` with a run dir is `exit-<invocation>.json`.
-    pub record: Option<String>,
+    pub record: Option<RecordName>,
     pub generation: Option<u64>,
     pub launch_file: Option<PathBuf>,
 }
@@ -191,11 +191,12 @@ impl Watch {
     }
 
     /// The exit record's file name, once our invocation is known.
-    pub(super) fn record_name(&self) -> Option<String> {
+    pub(super) fn record_name(&self) -> Option<RecordName> {
         self.spec.run_dir.as_ref()?;
         match &self.spec.record {
             Some(name) => Some(name.clone()),
-            None => Some(default_record_name(self.proof.as_ref()?.invocation())),
+            // An invocation is hex (systemd's, or a request's checked one), so its name is one.
+            None => RecordName::for_invocation(self.proof.as_ref()?.invocation()).ok(),
         }
     }
 
@@ -222,7 +223,10 @@ impl Watch {
             phase: self.phase(),
             stop_requested: self.stop_requested(),
             run_dir: self.spec.run_dir.as_ref().map(|p| p.display().to_string()),
-            record: self.record_name().or_else(|| self.spec.record.clone()),
+            record: self
+                .record_name()
+                .or_else(|| self.spec.record.clone())
+                .map(|name| name.to_string()),
             generation: self.spec.generation,
             launch_file: self
                 .spec

@@ -8,8 +8,8 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
-use crate::systemd::read::{SERVICE_PROPERTIES, UNIT_PROPERTIES};
 use crate::systemd::signal::SystemdSignal;
+use crate::systemd::snapshot::{Attempt, SERVICE_PROPERTIES, UNIT_PROPERTIES};
 
 /// What systemd answered a read with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,11 +58,13 @@ pub(crate) struct ReadKind {
 }
 
 impl ReadKind {
-    /// A read's first attempt.
-    pub(crate) const FIRST: ReadKind = ReadKind {
-        get_unit: true,
-        by_property: true,
-    };
+    /// How the driver asks in `attempt`: only the first begins with GetUnit.
+    pub(crate) fn of(attempt: Attempt) -> ReadKind {
+        ReadKind {
+            get_unit: attempt == Attempt::FIRST,
+            by_property: attempt.by_property(),
+        }
+    }
 
     /// How many answers make the read.
     pub(crate) fn parts(self) -> usize {

@@ -23,7 +23,7 @@ use super::rng::Rng;
 use super::tenant::Tenant;
 use super::world::World;
 use crate::agent::core::{
-    AgentState, Answer, Core, CoreConfig, Input, Output, ProofEvent, StateSave, StopKind, UnitKey,
+    AgentState, Answer, Core, CoreConfig, Input, Output, StateSave, StopKind, UnitKey,
 };
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
@@ -31,21 +31,18 @@ use crate::cgroup::held_node::{NodeOpen, Route, reading_through, route};
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::RequestId;
 use crate::proof::StopReason;
-use crate::systemd::read::{
-    CurrentInvocation, PROPERTY_READ_ATTEMPTS, SERVICE_PROPERTIES, ServiceExit, UNIT_PROPERTIES,
-    UnitSnapshot,
-};
 use crate::systemd::signal::{SystemdSignal, unit_path};
+use crate::systemd::snapshot::{
+    self, Attempt, InvocationAnswer, Property, PropertyAnswers, SERVICE_PROPERTIES,
+    UNIT_PROPERTIES, UnitSnapshot, properties_asked,
+};
 
 /// What one simulated run is made of.
 /// What a call in flight is for.
 #[derive(Clone, Copy, Debug)]
 enum CallFor {
-    /// The driver's `attempt`th read of a unit (see `read_again`), asked as `kind` says.
-    Read {
-        attempt: u32,
-        kind: ReadKind,
-    },
+    /// An attempt of the driver's read of a unit (see `read_again`).
+    Read(Attempt),
     Stop(StopKind),
 }
 
@@ -333,12 +330,9 @@ impl Sim {
                     self.key_invs.insert(key, inv);
                 }
                 // Without a connection the real driver drops the read too.
-                if let Some(id) = self.world.bus.send(&unit, CallKind::Read(ReadKind::FIRST)) {
-                    let call = CallFor::Read {
-                        attempt: 1,
-                        kind: ReadKind::FIRST,
-                    };
-                    self.calls.insert(id, (key, call));
+                let kind = ReadKind::of(Attempt::FIRST);
+                if let Some(id) = self.world.bus.send(&unit, CallKind::Read(kind)) {
+                    self.calls.insert(id, (key, CallFor::Read(Attempt::FIRST)));
                 }
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
@@ -448,11 +442,7 @@ impl Sim {
     /// never broadcasts it, and lists it from the saved state after its restart.
     fn saved_proofs(&mut self) {
         for record in &self.disk.load().watches {
-            let Some(event) = record
-                .proof
-                .as_ref()
-                .and_then(|proof| proof.decode::<ProofEvent>().ok())
-            else {
+            let Some(event) = record.proof.as_ref().and_then(|proof| proof.event().ok()) else {
                 continue;
             };
             let inv = parse_inv(&event.invocation);
@@ -726,8 +716,9 @@ impl Sim {
             return true;
         };
         match (reply.answer, call) {
-            (BusAnswer::Read(result), CallFor::Read { attempt, kind }) => {
-                let result = match result.map(|parts| driver_read(kind, &parts)) {
+            (BusAnswer::Read(result), CallFor::Read(attempt)) => {
+                let unit = self.key_names[&key].clone();
+                let result = match result.map(|parts| driver_read(&unit, attempt, &parts)) {
                     Ok(None) => {
                         self.read_again(key, attempt);
                         return true;
@@ -762,20 +753,19 @@ impl Sim {
 
     /// The unit began another invocation while it was read property by property: the driver
     /// asks again at the path it has, and after the last attempt with GetAll.
-    fn read_again(&mut self, key: UnitKey, attempt: u32) {
+    fn read_again(&mut self, key: UnitKey, attempt: Attempt) {
         let Some(unit) = self.key_names.get(&key).cloned() else {
             return;
         };
-        let kind = ReadKind {
-            get_unit: false,
-            by_property: attempt < PROPERTY_READ_ATTEMPTS,
-        };
+        let attempt = attempt.next();
         self.reads_asked_again += 1;
         self.log(|| format!("driver: {unit} began another invocation while read; again"));
-        if let Some(id) = self.world.bus.send(&unit, CallKind::Read(kind)) {
-            let attempt = attempt + 1;
-            self.calls
-                .insert(id, (key, CallFor::Read { attempt, kind }));
+        if let Some(id) = self
+            .world
+            .bus
+            .send(&unit, CallKind::Read(ReadKind::of(attempt)))
+        {
+            self.calls.insert(id, (key, CallFor::Read(attempt)));
         }
     }
 
@@ -796,7 +786,7 @@ impl Sim {
                 kind,
                 succeeded: false,
             }),
-            CallFor::Read { .. } => self.input(Input::UnitRead {
+            CallFor::Read(_) => self.input(Input::UnitRead {
                 key,
                 result: Err("Method call timed out".into()),
             }),
@@ -870,44 +860,63 @@ pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
         .collect()
 }
 
-/// What the driver makes of a read's answers (`systemd::read::read_unit`): the snapshot,
-/// or `None` if the unit began another invocation between the first and the last answer of a
-/// read property by property.
-fn driver_read(kind: ReadKind, parts: &[Snapshot]) -> Option<UnitSnapshot> {
+/// What the driver makes of a read's answers to `attempt` for `unit`, by the driver's own rule
+/// (`systemd::snapshot`): the snapshot, or `None` if the unit began another invocation between
+/// the first and the last answer of a read property by property.
+fn driver_read(unit: &str, attempt: Attempt, parts: &[Snapshot]) -> Option<UnitSnapshot> {
     let mut parts = parts.iter();
-    if kind.get_unit {
+    if ReadKind::of(attempt).get_unit {
         let get_unit = parts.next()?;
         if !get_unit.loaded {
-            return Some(to_unit_snapshot(get_unit, get_unit));
+            return Some(snapshot::not_loaded(
+                unit,
+                &unit_path(unit),
+                get_unit.serial,
+            ));
         }
     }
-    if !kind.by_property {
-        let (unit, service) = (parts.next()?, parts.next()?);
-        return Some(to_unit_snapshot(&loaded(unit), &loaded(service)));
+    if !attempt.by_property() {
+        // GetAll of the Unit interface, then of the Service interface.
+        let (unit_part, service) = (parts.next()?, parts.next()?);
+        let properties = std::iter::once("InvocationID")
+            .chain(UNIT_PROPERTIES)
+            .map(|name| property(name, unit_part))
+            .chain(SERVICE_PROPERTIES.map(|name| property(name, service)));
+        let path = unit_path(&unit_part.id);
+        let read = snapshot::snapshot(
+            unit,
+            &path,
+            unit_part.serial,
+            properties,
+            Some(service.serial),
+        );
+        return Some(read);
     }
-    let before = parts.next()?;
-    let mut read = loaded(before);
-    for (name, part) in UNIT_PROPERTIES
+    let answer = |part: &Snapshot| InvocationAnswer {
+        id: part.invocation.clone(),
+        serial: part.serial,
+    };
+    let before = answer(parts.next()?);
+    let asked = properties_asked(unit);
+    let answered: Vec<&Snapshot> = parts.by_ref().take(asked.len()).collect();
+    let after = answer(parts.next()?);
+    let properties: Vec<Property> = asked
         .iter()
-        .chain(&SERVICE_PROPERTIES)
-        .zip(&mut parts)
-    {
-        match *name {
-            "Id" => read.id.clone_from(&part.id),
-            "ActiveState" => read.active_state.clone_from(&part.active_state),
-            "SubState" => read.sub_state.clone_from(&part.sub_state),
-            "InactiveExitTimestampMonotonic" => read.inactive_exit_us = part.inactive_exit_us,
-            "ControlGroup" => read.control_group.clone_from(&part.control_group),
-            "Result" => read.result.clone_from(&part.result),
-            "ExecMainCode" => read.exec_main_code = part.exec_main_code,
-            "ExecMainStatus" => read.exec_main_status = part.exec_main_status,
-            "MainPID" => read.main_pid = part.main_pid,
-            "ControlPID" => read.control_pid = part.control_pid,
-            other => panic!("the simulator does not model the property {other}"),
-        }
-    }
-    let after = parts.next()?;
-    (after.invocation == before.invocation).then(|| to_unit_snapshot(&read, &read))
+        .zip(&answered)
+        .map(|((_, name), part)| property(name, part))
+        .collect();
+    // The object path GetUnit gave: the real unit's, which its `Id` names.
+    let id = properties.iter().find_map(|p| match p {
+        Property::Id(id) => Some(id.as_str()),
+        _ => None,
+    });
+    let path = unit_path(id.unwrap_or(unit));
+    let answers = PropertyAnswers::<std::convert::Infallible> {
+        before,
+        properties: properties.into_iter().map(Ok).collect(),
+        after,
+    };
+    snapshot::by_property(unit, &path, answers).unwrap_or_else(|never| match never {})
 }
 
 fn cgroup_reading(reading: Reading) -> CgroupReading {
@@ -918,43 +927,22 @@ fn cgroup_reading(reading: Reading) -> CgroupReading {
     }
 }
 
-/// A part answered after GetUnit found the unit: the driver takes it as loaded (asking at its
-/// path loads it again if systemd dropped it meanwhile, inactive with no invocation).
-fn loaded(part: &Snapshot) -> Snapshot {
-    Snapshot {
-        loaded: true,
-        ..part.clone()
-    }
-}
-
-/// The snapshot made of the Unit interface's answer (`unit`) and the Service interface's
-/// (`service`: the cgroup, the exit status, the pids), each stamped with its own serial.
-fn to_unit_snapshot(unit: &Snapshot, service: &Snapshot) -> UnitSnapshot {
-    let exit = unit.loaded.then(|| {
-        let exit = ServiceExit {
-            result: Some(service.result.clone()),
-            exec_main_code: Some(service.exec_main_code),
-            exec_main_status: Some(service.exec_main_status),
-        };
-        (exit, service.serial)
-    });
-    let current = CurrentInvocation {
-        inactive_exit_us: unit.loaded.then_some(unit.inactive_exit_us),
-        pids: unit
-            .loaded
-            .then_some(((service.main_pid, service.control_pid), service.serial)),
-    };
-    UnitSnapshot {
-        serial: unit.serial,
-        loaded: unit.loaded,
-        path: unit_path(&unit.id),
-        id: unit.id.clone(),
-        active_state: unit.active_state.clone(),
-        sub_state: unit.sub_state.clone(),
-        invocation: unit.invocation.clone(),
-        control_group: service.control_group.clone(),
-        exit,
-        current,
+/// Property `name` as systemd answered it at the moment of `part`. The simulator models only
+/// the properties the driver reads.
+fn property(name: &str, part: &Snapshot) -> Property {
+    match name {
+        "InvocationID" => Property::InvocationId(part.invocation.clone()),
+        "Id" => Property::Id(part.id.clone()),
+        "ActiveState" => Property::ActiveState(part.active_state.clone()),
+        "SubState" => Property::SubState(part.sub_state.clone()),
+        "InactiveExitTimestampMonotonic" => Property::InactiveExitUs(part.inactive_exit_us),
+        "ControlGroup" => Property::ControlGroup(part.control_group.clone()),
+        "Result" => Property::Result(part.result.clone()),
+        "ExecMainCode" => Property::ExecMainCode(part.exec_main_code),
+        "ExecMainStatus" => Property::ExecMainStatus(part.exec_main_status),
+        "MainPID" => Property::MainPid(part.main_pid),
+        "ControlPID" => Property::ControlPid(part.control_pid),
+        other => panic!("the simulator does not model the property {other}"),
     }
 }
 
@@ -1029,7 +1017,7 @@ fn show_output(output: &Output) -> String {
     }
 }
 
-fn show_records(records: &[crate::agent::state::WatchRecord]) -> String {
+fn show_records(records: &[crate::agent::saved::WatchRecord]) -> String {
     records
         .iter()
         .map(|w| {

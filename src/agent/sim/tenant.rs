@@ -10,8 +10,8 @@ use super::kernel::Inv;
 use super::oracle::{Oracle, parse_inv};
 use super::world::{World, hex};
 use crate::agent::core::{Answer, Input, ReplyTo};
+use crate::control::ClientId;
 use crate::control::protocol::{RequestId, parse_request};
-use crate::control::server::ClientId;
 
 /// A watch the platform asked for.
 #[derive(Clone, Debug)]

@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use nix::time::{ClockId, clock_gettime};
+use nix::time::ClockId;
 use nix::unistd::{SysconfVar, sysconf};
 
 use super::{NANOS_PER_SEC, ProcessInfo, ProcsError};
@@ -200,9 +200,8 @@ pub(super) fn boot_minus_mono_ns() -> Result<u64, ProcsError> {
 }
 
 pub(super) fn read_clock_ns(clock: ClockId, name: &'static str) -> Result<i128, ProcsError> {
-    let time = clock_gettime(clock).map_err(|source| ProcsError::Clock {
+    crate::clock::clock_ns(clock).map_err(|source| ProcsError::Clock {
         clock: name,
         source,
-    })?;
-    Ok(i128::from(time.tv_sec()) * 1_000_000_000 + i128::from(time.tv_nsec()))
+    })
 }

@@ -520,3 +520,15 @@ fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
         Just(json!({"cmd": "list"})),
     ]
 }
+
+/// A bad record name is refused in the words it always was.
+#[test]
+fn a_bad_record_name_is_refused_with_its_reason() {
+    let line = br#"{"cmd":"watch","unit":"x.service","run_dir":"/run/x","record":"../r.json"}"#;
+    let err = parse_request(line).expect_err("a record name with a slash");
+    assert_eq!(err.kind, ErrorKind::BadRequest);
+    assert_eq!(
+        err.message,
+        "field `record`: invalid file name \"../r.json\": contains '/'"
+    );
+}

@@ -12,7 +12,8 @@ use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, send};
 
 use super::lines::{LineSplitter, parse_line};
-use super::{ClientId, MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions};
+use super::{MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions};
+use crate::control::ClientId;
 use crate::control::protocol::{ErrorKind, Response, StreamedReply};
 
 /// Bytes read from one client per readiness event before yielding to other work, so one client

@@ -31,9 +31,10 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     task::{Context, Poll, Wake, Waker},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
+use crate::clock;
 use async_task::Runnable;
 use mio::{Events, Registry, Token};
 use zbus::runtime::{IoSource, traits};
@@ -151,10 +152,6 @@ impl MioRuntime {
 
     /// How long the loop may wait in the poll: not at all while runnables are queued, otherwise
     /// until the earliest timer, or without limit when there is no timer.
-    #[allow(
-        clippy::disallowed_methods,
-        reason = "the loop's runtime: its timers read the clock"
-    )]
     pub fn timeout(&self) -> Option<Duration> {
         if !lock(&self.0.queue).is_empty() {
             return Some(Duration::ZERO);
@@ -163,7 +160,7 @@ impl MioRuntime {
         let timers = lock(&self.0.timers);
         let (deadline, _) = timers.pending.keys().next()?;
 
-        Some(deadline.saturating_duration_since(Instant::now()))
+        Some(deadline.saturating_duration_since(clock::now()))
     }
 
     /// Runs `future` in the background on this runtime; dropping the handle cancels it.

@@ -2,12 +2,6 @@
 //!
 //! A timer must never stay in the map once its `Sleep` is dropped.
 
-// The runtime runs on the agent's loop: its timers are the driver's reading of the clock.
-#![allow(
-    clippy::disallowed_methods,
-    reason = "the loop's runtime: its timers read the clock"
-)]
-
 use std::{
     collections::BTreeMap,
     future::Future,
@@ -18,6 +12,7 @@ use std::{
 };
 
 use super::{Inner, lock};
+use crate::clock;
 
 /// A timer the runtime wakes once its deadline has passed. Dropping it cancels it.
 pub struct Sleep {
@@ -33,7 +28,7 @@ impl Sleep {
     pub(super) fn new(inner: Arc<Inner>, duration: Duration) -> Self {
         Self {
             inner,
-            deadline: Instant::now().checked_add(duration),
+            deadline: clock::now().checked_add(duration),
             id: None,
         }
     }
@@ -48,7 +43,7 @@ impl Future for Sleep {
             // Never due, so nothing will ever have to wake it.
             return Poll::Pending;
         };
-        if Instant::now() >= deadline {
+        if clock::now() >= deadline {
             return Poll::Ready(());
         }
 
@@ -80,7 +75,7 @@ impl Inner {
             let mut timers = lock(&self.timers);
             // Ids start at one and count up, so none is `u64::MAX`, and the split leaves exactly
             // the deadlines that have passed on the left.
-            let later = timers.pending.split_off(&(Instant::now(), u64::MAX));
+            let later = timers.pending.split_off(&(clock::now(), u64::MAX));
 
             std::mem::replace(&mut timers.pending, later)
         };

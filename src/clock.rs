@@ -1,0 +1,48 @@
+//! The clock: every reading of it outside tests and the benchmark is one of these.
+//!
+//! Only the driver reads the clock: the pure cores (`proof`, `agent::core`) are handed `now`,
+//! which lets their tests and the simulator run in virtual time. `clippy.toml` disallows the
+//! raw readings (`Instant::now`, `SystemTime::now`, `clock_gettime` through nix or libc)
+//! everywhere but here, so a new kind of reading comes here and says what it is for.
+
+#![allow(
+    clippy::disallowed_methods,
+    reason = "the one module that reads the clock"
+)]
+
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use nix::time::{ClockId, clock_gettime};
+
+/// The loop's time, for deadlines: the driver hands it to the cores as `now`, and the zbus
+/// runtime's timers wait for it.
+pub(crate) fn now() -> Instant {
+    Instant::now()
+}
+
+/// CLOCK_MONOTONIC now, in nanoseconds (0 if it cannot be read): comparable across
+/// processes, as a proof event's `proven_mono_ns` is.
+pub fn monotonic_ns() -> u64 {
+    match clock_gettime(ClockId::CLOCK_MONOTONIC) {
+        Ok(ts) => {
+            u64::try_from(ts.tv_sec()).unwrap_or(0) * 1_000_000_000
+                + u64::try_from(ts.tv_nsec()).unwrap_or(0)
+        }
+        Err(_) => 0,
+    }
+}
+
+/// Seconds since the epoch (0 before it), for the names of corrupt files moved aside; never a
+/// decision.
+pub(crate) fn wall_seconds() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+}
+
+/// `clock` now, in nanoseconds: processes' start times are placed against CLOCK_BOOTTIME and
+/// CLOCK_MONOTONIC, which `Instant` does not tell apart.
+pub(crate) fn clock_ns(clock: ClockId) -> nix::Result<i128> {
+    let time = clock_gettime(clock)?;
+    Ok(i128::from(time.tv_sec()) * 1_000_000_000 + i128::from(time.tv_nsec()))
+}
