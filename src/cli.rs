@@ -283,9 +283,6 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             metrics_file,
         } => {
             crate::service::init_logging();
-            if let Err(error) = agent::raise_open_file_limit() {
-                log::warn!("cannot raise the limit on open files: {error}");
-            }
             let mut config = AgentConfig::new(socket.bus(), socket.path());
             config.method_timeout = method_timeout;
             config.resync_interval = (!resync_interval.is_zero()).then_some(resync_interval);

@@ -205,36 +205,7 @@ fn push(queue: &Completions, completion: Completion) {
         .push_back(completion);
 }
 
-/// Raises this process's soft limit on open files to its hard limit (at most 2^20), and
-/// returns the soft limit it has then. The agent holds one descriptor per watched unit's
-/// cgroup while it has room (see [`run`]); the `exitproof agent` command calls this first. An
-/// embedding program decides for itself.
-pub fn raise_open_file_limit() -> nix::Result<u64> {
-    use nix::sys::resource::{Resource, getrlimit, setrlimit};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-    let wanted = hard.min(1 << 20);
-    if soft >= wanted {
-        return Ok(soft);
-    }
-    setrlimit(Resource::RLIMIT_NOFILE, wanted, hard)?;
-    Ok(wanted)
-}
-
-/// How many units' cgroup nodes the agent may hold open: the soft limit on open files less a
-/// quarter of it (at least 256), kept for everything else (control clients, the pidfds of
-/// leftover processes, the bus, the state files). Past it, cgroups are read by path.
-fn node_capacity() -> usize {
-    use nix::sys::resource::{Resource, getrlimit};
-    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(0, |(soft, _)| soft);
-    let soft = usize::try_from(soft).unwrap_or(usize::MAX);
-    soft.saturating_sub((soft / 4).max(256))
-}
-
 /// Runs the agent until SIGINT or SIGTERM.
-///
-/// It holds an `O_PATH` descriptor of each watched unit's `cgroup.events`, so a read of it
-/// walks no path (the cgroup file system's lock is held while systemd removes cgroups), for
-/// as many units as the limit on open files leaves room for; see [`raise_open_file_limit`].
 pub fn run(config: AgentConfig) -> Result<(), AgentError> {
     let mut agent = Agent::start(config)?;
     agent.run()
@@ -317,8 +288,7 @@ impl Agent {
         let completions: Completions = Arc::default();
 
         let root = cgroup2_mount().map_err(AgentError::Cgroup)?;
-        let cgroups =
-            CgroupWatcher::new(root.clone(), node_capacity()).map_err(AgentError::Cgroup)?;
+        let cgroups = CgroupWatcher::new(root.clone()).map_err(AgentError::Cgroup)?;
         poll.registry()
             .register(
                 &mut SourceFd(&cgroups.as_raw_fd()),
@@ -570,7 +540,7 @@ impl Agent {
                         .handle_input(Input::Leftovers { key, result }, clock::now());
                 }
                 Output::ReadCgroup { key, cgroup } => {
-                    let reading = self.cgroups.read_cgroup(key, &cgroup);
+                    let reading = self.cgroups.read_cgroup(&cgroup);
                     self.core
                         .handle_input(Input::CgroupRead { key, reading }, clock::now());
                 }

@@ -223,7 +223,7 @@ pub fn observe(bus: Bus) -> Result<(), BenchError> {
         .map_err(BenchError::Connect)?;
     let root = cgroup2_mount().map_err(|e| BenchError::Failed(e.to_string()))?;
     let mut cgroups =
-        CgroupWatcher::<usize>::new(root, 0).map_err(|e| BenchError::Failed(e.to_string()))?;
+        CgroupWatcher::<usize>::new(root).map_err(|e| BenchError::Failed(e.to_string()))?;
     poll.registry()
         .register(
             &mut SourceFd(&cgroups.as_raw_fd()),

@@ -4,7 +4,6 @@
 //! that is gone) is.
 
 pub(crate) mod events;
-pub(crate) mod held_node;
 pub(crate) mod mount;
 pub(crate) mod procs;
 mod watch_table;

@@ -18,7 +18,7 @@ use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::hash::Hash;
 use std::io::{self, Read};
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -27,7 +27,6 @@ use nix::errno::Errno;
 
 use super::CgroupError;
 use super::events::{CgroupReading, parse_populated};
-use super::held_node::{NodeOpen, Route, reading_through, route};
 use super::watch_table::{Clash, Role, Unused, WatchTable};
 use crate::memory::shrink_when_sparse;
 
@@ -66,9 +65,6 @@ struct Unit {
     parent_wd: Option<i32>,
     /// The descriptor of the watch on the unit's `cgroup.events`, if the cgroup existed.
     events_wd: Option<i32>,
-    /// The unit's `cgroup.events` as an `O_PATH` descriptor taken at this path, read without
-    /// walking it (see [`super::held_node`]).
-    node: Option<OwnedFd>,
 }
 
 impl Unit {
@@ -93,26 +89,17 @@ pub(crate) struct CgroupWatcher<K> {
     inotify: Inotify,
     units: HashMap<K, Unit>,
     watches: WatchTable<K, WatchDescriptor>,
-    /// How many units hold a node; at most `node_capacity`.
-    nodes_held: usize,
-    node_capacity: usize,
-    /// The capacity was reached and said so in the log: once is enough.
-    told_full: bool,
 }
 
 impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
-    /// Creates a watcher for cgroups below `root`, the cgroup2 mount point, holding at most
-    /// `node_capacity` descriptors of units' cgroups (each is one open file of the process).
-    pub(crate) fn new(root: PathBuf, node_capacity: usize) -> Result<Self, CgroupError> {
+    /// Creates a watcher for cgroups below `root`, the cgroup2 mount point.
+    pub(crate) fn new(root: PathBuf) -> Result<Self, CgroupError> {
         let inotify = Inotify::init().map_err(|source| CgroupError::InotifyInit { source })?;
         Ok(Self {
             root,
             inotify,
             units: HashMap::new(),
             watches: WatchTable::new(),
-            nodes_held: 0,
-            node_capacity,
-            told_full: false,
         })
     }
 
@@ -136,7 +123,6 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             name: Rc::from(name),
             parent_wd: None,
             events_wd: None,
-            node: None,
         };
         match self.add_unit_watches(key, &mut unit) {
             Ok(()) => {
@@ -150,11 +136,9 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         }
     }
 
-    /// Stops watching `key`, removing every watch no other key uses and closing its held
-    /// node. Unknown keys are ignored.
+    /// Stops watching `key`, removing every watch no other key uses. Unknown keys are ignored.
     pub(crate) fn unwatch(&mut self, key: K) {
         if let Some(unit) = self.units.remove(&key) {
-            self.nodes_held -= usize::from(unit.node.is_some());
             shrink_when_sparse(&mut self.units);
             self.release(key, &unit);
         }
@@ -172,70 +156,13 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         }
     }
 
-    /// Reads the `cgroup.events` of `cgroup` (as systemd reports it) for `key` now, whether or
-    /// not it is watched. A cgroup that does not exist is [`CgroupReading::Gone`].
-    ///
-    /// For a unit watched at that path, while there is room, it reads through the directory
-    /// held since an earlier read, which walks no path, and takes one otherwise; see
-    /// [`super::held_node`] for why that is a reading of the path.
-    pub(crate) fn read_cgroup(&mut self, key: K, cgroup: &str) -> CgroupReading {
-        let (parent, name) = match locate(&self.root, cgroup) {
-            Ok(located) => located,
-            Err(error) => return CgroupReading::Unreadable(error.to_string()),
-        };
-        let path = parent.join(&name).join(EVENTS_FILE);
-        let Some(unit) = self
-            .units
-            .get_mut(&key)
-            .filter(|unit| *unit.parent == *parent && *unit.name == *name)
-        else {
-            return read_events_file(&path);
-        };
-        let take = match route(unit.node.as_ref(), self.nodes_held < self.node_capacity) {
-            Route::Held => {
-                if let Some(reading) = unit
-                    .node
-                    .as_ref()
-                    .and_then(|node| reading_through(open_node(node, &path)))
-                {
-                    return reading;
-                }
-                true
-            }
-            Route::TakeNode => true,
-            Route::Path => {
-                if !self.told_full {
-                    self.told_full = true;
-                    log::info!(
-                        "{} cgroups are held open, as many as the limit on open files leaves room for: the others are read by path, which waits while cgroups are made or removed",
-                        self.node_capacity
-                    );
-                }
-                false
-            }
-        };
-        if take {
-            self.nodes_held -= usize::from(unit.node.take().is_some());
-            match take_node(&path) {
-                Ok(Some(node)) => {
-                    if let Some(reading) = reading_through(open_node(&node, &path)) {
-                        unit.node = Some(node);
-                        self.nodes_held += 1;
-                        return reading;
-                    }
-                }
-                Ok(None) => {}
-                // Out of descriptors, say: the path still answers.
-                Err(error) => log::debug!("cannot hold {}: {error}", path.display()),
-            }
+    /// Reads the `cgroup.events` of `cgroup` (as systemd reports it) now, whether or not it
+    /// is watched. A cgroup that does not exist is [`CgroupReading::Gone`].
+    pub(crate) fn read_cgroup(&self, cgroup: &str) -> CgroupReading {
+        match locate(&self.root, cgroup) {
+            Ok((parent, name)) => read_events_file(&parent.join(name).join(EVENTS_FILE)),
+            Err(error) => CgroupReading::Unreadable(error.to_string()),
         }
-        read_events_file(&path)
-    }
-
-    /// Returns how many cgroup nodes are held now.
-    #[cfg(test)]
-    pub(crate) fn node_count(&self) -> usize {
-        self.nodes_held
     }
 
     /// Reads every pending inotify event and appends what the caller must re-read to `out`.
@@ -489,54 +416,19 @@ fn classify_add_error(path: &Path, error: io::Error) -> Result<(), CgroupError> 
 /// Reads a `cgroup.events` file now. A missing file (or a cgroup being removed, ENODEV) is
 /// [`CgroupReading::Gone`]; any other failure is [`CgroupReading::Unreadable`], naming the path.
 pub(crate) fn read_events_file(path: &Path) -> CgroupReading {
-    match File::open(path) {
-        Ok(file) => read_opened(file, path),
-        Err(error) if is_gone(&error) => CgroupReading::Gone,
-        Err(error) => CgroupReading::Unreadable(format!("cannot read {}: {error}", path.display())),
-    }
-}
-
-/// Whether an open or a read of `cgroup.events` failed because the cgroup does not exist
-/// (ENOENT) or is being removed (ENODEV).
-fn is_gone(error: &io::Error) -> bool {
-    matches!(
-        error.raw_os_error().map(Errno::from_raw),
-        Some(Errno::ENOENT | Errno::ENODEV)
-    )
-}
-
-/// Takes the `cgroup.events` at `path` as an `O_PATH` descriptor, which opens no file of the
-/// cgroup's; `None` if there is none, or if it is not on a cgroup2 file system (something
-/// mounted over it, which only a read by path sees through).
-fn take_node(path: &Path) -> nix::Result<Option<OwnedFd>> {
-    use nix::fcntl::{OFlag, open};
-    use nix::sys::statfs::{CGROUP2_SUPER_MAGIC, fstatfs};
-    let flags = OFlag::O_PATH | OFlag::O_CLOEXEC;
-    let node = match open(path, flags, nix::sys::stat::Mode::empty()) {
-        Ok(node) => node,
-        Err(Errno::ENOENT | Errno::ENOTDIR) => return Ok(None),
-        Err(error) => return Err(error),
-    };
-    Ok((fstatfs(&node)?.filesystem_type() == CGROUP2_SUPER_MAGIC).then_some(node))
-}
-
-/// Opens a held directory's `cgroup.events` through its descriptor's /proc link, which walks no
-/// path of the cgroup file system, and reads it; `path` names it in messages.
-fn open_node(node: &OwnedFd, path: &Path) -> NodeOpen {
-    match File::open(format!("/proc/self/fd/{}", node.as_raw_fd())) {
-        Ok(file) => NodeOpen::Read(read_opened(file, path)),
-        Err(error) if error.raw_os_error() == Some(Errno::ENODEV as i32) => NodeOpen::Removed,
-        Err(_) => NodeOpen::Failed,
-    }
-}
-
-/// Reads an opened `cgroup.events`; `path` names it in messages.
-fn read_opened(file: File, path: &Path) -> CgroupReading {
     let mut contents = Vec::new();
     // One byte more than allowed, to tell a full-size file from an oversized one.
     let limit = MAX_EVENTS_FILE_BYTES as u64 + 1;
-    match file.take(limit).read_to_end(&mut contents) {
-        Err(error) if is_gone(&error) => CgroupReading::Gone,
+    let result = File::open(path).and_then(|file| file.take(limit).read_to_end(&mut contents));
+    match result {
+        Err(error)
+            if matches!(
+                error.raw_os_error().map(Errno::from_raw),
+                Some(Errno::ENOENT | Errno::ENODEV)
+            ) =>
+        {
+            CgroupReading::Gone
+        }
         Err(error) => CgroupReading::Unreadable(format!("cannot read {}: {error}", path.display())),
         Ok(_) if contents.len() > MAX_EVENTS_FILE_BYTES => CgroupReading::Unreadable(format!(
             "{} is larger than {MAX_EVENTS_FILE_BYTES} bytes",
@@ -626,14 +518,6 @@ mod tests {
             pid
         }
 
-        /// Kills and reaps every sleep started.
-        fn kill_all(&mut self) {
-            let pids: Vec<u32> = self.sleeps.keys().copied().collect();
-            for pid in pids {
-                self.kill(pid);
-            }
-        }
-
         /// Kills and reaps the sleep with this pid.
         fn kill(&mut self, pid: u32) {
             if let Some(mut sleep) = self.sleeps.remove(&pid) {
@@ -647,7 +531,10 @@ mod tests {
         fn drop(&mut self) {
             // cgroup.kill catches anything that was moved in; our own sleeps are then reaped by pid.
             let _ = fs::write(self.dir().join("cgroup.kill"), "1");
-            self.kill_all();
+            let pids: Vec<u32> = self.sleeps.keys().copied().collect();
+            for pid in pids {
+                self.kill(pid);
+            }
             remove_cgroup_tree(&self.dir());
         }
     }
@@ -740,7 +627,7 @@ mod tests {
         let mut scratch = ScratchCgroup::new();
         scratch.mkdir("unit");
         let pid = scratch.spawn_sleep_in("unit");
-        let mut watcher = CgroupWatcher::new(scratch.mount.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
         watcher.watch(1, &scratch.cgroup("unit")).expect("watch");
         assert_eq!(watcher.watch_count(), 2, "parent and cgroup.events watches");
         assert_eq!(watcher.read(1), CgroupReading::Populated);
@@ -788,7 +675,7 @@ mod tests {
         let mut scratch = ScratchCgroup::new();
         scratch.mkdir("a");
         scratch.mkdir("b");
-        let mut watcher = CgroupWatcher::new(scratch.mount.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
         watcher.watch(1, &scratch.cgroup("a")).expect("watch a");
         watcher.watch(2, &scratch.cgroup("b")).expect("watch b");
         watcher
@@ -831,73 +718,9 @@ mod tests {
 
     #[test]
     #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
-    fn a_held_directory_stands_for_its_path_only_until_it_is_removed() {
-        let mut scratch = ScratchCgroup::new();
-        scratch.mkdir("unit");
-        let first = scratch.spawn_sleep_in("unit");
-        let cgroup = scratch.cgroup("unit");
-        let mut watcher = CgroupWatcher::new(scratch.mount.clone(), 16).expect("watcher");
-        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Populated);
-        assert_eq!(watcher.node_count(), 0, "only a watched unit's is held");
-        watcher.watch(1, &cgroup).expect("watch");
-        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Populated);
-        assert_eq!(watcher.node_count(), 1, "taken at the first read");
-        scratch.kill(first);
-        assert_eq!(
-            watcher.read_cgroup(1, &cgroup),
-            CgroupReading::Empty,
-            "through the held directory"
-        );
-
-        // Removed, and made again at the same path with a process in it, as for the unit's
-        // next invocation: the removed directory no longer speaks for the path.
-        scratch.rmdir("unit");
-        scratch.mkdir("unit");
-        scratch.spawn_sleep_in("unit");
-        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Populated);
-        assert_eq!(watcher.node_count(), 1, "the new directory, taken");
-        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Populated);
-
-        scratch.kill_all();
-        scratch.rmdir("unit");
-        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Gone);
-        assert_eq!(watcher.node_count(), 0);
-
-        scratch.mkdir("unit");
-        assert_eq!(watcher.read_cgroup(1, &cgroup), CgroupReading::Empty);
-        assert_eq!(watcher.node_count(), 1);
-        watcher
-            .watch(1, &scratch.cgroup("elsewhere"))
-            .expect("watch moved");
-        assert_eq!(watcher.node_count(), 0, "a moved watch drops the directory");
-        watcher.unwatch(1);
-    }
-
-    #[test]
-    #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
-    fn no_directory_is_held_past_the_capacity_and_each_goes_with_its_watch() {
-        let scratch = ScratchCgroup::new();
-        scratch.mkdir("a");
-        scratch.mkdir("b");
-        let mut watcher = CgroupWatcher::new(scratch.mount.clone(), 1).expect("watcher");
-        for (key, child) in [(1, "a"), (2, "b")] {
-            watcher.watch(key, &scratch.cgroup(child)).expect("watch");
-            assert_eq!(
-                watcher.read_cgroup(key, &scratch.cgroup(child)),
-                CgroupReading::Empty
-            );
-        }
-        assert_eq!(watcher.node_count(), 1, "the second is read by path");
-        watcher.unwatch(1);
-        assert_eq!(watcher.node_count(), 0);
-        watcher.unwatch(2);
-    }
-
-    #[test]
-    #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
     fn missing_cgroup_is_gone_until_created() {
         let scratch = ScratchCgroup::new();
-        let mut watcher = CgroupWatcher::new(scratch.mount.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
 
         watcher
             .watch(1, &scratch.cgroup("nowhere/unit"))
@@ -931,7 +754,7 @@ mod tests {
         scratch.mkdir("old");
         scratch.mkdir("new");
         scratch.spawn_sleep_in("old");
-        let mut watcher = CgroupWatcher::new(scratch.mount.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
         watcher.watch(1, &scratch.cgroup("old")).expect("watch old");
         assert_eq!(watcher.read(1), CgroupReading::Populated);
 
@@ -957,7 +780,7 @@ mod tests {
     #[test]
     fn invalid_cgroup_strings_are_rejected() {
         let root = TempRoot::new();
-        let mut watcher = CgroupWatcher::new(root.0.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(root.0.clone()).expect("watcher");
         let cases = [
             ("", "must start with /"),
             ("a.slice/x.service", "must start with /"),
@@ -980,10 +803,9 @@ mod tests {
             assert_eq!(watcher.watch_count(), 0);
             assert!(matches!(watcher.read(1), CgroupReading::Unreadable(_)));
             assert!(matches!(
-                watcher.read_cgroup(1, cgroup),
+                watcher.read_cgroup(cgroup),
                 CgroupReading::Unreadable(why) if why.contains(expected)
             ));
-            assert_eq!(watcher.node_count(), 0);
         }
         // Dots inside a name are no traversal.
         watcher
@@ -1010,7 +832,7 @@ mod tests {
         fs::create_dir_all(root.0.join("is-dir").join(EVENTS_FILE)).expect("mkdir");
         fs::create_dir(root.0.join("no-file")).expect("mkdir");
 
-        let mut watcher = CgroupWatcher::new(root.0.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(root.0.clone()).expect("watcher");
         let cases: &[(&str, Option<CgroupReading>)] = &[
             ("/populated", Some(CgroupReading::Populated)),
             ("/empty", Some(CgroupReading::Empty)),
@@ -1028,7 +850,7 @@ mod tests {
             let reading = watcher.read(key);
             assert_eq!(
                 reading,
-                watcher.read_cgroup(key, cgroup),
+                watcher.read_cgroup(cgroup),
                 "by key and by path alike"
             );
             match expected {
@@ -1048,11 +870,6 @@ mod tests {
             matches!(watcher.read(999), CgroupReading::Unreadable(_)),
             "unknown key"
         );
-        assert_eq!(
-            watcher.node_count(),
-            0,
-            "no file outside a cgroup2 file system is held"
-        );
         for key in 0..cases.len() as u32 {
             watcher.unwatch(key);
         }
@@ -1063,7 +880,7 @@ mod tests {
     fn overflow_asks_to_reread_everything() {
         let root = TempRoot::new();
         root.write_events("/unit", b"populated 0\n");
-        let mut watcher = CgroupWatcher::new(root.0.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(root.0.clone()).expect("watcher");
         watcher.watch(1, "/unit").expect("watch");
         let overflow = RawEvent {
             wd: -1,
@@ -1083,7 +900,7 @@ mod tests {
         let root = TempRoot::new();
         root.write_events("/slice/a", b"populated 0\n");
         root.write_events("/slice/b", b"populated 0\n");
-        let mut watcher = CgroupWatcher::new(root.0.clone(), 16).expect("watcher");
+        let mut watcher = CgroupWatcher::new(root.0.clone()).expect("watcher");
         watcher.watch(1, "/slice/a").expect("watch a");
         watcher.watch(2, "/slice/b").expect("watch b");
         assert_eq!(watcher.watch_count(), 3);

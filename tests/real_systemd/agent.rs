@@ -255,8 +255,6 @@ fn a_restart_outside_is_stopped_once_and_reported() {
     // The agent is paused through the restart, as a busy agent would be: it then reads the
     // old invocation's terminal state only after the new one populates the cgroup, so it must
     // not prove "exited" but see the foreign invocation, stop it once, and prove from that.
-    // The cgroup directory it held since the watch was removed by then: only the path speaks
-    // for the unit's cgroup, which the new invocation populates (see `cgroup::held_node`).
     let agent_pid = nix::unistd::Pid::from_raw(agent.pid() as i32);
     nix::sys::signal::kill(agent_pid, nix::sys::signal::Signal::SIGSTOP).expect("pause the agent");
     let restarted = sandbox.systemctl(&["restart", "restarted.service"]);

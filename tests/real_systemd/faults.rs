@@ -232,41 +232,36 @@ fn a_process_in_a_delegated_child_cgroup_blocks_the_proof() {
     assert_eq!(event["cause"], "exited", "{event}");
 }
 
-/// Hides `unit`'s cgroup behind a directory whose `cgroup.events` holds `events` (a bind mount
-/// inside the sandbox's namespace only, where the agent reads; being a mount point, the real
-/// directory cannot be removed by systemd either). Returns the mount point. Done before the
-/// agent first reads the cgroup: from then on it reads through the real cgroup's directory,
-/// which a mount over its path does not hide (see `cgroup::held_node`).
-fn hide_behind_a_fake_cgroup(sandbox: &Sandbox, unit: &str, events: &str) -> String {
+/// Hides `unit`'s cgroup from the agent behind a directory whose `cgroup.events` holds
+/// `events` (a bind mount inside the sandbox's namespace only, where the agent reads; being a
+/// mount point, the real directory cannot be removed by systemd either), kills the real
+/// cgroup from outside, and waits until systemd sees the unit dead. Returns the mount point.
+fn kill_behind_a_fake_cgroup(sandbox: &Sandbox, unit: &str, events: &str) -> String {
     let cgroup = sandbox.show(unit, "ControlGroup");
+    let real_dir = cgroup_dir(sandbox, unit);
     let inner_dir = format!("/sys/fs/cgroup{cgroup}");
     let fake = format!("/run/fake-{unit}");
     std::fs::create_dir_all(sandbox.host_path(&fake)).unwrap();
     std::fs::write(sandbox.host_path(&format!("{fake}/cgroup.events")), events).unwrap();
     let out = sandbox.run("mount", &["--bind", &fake, &inner_dir]);
     assert!(out.status.success(), "{out:?}");
-    inner_dir
-}
-
-/// Kills `unit`'s real cgroup from outside, and waits until systemd sees the unit dead.
-fn kill_hidden(sandbox: &Sandbox, unit: &str) {
-    cgroup_kill(&cgroup_dir(sandbox, unit));
+    cgroup_kill(&real_dir);
     sandbox.wait_until("systemd sees the unit dead", PATIENCE, || {
         matches!(
             sandbox.show(unit, "ActiveState").as_str(),
             "inactive" | "failed"
         )
     });
+    inner_dir
 }
 
 fn an_unreadable_cgroup_events_blocks_the_proof_until_readable() {
     let sandbox = Sandbox::start("unreadable");
     let agent = Agent::start(&sandbox);
     sleeper(&sandbox, "hidden.service");
-    let inner_dir =
-        hide_behind_a_fake_cgroup(&sandbox, "hidden.service", "not a cgroup.events file\n");
     one(&agent, &["watch", "hidden.service"]);
-    kill_hidden(&sandbox, "hidden.service");
+    let inner_dir =
+        kill_behind_a_fake_cgroup(&sandbox, "hidden.service", "not a cgroup.events file\n");
     assert_unproven(&agent, "hidden.service");
     assert!(
         agent.log_text().contains("cgroup.events"),
@@ -469,12 +464,11 @@ fn the_safety_net_relist_catches_a_missed_event() {
     let sandbox = Sandbox::start("relist");
     let agent = Agent::start_with(&sandbox, &["--resync-interval", "2s"]);
     sleeper(&sandbox, "missed.service");
+    one(&agent, &["watch", "missed.service"]);
     // The agent reads "populated 1" whatever happens; once the fake is gone no event comes
     // again, since the cgroup was emptied (and could not be removed) behind it.
     let inner_dir =
-        hide_behind_a_fake_cgroup(&sandbox, "missed.service", "populated 1\nfrozen 0\n");
-    one(&agent, &["watch", "missed.service"]);
-    kill_hidden(&sandbox, "missed.service");
+        kill_behind_a_fake_cgroup(&sandbox, "missed.service", "populated 1\nfrozen 0\n");
     assert_unproven(&agent, "missed.service");
     let out = sandbox.run("umount", &[&inner_dir]);
     assert!(out.status.success(), "{out:?}");

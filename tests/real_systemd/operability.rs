@@ -43,71 +43,7 @@ pub const TESTS: &[Test] = &[
         "status_names_the_process_that_blocks_the_proof",
         status_names_the_process_that_blocks_the_proof,
     ),
-    (
-        "a_low_limit_on_open_files_holds_fewer_cgroups_and_proves_every_unit",
-        a_low_limit_on_open_files_holds_fewer_cgroups_and_proves_every_unit,
-    ),
 ];
-
-/// The descriptors `pid` holds open on a `cgroup.events`.
-fn held_cgroup_events(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .expect("the agent's descriptors")
-        .flatten()
-        .filter(|fd| {
-            std::fs::read_link(fd.path()).is_ok_and(|target| target.ends_with("cgroup.events"))
-        })
-        .count()
-}
-
-/// The agent holds one descriptor of each watched unit's `cgroup.events`, up to its limit on
-/// open files less a quarter (at least 256), and reads the others by path: with a hard limit
-/// of 300, it holds 44, says so once, and still proves all 60 units.
-fn a_low_limit_on_open_files_holds_fewer_cgroups_and_proves_every_unit() {
-    const UNITS: usize = 60;
-    const LIMIT: u64 = 300;
-    let sandbox = Sandbox::start("nofile");
-    sandbox.install_unit("f@.service", "[Service]\nExecStart=/bin/sleep 1000\n");
-    let names: Vec<String> = (0..UNITS).map(|i| format!("f@{i}.service")).collect();
-    let mut start = vec!["start"];
-    start.extend(names.iter().map(String::as_str));
-    sandbox.systemctl_ok(&start);
-
-    let mut command = sandbox.command_with_env(&binary_in_sandbox(), &[]);
-    command.args([
-        "agent",
-        "--user",
-        "--socket",
-        crate::support::agent::SOCKET,
-        "--state-dir",
-        STATE_DIR,
-    ]);
-    // SAFETY: setrlimit is async-signal-safe and only reads its arguments.
-    unsafe {
-        command.pre_exec(|| {
-            nix::sys::resource::setrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE, LIMIT, LIMIT)
-                .map_err(std::io::Error::from)
-        });
-    }
-    let agent = Agent::spawn(&sandbox, command, crate::support::agent::SOCKET);
-    for name in &names {
-        agent.one(&["watch", name]);
-    }
-    assert_eq!(held_cgroup_events(agent.pid()), 44);
-    assert!(
-        agent.log_text().contains("44 cgroups are held open"),
-        "{}",
-        agent.log_text()
-    );
-    let mut kill = vec!["kill", "-s", "KILL"];
-    kill.extend(names.iter().map(String::as_str));
-    sandbox.systemctl_ok(&kill);
-    for name in &names {
-        let event = agent.one(&["wait", name, "--timeout", PATIENCE_ARG]);
-        assert_eq!(event["cause"], "exited", "{event}");
-    }
-    assert_eq!(held_cgroup_events(agent.pid()), 0, "closed with each proof");
-}
 
 /// Starts `unit`, watched by `agent`, whose main process leaves a `sleep` behind when it ends
 /// (KillMode=process): the unit is then over for systemd, not for the proof.

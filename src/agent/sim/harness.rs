@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, ReadKind, Snapshot};
-use super::kernel::{Inv, Node, Pid, Reading, TICK_US, within};
+use super::kernel::{Inv, Pid, Reading, TICK_US, within};
 use super::oracle::{Oracle, StopWhy, parse_inv};
 use super::rng::Rng;
 use super::tenant::Tenant;
@@ -27,7 +27,6 @@ use crate::agent::core::{
 };
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
-use crate::cgroup::held_node::{NodeOpen, Route, reading_through, route};
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::RequestId;
 use crate::proof::StopReason;
@@ -63,11 +62,6 @@ pub(crate) struct Sim {
     watches: BTreeMap<UnitKey, String>,
     /// The leftovers each key holds a pidfd of, until their exit is delivered.
     leftovers: BTreeMap<UnitKey, BTreeSet<Pid>>,
-    /// The cgroup directory each key's reads may go through, as the driver holds them: only
-    /// while the key's watch stays at the path it was taken at.
-    nodes: BTreeMap<UnitKey, Node>,
-    /// How many the driver may hold: in some worlds one, so that reads by path are made too.
-    node_capacity: usize,
     /// The name each key was read under: the client's name for the unit.
     key_names: BTreeMap<UnitKey, String>,
     /// Each key's invocation as the agent holds it: asked for, restored, or adopted from the
@@ -100,9 +94,6 @@ pub(crate) struct Sim {
     /// unit runs now (which only delays a proof).
     pub counts: u32,
     pub counts_holding_current: u32,
-    /// Cgroup readings taken through a held directory, how many found it removed, and how
-    /// many of those while the unit's path held a new one.
-    pub node_readings: (u32, u32, u32),
 }
 
 /// The state directory as the store leaves it.
@@ -160,8 +151,6 @@ impl Sim {
             calls: BTreeMap::new(),
             watches: BTreeMap::new(),
             leftovers: BTreeMap::new(),
-            nodes: BTreeMap::new(),
-            node_capacity: usize::MAX,
             key_names: BTreeMap::new(),
             key_invs: BTreeMap::new(),
             asking: None,
@@ -177,11 +166,7 @@ impl Sim {
             reads_asked_again: 0,
             counts: 0,
             counts_holding_current: 0,
-            node_readings: (0, 0, 0),
         };
-        if sim.rng.percent(25) {
-            sim.node_capacity = 1;
-        }
         sim.start_agent();
         sim
     }
@@ -222,7 +207,6 @@ impl Sim {
         self.calls.clear();
         self.watches.clear();
         self.leftovers.clear();
-        self.nodes.clear();
         self.key_names.clear();
         self.key_invs.clear();
         self.seen.clear();
@@ -337,8 +321,6 @@ impl Sim {
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
             Output::WatchCgroup { key, cgroup } => {
-                // Watching again starts afresh, as the driver's watcher does.
-                self.nodes.remove(&key);
                 if let Some(old) = self.watches.insert(key, cgroup.clone()) {
                     self.world.kernel.unwatch(&old);
                 }
@@ -356,7 +338,6 @@ impl Sim {
                     self.world.kernel.unwatch(&old);
                 }
                 self.leftovers.remove(&key);
-                self.nodes.remove(&key);
             }
             Output::CountLeftovers {
                 key,
@@ -368,9 +349,15 @@ impl Sim {
                 self.answer(Input::Leftovers { key, result }, now);
             }
             Output::ReadCgroup { key, cgroup } => {
-                let reading = self.read_cgroup(key, &cgroup);
-                let by_path = cgroup_reading(self.world.kernel.read(&cgroup));
-                self.oracle.on_cgroup_reading(&cgroup, &reading, &by_path);
+                let reading = if self.rng.percent(2) {
+                    CgroupReading::Unreadable(format!("{cgroup}: EIO"))
+                } else {
+                    match self.world.kernel.read(&cgroup) {
+                        Reading::Populated => CgroupReading::Populated,
+                        Reading::Empty => CgroupReading::Empty,
+                        Reading::Gone => CgroupReading::Gone,
+                    }
+                };
                 self.answer(Input::CgroupRead { key, reading }, now);
             }
             Output::TakeExitRecord { key, .. } => {
@@ -452,60 +439,6 @@ impl Sim {
                 let asked = self.tenant.stop_requested(&event.unit);
                 self.oracle
                     .on_proof(&self.world, u, inv, event.cause, asked);
-            }
-        }
-    }
-
-    /// The driver's read of a cgroup, with its rule for held directories (the real one, over
-    /// the kernel's): a directory is held only for a unit watched at the path read, any read
-    /// may fail (EIO), and a held directory may give no reading.
-    fn read_cgroup(&mut self, key: UnitKey, cgroup: &str) -> CgroupReading {
-        if self.rng.percent(2) {
-            return CgroupReading::Unreadable(format!("{cgroup}: EIO"));
-        }
-        if self.watches.get(&key).map(String::as_str) != Some(cgroup) {
-            return cgroup_reading(self.world.kernel.read(cgroup));
-        }
-        let held = self.nodes.get(&key).copied();
-        let take = match route(held.as_ref(), self.nodes.len() < self.node_capacity) {
-            Route::Held => {
-                if let Some(reading) =
-                    held.and_then(|node| reading_through(self.open_node(node, cgroup)))
-                {
-                    return reading;
-                }
-                true
-            }
-            Route::TakeNode => true,
-            Route::Path => false,
-        };
-        if take {
-            self.nodes.remove(&key);
-            if let Some(node) = self.world.kernel.node_at(cgroup)
-                && let Some(reading) = reading_through(self.open_node(node, cgroup))
-            {
-                self.nodes.insert(key, node);
-                return reading;
-            }
-        }
-        cgroup_reading(self.world.kernel.read(cgroup))
-    }
-
-    /// Opens a held directory of `cgroup`'s `cgroup.events`; now and then the open fails (no
-    /// /proc).
-    fn open_node(&mut self, node: Node, cgroup: &str) -> NodeOpen {
-        if self.rng.percent(1) {
-            return NodeOpen::Failed;
-        }
-        self.node_readings.0 += 1;
-        match self.world.kernel.read_node(node) {
-            Some(reading) => NodeOpen::Read(cgroup_reading(reading)),
-            None => {
-                self.node_readings.1 += 1;
-                if self.world.kernel.node_at(cgroup).is_some() {
-                    self.node_readings.2 += 1;
-                }
-                NodeOpen::Removed
             }
         }
     }
@@ -917,14 +850,6 @@ fn driver_read(unit: &str, attempt: Attempt, parts: &[Snapshot]) -> Option<UnitS
         after,
     };
     snapshot::by_property(unit, &path, answers).unwrap_or_else(|never| match never {})
-}
-
-fn cgroup_reading(reading: Reading) -> CgroupReading {
-    match reading {
-        Reading::Populated => CgroupReading::Populated,
-        Reading::Empty => CgroupReading::Empty,
-        Reading::Gone => CgroupReading::Gone,
-    }
 }
 
 /// Property `name` as systemd answered it at the moment of `part`. The simulator models only

@@ -23,9 +23,6 @@ pub(crate) const MANAGER: Pid = 1;
 pub(crate) const TICK_US: u64 = 10_000;
 /// An InvocationID; 0 is "none", as systemd prints all-zero as empty.
 pub(crate) type Inv = u128;
-/// One cgroup directory: a path names a new one each time it is made again, and a removed one
-/// never comes back (what a descriptor held on it sees).
-pub(crate) type Node = u64;
 
 /// What a process is to its unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,9 +61,8 @@ pub(crate) enum Reading {
 #[derive(Debug, Default)]
 pub(crate) struct Kernel {
     pub procs: BTreeMap<Pid, Proc>,
-    dirs: BTreeMap<String, Node>,
+    dirs: BTreeSet<String>,
     next_pid: Pid,
-    next_node: Node,
     /// cgroups the agent watches, with how many of its watches name each.
     watched: BTreeMap<String, u32>,
     /// Watched cgroups with a notification not yet read: a set, because the kernel merges.
@@ -91,18 +87,7 @@ impl Kernel {
     }
 
     pub(crate) fn exists(&self, path: &str) -> bool {
-        self.dirs.contains_key(path)
-    }
-
-    /// The directory at `path` now, if there is one.
-    pub(crate) fn node_at(&self, path: &str) -> Option<Node> {
-        self.dirs.get(path).copied()
-    }
-
-    /// What a read of `node`'s `cgroup.events` shows, or `None` once it was removed (ENODEV).
-    pub(crate) fn read_node(&self, node: Node) -> Option<Reading> {
-        let (path, _) = self.dirs.iter().find(|(_, n)| **n == node)?;
-        Some(self.read(path))
+        self.dirs.contains(path)
     }
 
     pub(crate) fn read(&self, path: &str) -> Reading {
@@ -132,10 +117,8 @@ impl Kernel {
     pub(crate) fn mkdir(&mut self, path: &str) {
         if !self.exists(path) {
             let path = path.to_owned();
-            self.next_node += 1;
-            let node = self.next_node;
             self.notifying(|k| {
-                k.dirs.insert(path, node);
+                k.dirs.insert(path);
             });
         }
     }
@@ -146,7 +129,7 @@ impl Kernel {
         if !self.exists(path) || self.populated(path) {
             return false;
         }
-        self.notifying(|k| k.dirs.retain(|d, _| !within(d, path)));
+        self.notifying(|k| k.dirs.retain(|d| !within(d, path)));
         true
     }
 

@@ -32,7 +32,6 @@ struct Outcome {
     restarts: u32,
     reads_asked_again: u32,
     counts: (u32, u32),
-    node_readings: (u32, u32, u32),
 }
 
 /// The kind of a violation, for the summary of many seeds.
@@ -53,9 +52,6 @@ fn kind(violation: &str) -> String {
             "systemd may still start one"
         };
         format!("FALSE PROOF ({cause}): {why}")
-    } else if let Some(rest) = violation.strip_prefix("READING of ") {
-        let said = rest.split_once(" is ").map_or("", |(_, said)| said);
-        format!("a cgroup reading not its path's: {said}")
     } else if violation.contains("wrong cause") {
         format!("wrong cause {cause}")
     } else if let Some(rest) = violation.strip_prefix("StopUnit (") {
@@ -218,7 +214,6 @@ fn run(seed: u64, traced: bool) -> Outcome {
         restarts: sim.restarts,
         reads_asked_again: sim.reads_asked_again,
         counts: (sim.counts, sim.counts_holding_current),
-        node_readings: sim.node_readings,
     }
 }
 
@@ -244,7 +239,6 @@ fn simulation() {
     let mut failing = 0;
     let (mut proofs, mut races, mut restarts, mut reads_again) = (0, 0, 0, 0);
     let (mut counts, mut holding_current) = (0, 0);
-    let mut node_readings = (0, 0, 0);
     for seed in 0..seeds {
         let outcome = run(seed, false);
         proofs += outcome.proofs;
@@ -253,9 +247,6 @@ fn simulation() {
         reads_again += outcome.reads_asked_again;
         counts += outcome.counts.0;
         holding_current += outcome.counts.1;
-        node_readings.0 += outcome.node_readings.0;
-        node_readings.1 += outcome.node_readings.1;
-        node_readings.2 += outcome.node_readings.2;
         failing += usize::from(!outcome.violations.is_empty());
         let mut seen = std::collections::BTreeSet::new();
         for (step, v) in outcome.violations {
@@ -276,11 +267,6 @@ fn simulation() {
     println!(
         "{counts} leftover counts, {holding_current} of them holding a process of the \
          invocation the unit runs"
-    );
-    println!(
-        "{} cgroup readings through a held directory, {} of them finding it removed, {} of \
-         those while the path held a new one",
-        node_readings.0, node_readings.1, node_readings.2
     );
     for (k, seeds) in &kinds {
         let list: Vec<String> = seeds.iter().map(|(s, _, _)| s.to_string()).collect();

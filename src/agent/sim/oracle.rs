@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::kernel::Inv;
 use super::world::{World, short};
-use crate::cgroup::CgroupReading;
 use crate::proof::Cause;
 
 /// Quiet steps a proof may take once its invocation is over: enough for every read, retry and
@@ -71,22 +70,6 @@ impl Oracle {
     /// The watch was dropped by its client: nothing is owed any more.
     pub(crate) fn forgive(&mut self, u: usize, inv: Inv) {
         self.owed.remove(&(u, inv));
-    }
-
-    /// The driver handed the core `given` as a reading of `cgroup`, which a read of its path
-    /// would have given as `by_path`: a reading through a held directory must say what the
-    /// path says (a failed read says nothing, and may differ).
-    pub(crate) fn on_cgroup_reading(
-        &mut self,
-        cgroup: &str,
-        given: &CgroupReading,
-        by_path: &CgroupReading,
-    ) {
-        if !matches!(given, CgroupReading::Unreadable(_)) && given != by_path {
-            self.fail(format!(
-                "READING of {cgroup} is {given:?} where its path says {by_path:?}"
-            ));
-        }
     }
 
     /// A proof of `inv` of unit `u` (named `name`) was broadcast.
