@@ -1,20 +1,6 @@
-//! Parses the cgroup v2 `cgroup.events` file and names what one read of it showed. Pure: no I/O here,
-//! and a malformed file must never be read as "empty", because "empty" is the proof this agent gives.
-
-/// What one read of a unit's cgroup showed. A read is a fresh fact; an inotify notification is only a
-/// hint to read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum CgroupReading {
-    /// `cgroup.events` said `populated 1`: at least one process is still in the cgroup or below it.
-    Populated,
-    /// `cgroup.events` said `populated 0`: no process is left in the cgroup or below it.
-    Empty,
-    /// The cgroup does not exist (or no cgroup is known for the unit).
-    Gone,
-    /// The file could not be read or parsed; the message names the path. This is never evidence of
-    /// anything.
-    Unreadable(String),
-}
+//! Parses the cgroup v2 `cgroup.events` file. Pure: no I/O here, and a malformed file must never be
+//! read as "empty", because "empty" is the proof this agent gives. What one read showed is the
+//! proof's input, [`crate::proof::CgroupReading`], which the proof owns.
 
 /// Why the contents of a `cgroup.events` file were rejected.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -12,7 +12,7 @@ pub(crate) mod watcher;
 use std::io;
 use std::path::PathBuf;
 
-pub use events::CgroupReading;
+pub(crate) use crate::proof::CgroupReading;
 pub(crate) use mount::cgroup2_mount;
 #[cfg(feature = "bench")]
 pub(crate) use watcher::read_events_file;

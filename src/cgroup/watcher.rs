@@ -26,9 +26,10 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use nix::errno::Errno;
 
 use super::CgroupError;
-use super::events::{CgroupReading, parse_populated};
+use super::events::parse_populated;
 use super::watch_table::{Clash, Role, Unused, WatchTable};
 use crate::memory::shrink_when_sparse;
+use crate::proof::CgroupReading;
 
 /// The file of a cgroup whose `populated` key says whether any process is left in it or below it.
 const EVENTS_FILE: &str = "cgroup.events";

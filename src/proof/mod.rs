@@ -37,7 +37,6 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::cgroup::CgroupReading;
 use crate::systemd::words::{Word, word};
 
 /// How often a repeated condition may be logged for one unit: one line per condition per
@@ -47,6 +46,21 @@ pub const LOG_INTERVAL: Duration = Duration::from_secs(2);
 pub const RETRY_FIRST: Duration = Duration::from_millis(50);
 /// The longest wait between two reads of a cgroup that cannot be read.
 pub const RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// What one read of a unit's cgroup showed. A read is a fresh fact; an inotify notification is only a
+/// hint to read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CgroupReading {
+    /// `cgroup.events` said `populated 1`: at least one process is still in the cgroup or below it.
+    Populated,
+    /// `cgroup.events` said `populated 0`: no process is left in the cgroup or below it.
+    Empty,
+    /// The cgroup does not exist (or no cgroup is known for the unit).
+    Gone,
+    /// The file could not be read or parsed; the message names the path. This is never evidence of
+    /// anything.
+    Unreadable(String),
+}
 
 /// The two fields of a unit's systemd state the proof is made from.
 #[derive(Clone, Debug, PartialEq, Eq)]
