@@ -18,7 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::agent::{self, AgentConfig, Bus};
 use crate::control::ControlError;
 use crate::control::client::Client;
-use crate::control::protocol::{ErrorKind, WatchArgs, parse_invocation_id};
+use crate::control::protocol::{ErrorKind, WatchArgs, WatchSpec, parse_invocation_id};
 use crate::control::wire::ProofEvent;
 use crate::duration::{parse_duration, parse_interval};
 use crate::exit::write::{record_from_env, write_record};
@@ -304,12 +304,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
         } => {
             let args = WatchArgs {
                 invocation,
-                run_dir: run_dir.map(|p| absolute("run_dir", p)).transpose()?,
-                record,
-                generation,
-                launch_file: launch_file
-                    .map(|p| absolute("launch_file", p))
-                    .transpose()?,
+                spec: WatchSpec {
+                    run_dir: run_dir.map(|p| absolute("run_dir", p)).transpose()?,
+                    record,
+                    generation,
+                    launch_file: launch_file
+                        .map(|p| absolute("launch_file", p))
+                        .transpose()?,
+                },
                 ..WatchArgs::new(unit)
             };
             let view = connect(&socket)?.watch(args).map_err(|e| e.to_string())?;

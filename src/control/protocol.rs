@@ -147,48 +147,71 @@ impl Version {
 
 /// Arguments of `watch`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "WatchLine")]
 pub struct WatchArgs {
     /// The unit to watch.
     pub unit: UnitName,
     /// The invocation to track, as 32 lowercase hex digits; `None` adopts the current invocation.
-    #[serde(
-        default,
-        deserialize_with = "invocation_id",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub invocation: Option<String>,
+    /// The exit record and the generation, if the client names them.
+    #[serde(flatten)]
+    pub spec: WatchSpec,
+}
+
+/// What a watch may carry besides the unit and the invocation: the unit's exit record and its
+/// generation. One type from the request to the core's watch, so no layer copies it field by
+/// field.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WatchSpec {
     /// The run directory that holds the unit's advisory exit record (an absolute path).
-    #[serde(
-        default,
-        deserialize_with = "absolute_path",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub run_dir: Option<PathBuf>,
     /// The exit record's file name in `run_dir` (one path component); `None` with a `run_dir`
     /// is `exit-<invocation>.json`.
-    #[serde(
-        default,
-        deserialize_with = "record_name",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub record: Option<RecordName>,
     /// The generation this invocation belongs to (> 0); generation numbers are never reused.
-    #[serde(
-        default,
-        rename = "gen",
-        deserialize_with = "generation",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "gen", skip_serializing_if = "Option::is_none")]
     pub generation: Option<u64>,
     /// The generation's launch file (an absolute path), removed once the generation is proven
     /// gone.
-    #[serde(
-        default,
-        deserialize_with = "absolute_path",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub launch_file: Option<PathBuf>,
+}
+
+/// A `watch` line as decoded: flat, because serde checks the fields of a flattened struct only
+/// after the missing ones, so `{"cmd":"watch","unti":…}` would say "missing field `unit`"
+/// instead of naming the unknown field, as docs/protocol.md shows.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WatchLine {
+    unit: UnitName,
+    #[serde(default, deserialize_with = "invocation_id")]
+    invocation: Option<String>,
+    #[serde(default, deserialize_with = "absolute_path")]
+    run_dir: Option<PathBuf>,
+    #[serde(default, deserialize_with = "record_name")]
+    record: Option<RecordName>,
+    #[serde(default, rename = "gen", deserialize_with = "generation")]
+    generation: Option<u64>,
+    #[serde(default, deserialize_with = "absolute_path")]
+    launch_file: Option<PathBuf>,
+}
+
+impl From<WatchLine> for WatchArgs {
+    fn from(line: WatchLine) -> WatchArgs {
+        WatchArgs {
+            unit: line.unit,
+            invocation: line.invocation,
+            spec: WatchSpec {
+                run_dir: line.run_dir,
+                record: line.record,
+                generation: line.generation,
+                launch_file: line.launch_file,
+            },
+        }
+    }
 }
 
 impl WatchArgs {
@@ -197,10 +220,7 @@ impl WatchArgs {
         WatchArgs {
             unit,
             invocation: None,
-            run_dir: None,
-            record: None,
-            generation: None,
-            launch_file: None,
+            spec: WatchSpec::default(),
         }
     }
 }
@@ -209,10 +229,10 @@ impl WatchArgs {
     /// The checks that involve more than one field.
     fn check(self) -> Result<WatchArgs, (ErrorKind, String)> {
         let bad = |message: &str| Err((ErrorKind::BadRequest, message.to_owned()));
-        if self.record.is_some() && self.run_dir.is_none() {
+        if self.spec.record.is_some() && self.spec.run_dir.is_none() {
             return bad("field `record` needs `run_dir`");
         }
-        if self.launch_file.is_some() && self.generation.is_none() {
+        if self.spec.launch_file.is_some() && self.spec.generation.is_none() {
             return bad("field `launch_file` needs `gen`");
         }
         Ok(self)

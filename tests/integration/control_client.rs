@@ -9,7 +9,7 @@ use exitproof::control::ControlError;
 use exitproof::control::client::Client;
 use exitproof::control::protocol::{
     Command, ErrorKind, Request, RequestId, Response, StreamedReply, Version, WaitArgs, WatchArgs,
-    event_line, list_reply,
+    WatchSpec, event_line, list_reply,
 };
 use exitproof::control::server::{ControlServer, ServerEvent, ServerOptions};
 use exitproof::control::wire::{
@@ -543,12 +543,14 @@ fn a_typed_request_is_the_line_the_agent_parses() {
     let requests = [
         Command::Watch(WatchArgs {
             invocation: Some(INVOCATION.to_owned()),
-            run_dir: Some("/run/web".into()),
-            record: Some(
-                exitproof::record_name::RecordName::parse("exit.json").expect("a valid name"),
-            ),
-            generation: Some(7),
-            launch_file: Some("/run/web-7.env".into()),
+            spec: WatchSpec {
+                run_dir: Some("/run/web".into()),
+                record: Some(
+                    exitproof::record_name::RecordName::parse("exit.json").expect("a valid name"),
+                ),
+                generation: Some(7),
+                launch_file: Some("/run/web-7.env".into()),
+            },
             ..WatchArgs::new(unit.clone())
         }),
         Command::Watch(WatchArgs::new(unit.clone())),

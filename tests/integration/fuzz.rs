@@ -534,11 +534,11 @@ fn check_accepted(bytes: &[u8], request: &Request) -> Result<(), String> {
                 args.invocation.clone(),
                 sent_str(&fields, "invocation").map(str::to_ascii_lowercase),
             )?;
-            if let Some(name) = &args.record {
+            if let Some(name) = &args.spec.record {
                 exitproof::record_name::RecordName::parse(name.as_str())
                     .map_err(|e| format!("accepted {e}"))?;
             }
-            if let Some(dir) = &args.run_dir {
+            if let Some(dir) = &args.spec.run_dir {
                 same("absolute run_dir", dir.is_absolute(), true)?;
             }
         }

@@ -17,9 +17,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::watch::{UnsentStop, Watch, WatchSpec};
+use super::watch::{UnsentStop, Watch};
 use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
 use crate::agent::saved::{ProofJson, WatchRecord};
+use crate::control::protocol::WatchSpec;
 use crate::proof::release::Release;
 use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
 use crate::unit_name;

@@ -3,11 +3,11 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::watch::{Watch, WatchSpec};
+use super::watch::Watch;
 use super::{Answer, Core, ReplyTo, UnitKey};
 use crate::control::ClientId;
 use crate::control::protocol::{
-    Command, ErrorKind, Request, StatusArgs, UnwatchArgs, Version, WaitArgs, WatchArgs,
+    Command, ErrorKind, Request, StatusArgs, UnwatchArgs, Version, WaitArgs, WatchArgs, WatchSpec,
 };
 use crate::proof::Input as ProofInput;
 use crate::unit_name::UnitName;
@@ -22,19 +22,8 @@ impl Core {
             Command::Watch(WatchArgs {
                 unit,
                 invocation,
-                run_dir,
-                record,
-                generation,
-                launch_file,
-            }) => {
-                let spec = WatchSpec {
-                    run_dir,
-                    record,
-                    generation,
-                    launch_file,
-                };
-                self.cmd_watch(reply, unit, invocation, spec);
-            }
+                spec,
+            }) => self.cmd_watch(reply, unit, invocation, spec),
             Command::Wait(WaitArgs { unit, timeout }) => {
                 let key = self.ensure_watch(&unit);
                 self.wait_for(key, reply, timeout.map(|t| now + t));

@@ -1,7 +1,6 @@
 //! One watched unit: what the client asked for, what systemd said, and its proof.
 
 use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -9,22 +8,13 @@ use super::event::{ProofEvent, WatchView};
 use super::facts::UnitFacts;
 use super::{ReplyTo, StopKind, UnitKey};
 use crate::cgroup::CgroupReading;
+use crate::control::protocol::WatchSpec;
 use crate::memory::shrink_when_sparse;
 use crate::proof::release::Release;
 use crate::proof::{Phase, Proof, Resumed, UnitProof};
 use crate::record_name::RecordName;
 use crate::systemd::signal::unit_path;
 use crate::unit_name::UnitName;
-
-/// What a `watch` may carry besides the unit and the invocation.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(super) struct WatchSpec {
-    pub run_dir: Option<PathBuf>,
-    /// The record's file name; `None` with a run dir is `exit-<invocation>.json`.
-    pub record: Option<RecordName>,
-    pub generation: Option<u64>,
-    pub launch_file: Option<PathBuf>,
-}
 
 /// A watch's options, boxed only when it has any: most watches have none, and inline they are
 /// 88 bytes of every watch. Reads as a [`WatchSpec`].

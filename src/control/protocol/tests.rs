@@ -20,10 +20,7 @@ fn parses_every_command() {
                 command: Command::Watch(WatchArgs {
                     unit: unit("x.service"),
                     invocation: None,
-                    run_dir: None,
-                    record: None,
-                    generation: None,
-                    launch_file: None,
+                    spec: WatchSpec::default(),
                 }),
             },
         ),
@@ -34,10 +31,7 @@ fn parses_every_command() {
                 command: Command::Watch(WatchArgs {
                     unit: unit("a@b.service"),
                     invocation: Some(invocation.to_owned()),
-                    run_dir: None,
-                    record: None,
-                    generation: None,
-                    launch_file: None,
+                    spec: WatchSpec::default(),
                 }),
             },
         ),
@@ -51,10 +45,7 @@ fn parses_every_command() {
                 command: Command::Watch(WatchArgs {
                     unit: unit("x.service"),
                     invocation: Some(invocation.to_owned()),
-                    run_dir: None,
-                    record: None,
-                    generation: None,
-                    launch_file: None,
+                    spec: WatchSpec::default(),
                 }),
             },
         ),
@@ -65,10 +56,7 @@ fn parses_every_command() {
                 command: Command::Watch(WatchArgs {
                     unit: unit("x.service"),
                     invocation: None,
-                    run_dir: None,
-                    record: None,
-                    generation: None,
-                    launch_file: None,
+                    spec: WatchSpec::default(),
                 }),
             },
         ),
@@ -198,6 +186,8 @@ fn rejects_bad_requests() {
         (br#"{"cmd":"stats","unit":"x.service"}"#, None, BadRequest, "unknown field `unit`"),
         (br#"{"id":"q","cmd":"watch"}"#, text_id(), BadRequest, "missing field `unit`"),
         (br#"{"cmd":"watch","unit":"x.service","unti":"y"}"#, None, BadRequest, "unknown field `unti`"),
+        // The spec's fields are flattened into the watch: a field of neither is still refused.
+        (br#"{"cmd":"watch","unit":"x.service","run_dir":"/run/x","gen":2,"generation":2}"#, None, BadRequest, "unknown field `generation`"),
         (br#"{"cmd":"watch","unit":5}"#, None, BadRequest, "unit name"),
         (br#"{"cmd":"watch","unit":null}"#, None, BadRequest, "unit name"),
         (br#"{"id":"q","cmd":"watch","unit":"../x.service"}"#, text_id(), InvalidUnit, "invalid character '/'"),
@@ -232,6 +222,39 @@ fn rejects_bad_requests() {
         assert_eq!((&err.id, err.kind), (&id, kind), "{shown}: {err}");
         assert!(err.message.contains(fragment), "{shown}: {err}");
     }
+}
+
+/// The spec is its own type but not its own object: a watch with every option is the flat line
+/// clients have always sent, in the same order.
+#[test]
+fn a_watch_serializes_its_spec_flat() {
+    let request = Request {
+        id: number_id(1),
+        command: Command::Watch(WatchArgs {
+            unit: unit("x.service"),
+            invocation: Some("0123456789abcdef0123456789abcdef".to_owned()),
+            spec: WatchSpec {
+                run_dir: Some("/run/x".into()),
+                record: Some(RecordName::parse("r.json").expect("a valid name")),
+                generation: Some(3),
+                launch_file: Some("/run/x/launch-3".into()),
+            },
+        }),
+    };
+    let line = serde_json::to_string(&request).expect("serializes");
+    assert_eq!(
+        line,
+        r#"{"id":1,"cmd":"watch","unit":"x.service","invocation":"0123456789abcdef0123456789abcdef","run_dir":"/run/x","record":"r.json","gen":3,"launch_file":"/run/x/launch-3"}"#
+    );
+    assert_eq!(parse_request(line.as_bytes()).expect("parses"), request);
+    let bare = Request {
+        id: None,
+        command: Command::Watch(WatchArgs::new(unit("x.service"))),
+    };
+    assert_eq!(
+        serde_json::to_string(&bare).expect("serializes"),
+        r#"{"cmd":"watch","unit":"x.service"}"#
+    );
 }
 
 /// docs/protocol.md quotes these exact lines: the errors this module makes on its own.
