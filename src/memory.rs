@@ -19,7 +19,7 @@ pub(crate) fn shrink_when_sparse<K: Eq + Hash, V, S: BuildHasher>(map: &mut Hash
 /// Returns the free pages of the heap to the kernel (glibc's `malloc_trim`). glibc gives back
 /// only the free top of the heap by itself; the free pages between live allocations stay
 /// resident, and after a burst of proofs most of the heap is such pages.
-pub(crate) fn release_free_heap() {
+pub(crate) fn trim_free_heap() {
     #[cfg(target_env = "gnu")]
     // SAFETY: malloc_trim only walks and releases the allocator's own free chunks.
     unsafe {

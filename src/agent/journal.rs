@@ -200,10 +200,10 @@ pub(super) fn read(state_file: &StateFile) -> Result<Found, StateError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::saved::WatchRecord;
+    use crate::agent::saved::SavedWatch;
 
-    fn record(unit: &str, invocation: &str) -> WatchRecord {
-        WatchRecord::bare(unit, invocation)
+    fn record(unit: &str, invocation: &str) -> SavedWatch {
+        SavedWatch::bare(unit, invocation)
     }
 
     /// A snapshot naming journal 5, with two watches and a generation.
@@ -227,7 +227,7 @@ mod tests {
                 ..ChangeSet::default()
             },
             ChangeSet {
-                watches: vec![WatchRecord {
+                watches: vec![SavedWatch {
                     stop_requested: true,
                     ..record("b.service", "2")
                 }],
@@ -272,7 +272,7 @@ mod tests {
         );
         let expected = AgentState {
             watches: vec![
-                WatchRecord {
+                SavedWatch {
                     stop_requested: true,
                     ..record("b.service", "2")
                 },

@@ -42,7 +42,7 @@ use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::clock;
 use crate::control::ControlError;
 use crate::control::protocol::{Response, event_line, list_reply};
-use crate::control::server::{ControlServer, ServerEvent, ServerOptions};
+use crate::control::server::{ClientInput, ControlServer, ServerOptions};
 use crate::control::wire;
 use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
@@ -448,8 +448,8 @@ impl Agent {
             self.server.take_closed(&mut requests);
             for request in std::mem::take(&mut requests) {
                 let input = match request {
-                    ServerEvent::Closed { client } => Input::ClientClosed { client },
-                    ServerEvent::Request { client, request } => Input::Request { client, request },
+                    ClientInput::Closed { client } => Input::ClientClosed { client },
+                    ClientInput::Request { client, request } => Input::Request { client, request },
                 };
                 self.input(input);
             }
@@ -520,13 +520,16 @@ impl Agent {
             match output {
                 Output::ReadUnit { key, unit } => self.read_unit(key, unit),
                 Output::StopUnit { key, unit, kind } => self.stop_unit(key, unit, kind),
-                Output::WatchCgroup { key, cgroup } => {
-                    let result = self.cgroups.watch(key, &cgroup).map_err(|e| e.to_string());
+                Output::AddInotifyWatches { key, cgroup } => {
+                    let result = self
+                        .cgroups
+                        .add_watches(key, &cgroup)
+                        .map_err(|e| e.to_string());
                     self.core
-                        .handle_input(Input::CgroupWatched { key, result }, clock::now());
+                        .handle_input(Input::InotifyWatchesAdded { key, result }, clock::now());
                 }
-                Output::Release { key } => {
-                    self.cgroups.unwatch(key);
+                Output::DropKernelHandles { key } => {
+                    self.cgroups.remove_watches(key);
                     self.leftovers.untrack_key(self.poll.registry(), key);
                 }
                 Output::CountLeftovers {
@@ -781,7 +784,7 @@ impl Agent {
         for notice in notices {
             let input = match notice {
                 Notice::Changed(key) => Input::CgroupChanged { key },
-                Notice::Lost(key) => Input::CgroupWatchLost { key },
+                Notice::Lost(key) => Input::InotifyWatchLost { key },
                 Notice::Overflow => {
                     self.counters.inotify_overflows += 1;
                     Input::CgroupOverflow
@@ -813,7 +816,7 @@ impl Agent {
         }
         if self.release_heap.is_some_and(|at| at <= now) {
             self.release_heap = None;
-            crate::memory::release_free_heap();
+            crate::memory::trim_free_heap();
         }
         if let Some(mut metrics) = self.metrics.take() {
             metrics.refresh_if_due(now, || self.stats(self.core.stats()));

@@ -194,7 +194,7 @@ impl Eq for ProofJson {}
 /// One watch as it must survive a restart.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct WatchRecord {
+pub(crate) struct SavedWatch {
     /// The unit's name; the state file's loader rejects a file holding an invalid one.
     pub unit: String,
     /// Our invocation, `""` if the unit had none when the watch began.
@@ -225,10 +225,10 @@ pub(crate) struct WatchRecord {
 }
 
 #[cfg(test)]
-impl WatchRecord {
+impl SavedWatch {
     /// A watch of `unit` for `invocation` with nothing else set, for tests to build on.
-    pub(crate) fn bare(unit: &str, invocation: &str) -> WatchRecord {
-        WatchRecord {
+    pub(crate) fn bare(unit: &str, invocation: &str) -> SavedWatch {
+        SavedWatch {
             unit: unit.to_owned(),
             invocation: invocation.to_owned(),
             stop_requested: false,
@@ -251,7 +251,7 @@ pub(crate) struct AgentState {
     /// The format's version, [`STATE_VERSION`]; any other makes the file corrupt.
     pub version: u32,
     /// The watched units, proven ones included until they are dropped.
-    pub watches: Vec<WatchRecord>,
+    pub watches: Vec<SavedWatch>,
     /// Every (unit, gen) ever watched: generation numbers are never reused, across restarts too.
     pub generations: Vec<(String, u64)>,
     /// The boot the watches were saved in (`/proc/sys/kernel/random/boot_id`): after a reboot
@@ -273,7 +273,7 @@ pub(crate) struct AgentState {
 pub(crate) struct ChangeSet {
     /// The new record of each unit that changed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub watches: Vec<WatchRecord>,
+    pub watches: Vec<SavedWatch>,
     /// Units that have no record any more.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub removed: Vec<String>,
@@ -309,7 +309,7 @@ impl AgentState {
     /// simulator's model of the disk both restart through it.
     pub(crate) fn apply<'a>(&mut self, changes: impl IntoIterator<Item = &'a ChangeSet>) {
         // Each unit's final record (`None`: removed), and each generation's final presence.
-        let mut records: HashMap<&str, Option<&WatchRecord>> = HashMap::new();
+        let mut records: HashMap<&str, Option<&SavedWatch>> = HashMap::new();
         let mut generations: HashMap<&(String, u64), bool> = HashMap::new();
         for change in changes {
             for unit in &change.removed {

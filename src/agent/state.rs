@@ -430,16 +430,16 @@ pub(super) fn check(state: &AgentState) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::saved::{ProofJson, WatchRecord};
+    use crate::agent::saved::{ProofJson, SavedWatch};
     use crate::record_name::RecordName;
     use std::os::unix::fs::{PermissionsExt, symlink};
 
-    fn watch(unit: &str) -> WatchRecord {
-        WatchRecord::bare(unit, "")
+    fn watch(unit: &str) -> SavedWatch {
+        SavedWatch::bare(unit, "")
     }
 
     fn sample_state() -> AgentState {
-        let full = WatchRecord {
+        let full = SavedWatch {
             unit: "app@1.service".to_owned(),
             invocation: "6f6c8d4b3b33415a9c74b562581b76a5".to_owned(),
             stop_requested: true,
@@ -452,7 +452,7 @@ mod tests {
             control_group: Some("/app.slice/app@1.service".to_owned()),
             stop_unsent: true,
         };
-        let proven = WatchRecord {
+        let proven = SavedWatch {
             proof: Some(
                 ProofJson::from_json(
                     &serde_json::json!({"type": "proven", "unit": "backup.service"}),

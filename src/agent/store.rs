@@ -211,17 +211,17 @@ impl StateStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::saved::{ChangeSet, WatchRecord};
+    use crate::agent::saved::{ChangeSet, SavedWatch};
     use crate::atomic_file::dir_entries as entries;
     use crate::control::wire::{EventKind, ProofEvent, SanitizedRecord};
     use crate::proof::{Cause, Level};
     use std::fs;
     use std::path::Path;
 
-    fn record(unit: &str) -> WatchRecord {
-        WatchRecord {
+    fn record(unit: &str) -> SavedWatch {
+        SavedWatch {
             control_group: Some(format!("/app.slice/{unit}")),
-            ..WatchRecord::bare(unit, "6f6c8d4b3b33415a9c74b562581b76a5")
+            ..SavedWatch::bare(unit, "6f6c8d4b3b33415a9c74b562581b76a5")
         }
     }
 

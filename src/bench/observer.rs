@@ -323,7 +323,7 @@ pub fn observe(bus: Bus) -> Result<(), BenchError> {
                 units.push(arm.unit.clone());
                 // The watch comes before the read, so nothing between the two is missed.
                 cgroups
-                    .watch(key, &arm.cgroup)
+                    .add_watches(key, &arm.cgroup)
                     .map_err(|e| BenchError::Failed(format!("observer: {e}")))?;
                 if is_empty(&cgroups, key) {
                     out.push(Report::Cgroup {

@@ -196,7 +196,7 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
     }
 
     /// Forgets watch `wd`, which the kernel dropped, and returns every key that used it.
-    pub(super) fn forget(&mut self, wd: i32) -> Vec<K> {
+    pub(super) fn kernel_dropped(&mut self, wd: i32) -> Vec<K> {
         match self.watches.remove(&wd).map(|watch| watch.target) {
             Some(Target::Events(keys)) => keys.to_vec(),
             Some(Target::Parent(dir)) => dir.children.values().flat_map(Keys::to_vec).collect(),
@@ -306,10 +306,10 @@ mod tests {
                 .attach(key, 7, "parent", parent, Role::Parent(&name(child)))
                 .expect("attach");
         }
-        let mut keys = table.forget(7);
+        let mut keys = table.kernel_dropped(7);
         keys.sort_unstable();
         assert_eq!(keys, [1, 2, 3]);
-        assert!(table.forget(7).is_empty(), "forgotten once");
+        assert!(table.kernel_dropped(7).is_empty(), "forgotten once");
         assert_eq!(table.len(), 0);
     }
 }

@@ -11,7 +11,7 @@
 //! Removing a cgroup directory sends nothing to watches on the directory itself either (no
 //! `IN_DELETE_SELF`, no `IN_IGNORED`; seen on Linux 6.18). So a parent watch on a removed slice stays
 //! held until its keys are unwatched, and a slice re-created meanwhile is a new inode that the old watch
-//! does not see: the caller must call [`CgroupWatcher::watch`] again when systemd reports the unit anew.
+//! does not see: the caller must call [`CgroupWatcher::add_watches`] again when systemd reports the unit anew.
 
 use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
@@ -116,9 +116,9 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     /// only by that read. A cgroup (or parent) that does not exist is not an error: `read` then says
     /// [`CgroupReading::Gone`], and a cgroup created later in an existing parent is reported. On error
     /// the key is left unwatched.
-    pub(crate) fn watch(&mut self, key: K, cgroup: &str) -> Result<(), CgroupError> {
+    pub(crate) fn add_watches(&mut self, key: K, cgroup: &str) -> Result<(), CgroupError> {
         let (parent, name) = locate(&self.root, cgroup)?;
-        self.unwatch(key);
+        self.remove_watches(key);
         let mut unit = Unit {
             parent: Rc::from(parent),
             name: Rc::from(name),
@@ -131,17 +131,17 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
                 Ok(())
             }
             Err(error) => {
-                self.release(key, &unit);
+                self.remove_unit_watches(key, &unit);
                 Err(error)
             }
         }
     }
 
     /// Stops watching `key`, removing every watch no other key uses. Unknown keys are ignored.
-    pub(crate) fn unwatch(&mut self, key: K) {
+    pub(crate) fn remove_watches(&mut self, key: K) {
         if let Some(unit) = self.units.remove(&key) {
             shrink_when_sparse(&mut self.units);
-            self.release(key, &unit);
+            self.remove_unit_watches(key, &unit);
         }
     }
 
@@ -282,7 +282,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     }
 
     /// Releases every watch `unit` holds for `key`.
-    fn release(&mut self, key: K, unit: &Unit) {
+    fn remove_unit_watches(&mut self, key: K, unit: &Unit) {
         if let Some(wd) = unit.events_wd {
             self.detach(key, wd, Role::Events);
         }
@@ -324,7 +324,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
             return Ok(());
         }
         if event.mask.contains(EventMask::IGNORED) {
-            self.forget(event.wd, out);
+            self.on_kernel_dropped(event.wd, out);
             return Ok(());
         }
         // An unknown descriptor is a late event of a watch already removed: no keys.
@@ -350,8 +350,8 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
 
     /// Forgets watch `wd`, which the kernel dropped (`IN_IGNORED`), and asks for a re-read of every
     /// key that used it.
-    fn forget(&mut self, wd: i32, out: &mut Vec<Notice<K>>) {
-        let keys = self.watches.forget(wd);
+    fn on_kernel_dropped(&mut self, wd: i32, out: &mut Vec<Notice<K>>) {
+        let keys = self.watches.kernel_dropped(wd);
         for key in keys {
             if let Some(unit) = self.units.get_mut(&key) {
                 if unit.events_wd == Some(wd) {
@@ -629,7 +629,9 @@ mod tests {
         scratch.mkdir("unit");
         let pid = scratch.spawn_sleep_in("unit");
         let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
-        watcher.watch(1, &scratch.cgroup("unit")).expect("watch");
+        watcher
+            .add_watches(1, &scratch.cgroup("unit"))
+            .expect("watch");
         assert_eq!(watcher.watch_count(), 2, "parent and cgroup.events watches");
         assert_eq!(watcher.read(1), CgroupReading::Populated);
 
@@ -666,7 +668,7 @@ mod tests {
             changed_to(1, CgroupReading::Empty),
         );
 
-        watcher.unwatch(1);
+        watcher.remove_watches(1);
         assert_eq!(watcher.watch_count(), 0);
     }
 
@@ -677,10 +679,14 @@ mod tests {
         scratch.mkdir("a");
         scratch.mkdir("b");
         let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
-        watcher.watch(1, &scratch.cgroup("a")).expect("watch a");
-        watcher.watch(2, &scratch.cgroup("b")).expect("watch b");
         watcher
-            .watch(3, &scratch.cgroup("a"))
+            .add_watches(1, &scratch.cgroup("a"))
+            .expect("watch a");
+        watcher
+            .add_watches(2, &scratch.cgroup("b"))
+            .expect("watch b");
+        watcher
+            .add_watches(3, &scratch.cgroup("a"))
             .expect("watch a again under another key");
         assert_eq!(
             watcher.watch_count(),
@@ -705,15 +711,15 @@ mod tests {
         );
         assert_eq!(watcher.watch_count(), 2);
 
-        watcher.unwatch(1);
+        watcher.remove_watches(1);
         assert_eq!(watcher.watch_count(), 2, "key 3 still uses a's watches");
-        watcher.unwatch(3);
+        watcher.remove_watches(3);
         assert_eq!(
             watcher.watch_count(),
             1,
             "key 2 still uses the parent watch"
         );
-        watcher.unwatch(2);
+        watcher.remove_watches(2);
         assert_eq!(watcher.watch_count(), 0);
     }
 
@@ -724,13 +730,13 @@ mod tests {
         let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
 
         watcher
-            .watch(1, &scratch.cgroup("nowhere/unit"))
+            .add_watches(1, &scratch.cgroup("nowhere/unit"))
             .expect("missing parent is no error");
         assert_eq!(watcher.watch_count(), 0);
         assert_eq!(watcher.read(1), CgroupReading::Gone);
 
         watcher
-            .watch(2, &scratch.cgroup("later"))
+            .add_watches(2, &scratch.cgroup("later"))
             .expect("missing cgroup is no error");
         assert_eq!(watcher.watch_count(), 1, "only the parent watch");
         assert_eq!(watcher.read(2), CgroupReading::Gone);
@@ -743,8 +749,8 @@ mod tests {
         );
         assert_eq!(watcher.watch_count(), 2);
 
-        watcher.unwatch(1);
-        watcher.unwatch(2);
+        watcher.remove_watches(1);
+        watcher.remove_watches(2);
         assert_eq!(watcher.watch_count(), 0);
     }
 
@@ -756,10 +762,14 @@ mod tests {
         scratch.mkdir("new");
         scratch.spawn_sleep_in("old");
         let mut watcher = CgroupWatcher::new(scratch.mount.clone()).expect("watcher");
-        watcher.watch(1, &scratch.cgroup("old")).expect("watch old");
+        watcher
+            .add_watches(1, &scratch.cgroup("old"))
+            .expect("watch old");
         assert_eq!(watcher.read(1), CgroupReading::Populated);
 
-        watcher.watch(1, &scratch.cgroup("new")).expect("watch new");
+        watcher
+            .add_watches(1, &scratch.cgroup("new"))
+            .expect("watch new");
         assert_eq!(watcher.watch_count(), 2);
         assert_eq!(
             watcher.read(1),
@@ -774,7 +784,7 @@ mod tests {
             changed_to(1, CgroupReading::Populated),
         );
 
-        watcher.unwatch(1);
+        watcher.remove_watches(1);
         assert_eq!(watcher.watch_count(), 0);
     }
 
@@ -795,7 +805,7 @@ mod tests {
             ("/a\0b", "contains a nul byte"),
         ];
         for (cgroup, expected) in cases {
-            match watcher.watch(1, cgroup) {
+            match watcher.add_watches(1, cgroup) {
                 Err(CgroupError::InvalidCgroup { reason, .. }) => {
                     assert_eq!(reason, expected, "cgroup {cgroup:?}")
                 }
@@ -810,9 +820,9 @@ mod tests {
         }
         // Dots inside a name are no traversal.
         watcher
-            .watch(1, "/a..b.service")
+            .add_watches(1, "/a..b.service")
             .expect("dots inside a name");
-        watcher.unwatch(1);
+        watcher.remove_watches(1);
         assert_eq!(watcher.watch_count(), 0);
     }
 
@@ -847,7 +857,7 @@ mod tests {
             ("/is-dir", None),
         ];
         for (key, (cgroup, expected)) in (0u32..).zip(cases) {
-            watcher.watch(key, cgroup).expect("watch");
+            watcher.add_watches(key, cgroup).expect("watch");
             let reading = watcher.read(key);
             assert_eq!(
                 reading,
@@ -872,7 +882,7 @@ mod tests {
             "unknown key"
         );
         for key in 0..cases.len() as u32 {
-            watcher.unwatch(key);
+            watcher.remove_watches(key);
         }
         assert_eq!(watcher.watch_count(), 0);
     }
@@ -882,7 +892,7 @@ mod tests {
         let root = TempRoot::new();
         root.write_events("/unit", b"populated 0\n");
         let mut watcher = CgroupWatcher::new(root.0.clone()).expect("watcher");
-        watcher.watch(1, "/unit").expect("watch");
+        watcher.add_watches(1, "/unit").expect("watch");
         let overflow = RawEvent {
             wd: -1,
             mask: EventMask::Q_OVERFLOW,
@@ -892,7 +902,7 @@ mod tests {
         watcher.dispatch(overflow, &mut out).expect("dispatch");
         assert_eq!(out, [Notice::Overflow]);
         assert_eq!(watcher.watch_count(), 2, "an overflow drops no watch");
-        watcher.unwatch(1);
+        watcher.remove_watches(1);
         assert_eq!(watcher.watch_count(), 0);
     }
 
@@ -902,8 +912,8 @@ mod tests {
         root.write_events("/slice/a", b"populated 0\n");
         root.write_events("/slice/b", b"populated 0\n");
         let mut watcher = CgroupWatcher::new(root.0.clone()).expect("watcher");
-        watcher.watch(1, "/slice/a").expect("watch a");
-        watcher.watch(2, "/slice/b").expect("watch b");
+        watcher.add_watches(1, "/slice/a").expect("watch a");
+        watcher.add_watches(2, "/slice/b").expect("watch b");
         assert_eq!(watcher.watch_count(), 3);
         let wds = |watcher: &CgroupWatcher<u32>, key: u32| {
             let unit = &watcher.units[&key];
@@ -947,8 +957,8 @@ mod tests {
             "b's cgroup.events watch is still held"
         );
 
-        watcher.unwatch(1);
-        watcher.unwatch(2);
+        watcher.remove_watches(1);
+        watcher.remove_watches(2);
         assert_eq!(watcher.watch_count(), 0);
     }
 

@@ -1,7 +1,7 @@
 //! The control socket's server side, living in the agent's single-threaded, edge-triggered mio loop.
 //!
 //! It accepts clients, splits their input into lines, answers malformed lines itself and hands valid
-//! requests to the agent as [`ServerEvent`]s; the agent answers with [`ControlServer::send`], or with
+//! requests to the agent as [`ClientInput`]s; the agent answers with [`ControlServer::send`], or with
 //! [`ControlServer::send_streamed`] for a reply too large to build at once (`list`), which is produced
 //! as the client reads it. It admits only peers whose kernel-reported credentials (`SO_PEERCRED`) the
 //! options allow. It never blocks, never buffers more than its limits per client (an overlong line is
@@ -90,7 +90,7 @@ impl Default for ServerOptions {
 
 /// What the server tells the agent.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ServerEvent {
+pub enum ClientInput {
     /// A client sent a valid request; answer it with [`ControlServer::send`].
     Request {
         /// Who asked.
@@ -233,7 +233,7 @@ impl ControlServer {
         &mut self,
         registry: &Registry,
         event: &mio::event::Event,
-        out: &mut Vec<ServerEvent>,
+        out: &mut Vec<ClientInput>,
     ) {
         let token = event.token();
         if self
@@ -318,11 +318,11 @@ impl ControlServer {
     }
 
     /// Moves the `Closed` events of clients dropped by [`ControlServer::send`] into `out`.
-    pub fn take_closed(&mut self, out: &mut Vec<ServerEvent>) {
+    pub fn take_closed(&mut self, out: &mut Vec<ClientInput>) {
         out.extend(
             self.closed
                 .drain(..)
-                .map(|client| ServerEvent::Closed { client }),
+                .map(|client| ClientInput::Closed { client }),
         );
     }
 

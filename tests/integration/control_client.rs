@@ -11,7 +11,7 @@ use exitproof::control::protocol::{
     Command, ErrorKind, Request, RequestId, Response, StreamedReply, Version, WaitArgs, WatchArgs,
     WatchSpec, event_line, list_reply,
 };
-use exitproof::control::server::{ControlServer, ServerEvent, ServerOptions};
+use exitproof::control::server::{ClientInput, ControlServer, ServerOptions};
 use exitproof::control::wire::{
     AgentStats, Bucket, Cause, CoreStats, EventAnswer, EventKind, InotifyStats, JournaldStats,
     LatencySummary, Level, ListAnswer, Phase, PhaseCounts, ProofCounts, ProofEvent,
@@ -98,7 +98,7 @@ impl Agent {
                     server.handle_event(poll.registry(), event, &mut out);
                 }
                 for event in out.drain(..) {
-                    let ServerEvent::Request { client, request } = event else {
+                    let ClientInput::Request { client, request } = event else {
                         continue;
                     };
                     let registry = poll.registry();

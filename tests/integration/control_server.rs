@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use exitproof::control::protocol::{Command, RequestId, Response, Version, event_line, list_reply};
 use exitproof::control::server::{
-    ControlServer, MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions,
+    ClientInput, ControlServer, MAX_STREAMS_PER_CLIENT, ServerOptions,
 };
 use exitproof::control::{ClientId, ControlError};
 use mio::{Events, Poll};
@@ -32,7 +32,7 @@ struct Harness {
     poll: Poll,
     events: Events,
     server: ControlServer,
-    out: Vec<ServerEvent>,
+    out: Vec<ClientInput>,
     path: PathBuf,
     // Declared last so it is removed after the server (whose Drop removes its socket file).
     dir: tempfile::TempDir,
@@ -100,16 +100,16 @@ impl Harness {
         self.pump_until("a request", |h| {
             h.out
                 .iter()
-                .any(|e| matches!(e, ServerEvent::Request { .. }))
+                .any(|e| matches!(e, ClientInput::Request { .. }))
         });
         let index = self
             .out
             .iter()
-            .position(|e| matches!(e, ServerEvent::Request { .. }))
+            .position(|e| matches!(e, ClientInput::Request { .. }))
             .expect("pumped until a request arrived");
         match self.out.remove(index) {
-            ServerEvent::Request { client, request } => (client, request),
-            ServerEvent::Closed { .. } => unreachable!("position matched a request"),
+            ClientInput::Request { client, request } => (client, request),
+            ClientInput::Closed { .. } => unreachable!("position matched a request"),
         }
     }
 
@@ -117,8 +117,8 @@ impl Harness {
         self.out
             .iter()
             .filter_map(|e| match e {
-                ServerEvent::Closed { client } => Some(*client),
-                ServerEvent::Request { .. } => None,
+                ClientInput::Closed { client } => Some(*client),
+                ClientInput::Request { .. } => None,
             })
             .collect()
     }
@@ -664,7 +664,7 @@ fn flooding_client_loses_no_requests() {
     let count_requests = |h: &Harness| {
         h.out
             .iter()
-            .filter(|e| matches!(e, ServerEvent::Request { .. }))
+            .filter(|e| matches!(e, ClientInput::Request { .. }))
             .count()
     };
     h.pump_until("every request", |h| count_requests(h) == REQUESTS + 1);

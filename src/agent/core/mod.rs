@@ -8,9 +8,9 @@
 //! [`Core::poll_output`], and [`Core::poll_timeout`] says when the core next wants the time.
 //! After every input the driver drains `poll_output` until it returns `None`.
 //!
-//! Four outputs are *synchronous*: [`Output::WatchCgroup`], [`Output::ReadCgroup`],
+//! Four outputs are *synchronous*: [`Output::AddInotifyWatches`], [`Output::ReadCgroup`],
 //! [`Output::CountLeftovers`] and [`Output::TakeExitRecord`]. The driver carries each out when
-//! it drains it and hands the result straight back ([`Input::CgroupWatched`],
+//! it drains it and hands the result straight back ([`Input::InotifyWatchesAdded`],
 //! [`Input::CgroupRead`], [`Input::Leftovers`], [`Input::ExitRecord`]) before any other input,
 //! so a reading is never older than the state that asked for it.
 //!
@@ -143,8 +143,8 @@ pub(crate) enum Input {
         kind: StopKind,
         succeeded: bool,
     },
-    /// The synchronous answer to [`Output::WatchCgroup`].
-    CgroupWatched {
+    /// The synchronous answer to [`Output::AddInotifyWatches`].
+    InotifyWatchesAdded {
         key: UnitKey,
         result: Result<(), String>,
     },
@@ -158,7 +158,7 @@ pub(crate) enum Input {
         key: UnitKey,
     },
     /// The kernel dropped a watch of the unit's cgroup (`IN_IGNORED`).
-    CgroupWatchLost {
+    InotifyWatchLost {
         key: UnitKey,
     },
     /// inotify dropped events (`IN_Q_OVERFLOW`): any cgroup may have changed unseen.
@@ -194,10 +194,10 @@ pub(crate) enum Output {
         kind: StopKind,
     },
     /// (Re)build the inotify watches of this cgroup for `key` (synchronous).
-    WatchCgroup { key: UnitKey, cgroup: String },
+    AddInotifyWatches { key: UnitKey, cgroup: String },
     /// Drop every kernel watch held for `key`: its inotify watches and the pidfds of its
     /// leftovers.
-    Release { key: UnitKey },
+    DropKernelHandles { key: UnitKey },
     /// Count the processes in this cgroup and below that are not certainly `next`'s, hold a
     /// pidfd for each, and answer with their pids (synchronous, [`Input::Leftovers`]); report
     /// each one's exit later with [`Input::LeftoverExited`]. Replaces what was held for `key`.
@@ -433,10 +433,10 @@ impl Core {
                 kind,
                 succeeded,
             } => self.on_stop_done(key, kind, succeeded),
-            Input::CgroupWatched { key, result } => self.on_cgroup_watched(key, result, now),
+            Input::InotifyWatchesAdded { key, result } => self.on_cgroup_watched(key, result, now),
             Input::CgroupRead { key, reading } => self.on_cgroup_read(key, reading, now),
             Input::CgroupChanged { key } => self.read_cgroup(key, now),
-            Input::CgroupWatchLost { key } => self.rebuild_cgroup_watch(key),
+            Input::InotifyWatchLost { key } => self.rebuild_cgroup_watch(key),
             Input::CgroupOverflow => {
                 self.log(
                     log::Level::Warn,
@@ -498,7 +498,7 @@ impl Core {
                 break;
             }
             self.proven_order.pop_front();
-            self.forget(key);
+            self.drop_watch(key);
         }
         if let (Some(at), Some(every)) = (self.next_resync, self.config.resync_interval)
             && at <= now
@@ -545,7 +545,7 @@ impl Core {
             self.outputs
                 .push_back(Output::Save(Box::new(StateSave::Changes(changes))));
         }
-        self.release_replies_when_saved();
+        self.send_replies_when_saved();
     }
 
     /// Saves the whole state now: at start, and when the driver compacts its journal.
@@ -561,10 +561,10 @@ impl Core {
         }
         self.outputs
             .push_back(Output::Save(Box::new(StateSave::Snapshot(state))));
-        self.release_replies_when_saved();
+        self.send_replies_when_saved();
     }
 
-    fn release_replies_when_saved(&mut self) {
+    fn send_replies_when_saved(&mut self) {
         for (to, answer) in std::mem::take(&mut self.replies_when_saved) {
             self.reply(to, answer);
         }
@@ -791,9 +791,10 @@ impl Core {
         if watch.event.is_some() || watch.proof.is_none() || watch.control_group.is_empty() {
             return;
         }
-        watch.cgroup_watch = watch::CgroupWatch::Rebuilding;
+        watch.inotify_watches = watch::InotifyWatches::Rebuilding;
         let cgroup = watch.control_group.clone();
-        self.outputs.push_back(Output::WatchCgroup { key, cgroup });
+        self.outputs
+            .push_back(Output::AddInotifyWatches { key, cgroup });
     }
 
     fn on_cgroup_read(&mut self, key: UnitKey, reading: CgroupReading, now: Instant) {
@@ -872,13 +873,13 @@ impl Core {
     }
 
     /// Drops a watch and everything it holds.
-    fn forget(&mut self, key: UnitKey) {
+    fn drop_watch(&mut self, key: UnitKey) {
         let Some(watch) = self.units.remove(&key) else {
             return;
         };
         self.unsaved.unit(watch.unit.as_str());
         if watch.event.is_none() {
-            self.outputs.push_back(Output::Release { key });
+            self.outputs.push_back(Output::DropKernelHandles { key });
         }
         if self.by_name.get(watch.unit.as_str()) == Some(&key) {
             self.by_name.remove(watch.unit.as_str());

@@ -4,7 +4,7 @@
 //!
 //! A save names each changed unit with its whole new record, so a change need not say what
 //! changed in a watch, only that it did; [`Core::mark_changed`] and [`Unsaved::unit`] are
-//! called wherever a field [`record_of`] reads may change. The tests check every change set
+//! called wherever a field [`saved_watch_of`] reads may change. The tests check every change set
 //! against a snapshot, so a mark missing is a failing test, not a silent loss.
 //!
 //! A watch whose invocation is not known yet (its first read has not come back, so nobody has
@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use super::watch::{UnsentStop, Watch};
 use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
-use crate::agent::saved::{ProofJson, WatchRecord};
+use crate::agent::saved::{ProofJson, SavedWatch};
 use crate::control::protocol::WatchSpec;
 use crate::proof::release::Release;
 use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
@@ -71,7 +71,7 @@ impl Core {
                 .by_name
                 .get(unit.as_str())
                 .and_then(|key| self.units.get(key))
-                .and_then(record_of);
+                .and_then(saved_watch_of);
             match record {
                 Some(record) => changes.watches.push(record),
                 None => changes.removed.push(unit),
@@ -114,7 +114,7 @@ impl Core {
             (Some(saved), Some(current)) => saved != current,
             _ => false,
         };
-        let (proven, watching): (Vec<WatchRecord>, Vec<WatchRecord>) =
+        let (proven, watching): (Vec<SavedWatch>, Vec<SavedWatch>) =
             one_record_per_unit(state.watches)
                 .into_iter()
                 .partition(|r| r.proof.is_some());
@@ -211,7 +211,7 @@ impl Core {
 
     /// What must survive a restart.
     pub(super) fn snapshot(&self) -> AgentState {
-        let mut watches: Vec<WatchRecord> = self.units.values().filter_map(record_of).collect();
+        let mut watches: Vec<SavedWatch> = self.units.values().filter_map(saved_watch_of).collect();
         watches.sort_by(|a, b| a.unit.cmp(&b.unit));
         let mut generations: Vec<(String, u64)> = self.generations.iter().cloned().collect();
         generations.sort();
@@ -227,8 +227,8 @@ impl Core {
 /// One record per unit, as the agent keeps one watch per name: where a unit was watched again
 /// after its proof (files of older agents kept both), the new watch replaces the proof, as it
 /// does in a running agent.
-fn one_record_per_unit(records: Vec<WatchRecord>) -> Vec<WatchRecord> {
-    let mut by_unit: BTreeMap<String, WatchRecord> = BTreeMap::new();
+fn one_record_per_unit(records: Vec<SavedWatch>) -> Vec<SavedWatch> {
+    let mut by_unit: BTreeMap<String, SavedWatch> = BTreeMap::new();
     for record in records {
         let replaces = by_unit
             .get(&record.unit)
@@ -241,9 +241,9 @@ fn one_record_per_unit(records: Vec<WatchRecord>) -> Vec<WatchRecord> {
 }
 
 /// What of a watch must survive a restart; `None` while its invocation is not known.
-fn record_of(watch: &Watch) -> Option<WatchRecord> {
+fn saved_watch_of(watch: &Watch) -> Option<SavedWatch> {
     let invocation = watch.our_invocation()?.to_owned();
-    Some(WatchRecord {
+    Some(SavedWatch {
         unit: watch.unit.to_string(),
         invocation,
         stop_requested: watch.stop_requested(),

@@ -133,7 +133,7 @@ impl Core {
     /// The proof is in: release what the unit held (its inotify watches), exactly once, then
     /// tell everyone.
     fn tell_proven(&mut self, key: UnitKey, event: ProofEvent, now: Instant) {
-        self.outputs.push_back(Output::Release { key });
+        self.outputs.push_back(Output::DropKernelHandles { key });
         let level = match event.level {
             crate::proof::Level::Info => log::Level::Info,
             crate::proof::Level::Warn => log::Level::Warn,
@@ -167,7 +167,7 @@ impl Core {
         self.proven_order.push_back((now, key));
         while self.proven_order.len() > self.config.retain_proven {
             if let Some((_, old)) = self.proven_order.pop_front() {
-                self.forget(old);
+                self.drop_watch(old);
             }
         }
     }

@@ -50,7 +50,7 @@ impl Core {
                             Answer::Error(ErrorKind::NotWatched, "unwatched".to_owned()),
                         );
                     }
-                    self.forget(key);
+                    self.drop_watch(key);
                     self.reply_when_saved(reply, Answer::Done);
                 }
                 None => self.reply(
@@ -105,7 +105,7 @@ impl Core {
                     return;
                 }
                 // A proven unit is watched afresh: its retained proof is replaced.
-                self.forget(key);
+                self.drop_watch(key);
             } else if invocation.is_some() && invocation != ours {
                 // A watch still adopting whatever invocation its first read finds cannot promise
                 // to be for the one this request names.

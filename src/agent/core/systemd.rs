@@ -15,7 +15,7 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::watch::{CgroupWatch, UnsentStop};
+use super::watch::{InotifyWatches, UnsentStop};
 use super::{Answer, Core, Output, StopKind, UnitKey};
 use crate::control::protocol::ErrorKind;
 use crate::proof::release::ReleaseInput;
@@ -251,13 +251,14 @@ impl Core {
             } else {
                 // The watch comes before any read of the cgroup, so no change between the two
                 // can be missed; the rest of the first read waits for its answer.
-                watch.cgroup_watch = CgroupWatch::First;
+                watch.inotify_watches = InotifyWatches::First;
                 let cgroup = watch.control_group.clone();
-                self.outputs.push_back(Output::WatchCgroup { key, cgroup });
+                self.outputs
+                    .push_back(Output::AddInotifyWatches { key, cgroup });
             }
             return;
         }
-        if moved || watch.cgroup_watch == CgroupWatch::Absent {
+        if moved || watch.inotify_watches == InotifyWatches::Absent {
             self.rebuild_cgroup_watch(key);
         }
         self.feed_state(key, now);
@@ -338,19 +339,19 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let asked = watch.cgroup_watch;
+        let asked = watch.inotify_watches;
         match result {
             Ok(()) => {
-                watch.cgroup_watch = CgroupWatch::Held;
+                watch.inotify_watches = InotifyWatches::Held;
                 match asked {
-                    CgroupWatch::First => self.first_read_done(key, now),
+                    InotifyWatches::First => self.first_read_done(key, now),
                     _ => self.read_cgroup(key, now),
                 }
             }
             Err(e) => {
-                watch.cgroup_watch = CgroupWatch::Absent;
+                watch.inotify_watches = InotifyWatches::Absent;
                 let message = format!("{}: {e}", watch.unit);
-                if asked == CgroupWatch::First && !watch.restored {
+                if asked == InotifyWatches::First && !watch.restored {
                     // A watch that cannot see its cgroup change is no watch: refuse it
                     // clearly (the inotify watch limit, typically) rather than prove late.
                     self.fail_watch(key, &message);
@@ -363,7 +364,7 @@ impl Core {
                     format!("{message}; trying again (until then only reads prove it)"),
                 );
                 self.retry_later(key, now);
-                if asked == CgroupWatch::First {
+                if asked == InotifyWatches::First {
                     self.first_read_done(key, now);
                 } else {
                     self.read_cgroup(key, now);
@@ -392,7 +393,7 @@ impl Core {
         for to in replies.into_iter().chain(self.waiters.take_key(key)) {
             self.reply(to, Answer::Error(ErrorKind::Internal, message.to_owned()));
         }
-        self.forget(key);
+        self.drop_watch(key);
     }
 
     /// Issues a StopUnit, or keeps it until the bus is back.

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::agent::saved::WatchRecord;
+use crate::agent::saved::SavedWatch;
 use crate::control::protocol::parse_request;
 use crate::proof::{Cause, Phase};
 use crate::systemd::signal::{UnitChange, unit_path};
@@ -91,8 +91,8 @@ impl Script {
     fn drain(&mut self) {
         while let Some(output) = self.core.poll_output() {
             match output {
-                Output::WatchCgroup { key, .. } => self.core.handle_input(
-                    Input::CgroupWatched {
+                Output::AddInotifyWatches { key, .. } => self.core.handle_input(
+                    Input::InotifyWatchesAdded {
                         key,
                         result: Ok(()),
                     },
@@ -545,14 +545,14 @@ fn a_failed_first_read_refuses_a_new_watch_and_keeps_its_generation_free() {
     assert_eq!(read, ["f.service"], "the generation was not used up");
 }
 
-fn saved(unit: &str, invocation: &str) -> WatchRecord {
-    WatchRecord {
+fn saved(unit: &str, invocation: &str) -> SavedWatch {
+    SavedWatch {
         control_group: Some(format!("/app.slice/{unit}")),
-        ..WatchRecord::bare(unit, invocation)
+        ..SavedWatch::bare(unit, invocation)
     }
 }
 
-fn state(boot: &str, watches: Vec<WatchRecord>) -> AgentState {
+fn state(boot: &str, watches: Vec<SavedWatch>) -> AgentState {
     AgentState {
         watches,
         boot_id: Some(boot.into()),
@@ -678,9 +678,9 @@ fn an_overflow_rebuilds_every_cgroup_watch_then_reads() {
         .insert("/app.slice/o.service".into(), CgroupReading::Empty);
     s.core.handle_input(Input::CgroupOverflow, s.now);
     let rebuilt = matches!(s.core.poll_output(), Some(Output::Log { .. }))
-        && matches!(s.core.poll_output(), Some(Output::WatchCgroup { .. }));
+        && matches!(s.core.poll_output(), Some(Output::AddInotifyWatches { .. }));
     assert!(rebuilt);
-    s.input(Input::CgroupWatched {
+    s.input(Input::InotifyWatchesAdded {
         key: UnitKey(0),
         result: Ok(()),
     });
@@ -999,7 +999,7 @@ fn a_refused_watch_gives_its_generation_back_in_a_change_set() {
 
 #[test]
 fn a_unit_watched_again_after_its_proof_in_an_old_file_keeps_the_new_watch() {
-    let proven = WatchRecord {
+    let proven = SavedWatch {
         proof: Some(
             crate::agent::saved::ProofJson::from_json(&serde_json::json!({"unit": "p.service"}))
                 .expect("encode"),
@@ -1021,7 +1021,7 @@ fn a_unit_watched_again_after_its_proof_in_an_old_file_keeps_the_new_watch() {
 
 #[test]
 fn a_reboots_proofs_are_saved_with_every_watch_before_any_release() {
-    let with_generation = |unit: &str| WatchRecord {
+    let with_generation = |unit: &str| SavedWatch {
         generation: Some(1),
         launch_file: Some(PathBuf::from(format!("/run/{unit}.launch"))),
         ..saved(unit, A)

@@ -58,7 +58,7 @@ pub(super) struct Reads {
 
 /// The inotify watches of the unit's cgroup.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(super) enum CgroupWatch {
+pub(super) enum InotifyWatches {
     /// None asked for yet, or the last attempt failed.
     #[default]
     Absent,
@@ -100,7 +100,7 @@ pub(super) struct Watch {
     pub stale: bool,
     /// The last non-empty ControlGroup: systemd reports it empty once the unit is gone.
     pub control_group: String,
-    pub cgroup_watch: CgroupWatch,
+    pub inotify_watches: InotifyWatches,
     /// A stop asked for before the first read came back.
     pub pending_stop: bool,
     /// What the proof had before the agent restarted: a stop requested stays requested, with
@@ -143,7 +143,7 @@ impl Watch {
             facts: UnitFacts::default(),
             stale: false,
             control_group: String::new(),
-            cgroup_watch: CgroupWatch::Absent,
+            inotify_watches: InotifyWatches::Absent,
             pending_stop: false,
             resumed: Resumed::default(),
             unsent_stop: None,

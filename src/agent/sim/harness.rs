@@ -320,7 +320,7 @@ impl Sim {
                 }
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
-            Output::WatchCgroup { key, cgroup } => {
+            Output::AddInotifyWatches { key, cgroup } => {
                 if let Some(old) = self.watches.insert(key, cgroup.clone()) {
                     self.world.kernel.unwatch(&old);
                 }
@@ -331,9 +331,9 @@ impl Sim {
                     self.world.kernel.watch(&cgroup);
                     Ok(())
                 };
-                self.answer(Input::CgroupWatched { key, result }, now);
+                self.answer(Input::InotifyWatchesAdded { key, result }, now);
             }
-            Output::Release { key } => {
+            Output::DropKernelHandles { key } => {
                 if let Some(old) = self.watches.remove(&key) {
                     self.world.kernel.unwatch(&old);
                 }
@@ -734,7 +734,7 @@ impl Sim {
             for path in lost {
                 for key in self.keys_watching(&path) {
                     self.watches.remove(&key);
-                    self.input(Input::CgroupWatchLost { key });
+                    self.input(Input::InotifyWatchLost { key });
                 }
             }
             return true;
@@ -942,7 +942,7 @@ fn show_output(output: &Output) -> String {
     }
 }
 
-fn show_records(records: &[crate::agent::saved::WatchRecord]) -> String {
+fn show_records(records: &[crate::agent::saved::SavedWatch]) -> String {
     records
         .iter()
         .map(|w| {

@@ -103,7 +103,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
             return Err(ProcsError::Register { pid, source });
         }
         if let Some(stale) = held {
-            self.forget(registry, stale);
+            self.untrack(registry, stale);
         }
         self.watched.insert(
             token,
@@ -133,7 +133,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
         if !has_exited(&watched.pidfd) {
             return None;
         }
-        let watched = self.forget(registry, token)?;
+        let watched = self.untrack(registry, token)?;
         Some((watched.key, watched.pid))
     }
 
@@ -143,7 +143,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
             return;
         };
         for token in pids.into_values() {
-            self.release(registry, token);
+            self.deregister(registry, token);
         }
     }
 
@@ -181,8 +181,8 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
     }
 
     /// Stops tracking the process under `token` and returns it.
-    fn forget(&mut self, registry: &Registry, token: Token) -> Option<Watched<K>> {
-        let watched = self.release(registry, token)?;
+    fn untrack(&mut self, registry: &Registry, token: Token) -> Option<Watched<K>> {
+        let watched = self.deregister(registry, token)?;
         if let Some(pids) = self.by_key.get_mut(&watched.key) {
             if pids.get(&watched.pid) == Some(&token) {
                 pids.remove(&watched.pid);
@@ -196,7 +196,7 @@ impl<K: Copy + Eq + Hash> ProcessTracker<K> {
 
     /// Deregisters the pidfd under `token` and frees the token; the pidfd closes when the returned
     /// value is dropped. Leaves `by_key` alone.
-    fn release(&mut self, registry: &Registry, token: Token) -> Option<Watched<K>> {
+    fn deregister(&mut self, registry: &Registry, token: Token) -> Option<Watched<K>> {
         let watched = self.watched.remove(&token)?;
         // A failure changes nothing: closing the pidfd removes it from epoll anyway.
         let _ = registry.deregister(&mut SourceFd(&watched.pidfd.as_raw_fd()));

@@ -12,7 +12,7 @@ use nix::errno::Errno;
 use nix::sys::socket::{MsgFlags, send};
 
 use super::lines::{LineSplitter, parse_line};
-use super::{MAX_STREAMS_PER_CLIENT, ServerEvent, ServerOptions};
+use super::{ClientInput, MAX_STREAMS_PER_CLIENT, ServerOptions};
 use crate::control::ClientId;
 use crate::control::protocol::{ErrorKind, Response, StreamedReply};
 
@@ -115,7 +115,7 @@ impl Connection {
         registry: &Registry,
         buffer: &mut [u8],
         options: &ServerOptions,
-        out: &mut Vec<ServerEvent>,
+        out: &mut Vec<ClientInput>,
     ) -> Liveness {
         let mut budget = READ_BUDGET;
         let mut parsed = Vec::new();
@@ -141,7 +141,7 @@ impl Connection {
             }
             for result in parsed.drain(..) {
                 match result {
-                    Ok(request) => out.push(ServerEvent::Request {
+                    Ok(request) => out.push(ClientInput::Request {
                         client: self.id,
                         request,
                     }),

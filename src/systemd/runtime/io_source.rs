@@ -112,7 +112,7 @@ impl Drop for RegisteredIoSource {
                 .inner
                 .registry
                 .deregister(&mut SourceFd(&self.state.source.as_raw_fd()));
-            sources.release(self.state.token)
+            sources.remove(self.state.token)
         };
         // Dropped after the lock: a state's wakers can hold tasks whose drop reaches back in.
         drop(released);
@@ -185,7 +185,7 @@ impl Sources {
     }
 
     /// Forgets the source under `token` and makes the token free again, handing back its state.
-    fn release(&mut self, token: Token) -> Option<Arc<SourceState>> {
+    fn remove(&mut self, token: Token) -> Option<Arc<SourceState>> {
         let state = self.states.remove(&token);
         self.free.push(token);
 
