@@ -349,7 +349,7 @@ impl Agent {
             resync_interval: config.resync_interval,
             max_reads_in_flight: MAX_READS_IN_FLIGHT,
             boot_id: boot_id(),
-            clock_anchor: (now, clock::monotonic_ns()),
+            clock_anchor: clock::anchor(),
         };
         let mut agent = Agent {
             config,
