@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use nix::fcntl::{self, OFlag};
 use nix::sys::stat::Mode;
 
-use crate::control::wire::{AgentStats, LatencySummary};
+use crate::control::wire::{AgentStats, Cause, LatencySummary, Phase};
 
 use crate::atomic_file;
 
@@ -25,9 +25,9 @@ pub(super) fn render(stats: &AgentStats) -> String {
     let core = &stats.core;
     let mut out = String::new();
     let watches = [
-        ("watching", core.watches.watching),
-        ("stopping", core.watches.stopping),
-        ("proven", core.watches.proven),
+        (Phase::Watching.name(), core.watches.watching),
+        (Phase::Stopping.name(), core.watches.stopping),
+        (Phase::Proven.name(), core.watches.proven),
     ];
     family(
         &mut out,
@@ -44,10 +44,16 @@ pub(super) fn render(stats: &AgentStats) -> String {
         [(String::new(), core.blocked)],
     );
     let proofs = [
-        ("exited", core.proofs.exited),
-        ("replaced-after-stop", core.proofs.replaced_after_stop),
-        ("restarted-outside", core.proofs.restarted_outside),
-        ("rebooted", core.proofs.rebooted),
+        (Cause::Exited.name(), core.proofs.exited),
+        (
+            Cause::ReplacedAfterStop.name(),
+            core.proofs.replaced_after_stop,
+        ),
+        (
+            Cause::RestartedOutside.name(),
+            core.proofs.restarted_outside,
+        ),
+        (Cause::Rebooted.name(), core.proofs.rebooted),
     ];
     family(
         &mut out,

@@ -602,7 +602,7 @@ impl Agent {
                     level,
                     unit = about.unit.as_str(),
                     invocation = about.invocation.as_str(),
-                    cause = about.cause.map_or("", crate::proof::Cause::name);
+                    cause = about.cause.map_or("", crate::control::wire::Cause::name);
                     "{line}"
                 ),
                 Output::Save(save) => {

@@ -9,8 +9,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use crate::control::wire::{EventKind, ProofEvent, SanitizedRecord};
-use crate::proof::{Cause, Level};
+use crate::control::wire::{Cause, EventKind, Level, ProofEvent, SanitizedRecord};
 use crate::record_name::RecordName;
 
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's

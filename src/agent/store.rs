@@ -213,8 +213,7 @@ mod tests {
     use super::*;
     use crate::agent::saved::{ChangeSet, SavedWatch};
     use crate::atomic_file::dir_entries as entries;
-    use crate::control::wire::{EventKind, ProofEvent, SanitizedRecord};
-    use crate::proof::{Cause, Level};
+    use crate::control::wire::{Cause, EventKind, Level, ProofEvent, SanitizedRecord};
     use std::fs;
     use std::path::Path;
 

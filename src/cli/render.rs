@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::control::wire::{
-    AgentStats, LatencySummary, Phase, ProofEvent, UnitStatus, Version, WatchView,
+    AgentStats, LatencySummary, ProofEvent, UnitStatus, Version, WatchView,
 };
 use crate::unit_name::UnitName;
 
@@ -77,7 +77,7 @@ impl Render for WatchView {
     fn human(&self) -> String {
         let mut line = format!(
             "{} {} (invocation {}, {}, populated {})",
-            phase_word(self.phase),
+            self.phase.name(),
             self.unit,
             short_invocation(self.invocation.as_deref()),
             unit_state(self),
@@ -95,14 +95,6 @@ impl Render for WatchView {
 
     fn json(&self) -> String {
         json_line(self)
-    }
-}
-
-fn phase_word(phase: Phase) -> &'static str {
-    match phase {
-        Phase::Watching => "watching",
-        Phase::Stopping => "stopping",
-        Phase::Proven => "proven",
     }
 }
 
@@ -148,7 +140,7 @@ impl Render for Listing {
                 [
                     view.unit.clone(),
                     short_invocation(view.invocation.as_deref()).to_owned(),
-                    phase_word(view.phase).to_owned(),
+                    view.phase.name().to_owned(),
                     unit_state(view),
                     populated(view).to_owned(),
                     proven_ago,
@@ -342,8 +334,7 @@ fn micros(us: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::control::wire::{EventKind, SanitizedRecord};
-    use crate::proof::{Cause, Level};
+    use crate::control::wire::{Cause, EventKind, Level, Phase, SanitizedRecord};
 
     const INVOCATION: &str = "c1a411bea0f8482a98b06f95dabafd31";
     const SECOND: u64 = 1_000_000_000;

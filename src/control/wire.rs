@@ -5,12 +5,156 @@
 //!
 //! Deserializing ignores fields it does not know, as the protocol asks of clients, so a newer
 //! agent's additions do not break an older client.
+//!
+//! The proof core's [`Cause`], [`Level`] and [`Phase`] have no spelling of their own: these are
+//! the wire's, converted `From` the proof's, and each of their words is written once, here
+//! (their `name`, which the agent's logs, journald fields and metrics labels use too).
+
+use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 pub use super::protocol::{ErrorKind, Version};
 pub use crate::exit::SanitizedRecord;
-pub use crate::proof::{Cause, Level, Phase};
+use crate::proof;
+
+/// Defines an enum the wire spells as one word a variant, each word written here once: `name`
+/// returns it, serializing writes `name`, and deserializing matches the same words. After the
+/// variants, `unknown { Variant = "word", }` names the variant a word this
+/// build does not know decodes to (a newer agent's); without it, such a word is an error
+/// naming the words known.
+macro_rules! wire_words {
+    (
+        $(#[$meta:meta])*
+        pub enum $ty:ident {
+            $($(#[$doc:meta])* $variant:ident = $word:literal,)+
+        }
+        $(unknown { $(#[$other_doc:meta])* $other:ident = $other_word:literal, })?
+    ) => {
+        $(#[$meta])*
+        pub enum $ty {
+            $($(#[$doc])* $variant,)+
+            $($(#[$other_doc])* $other,)?
+        }
+
+        impl $ty {
+            /// The value as the wire spells it; logs and journald fields use the same word.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $word,)+
+                    $($ty::$other => $other_word,)?
+                }
+            }
+        }
+
+        impl Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.serialize_str(self.name())
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Words;
+                impl serde::de::Visitor<'_> for Words {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str(concat!("a ", stringify!($ty), " word"))
+                    }
+                    fn visit_str<E: serde::de::Error>(self, word: &str) -> Result<$ty, E> {
+                        match word {
+                            $($word => Ok($ty::$variant),)+
+                            _ => wire_words!(@unknown word, [$($word),+] $(, $ty::$other)?),
+                        }
+                    }
+                }
+                deserializer.deserialize_str(Words)
+            }
+        }
+    };
+    (@unknown $word:ident, $known:expr, $other:expr) => {
+        Ok($other)
+    };
+    (@unknown $word:ident, $known:expr) => {
+        Err(serde::de::Error::unknown_variant($word, &$known))
+    };
+}
+
+wire_words! {
+    /// The severity of a proof event.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Level {
+        /// A clean end: the unit exited 0 or was stopped as asked.
+        Info = "info",
+        /// Anything else: a failure, a signal, a missing exit record, a reboot.
+        Warn = "warn",
+    }
+}
+
+wire_words! {
+    /// What proved the invocation over. A newer agent may tell of a cause this build does not
+    /// know (the protocol lets new causes come without a new version: a proof is a proof
+    /// whatever its cause): it decodes to [`Cause::Other`].
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    #[non_exhaustive]
+    pub enum Cause {
+        /// Our invocation reached a terminal state and its cgroup is empty or gone.
+        Exited = "exited",
+        /// A stop of ours was requested and systemd has since begun another invocation.
+        ReplacedAfterStop = "replaced-after-stop",
+        /// Another invocation was started outside us; we stopped it and its cgroup emptied.
+        RestartedOutside = "restarted-outside",
+        /// The machine rebooted since the watch began.
+        Rebooted = "rebooted",
+    }
+    unknown {
+        /// A cause this build does not know, read from a newer agent. Never made by this one.
+        Other = "other",
+    }
+}
+
+wire_words! {
+    /// Where a watch is in its life.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum Phase {
+        /// Not proven; no stop of ours was requested.
+        Watching = "watching",
+        /// Not proven; a stop of ours was requested.
+        Stopping = "stopping",
+        /// Every process of the invocation is gone. Final.
+        Proven = "proven",
+    }
+}
+
+impl From<proof::Level> for Level {
+    fn from(level: proof::Level) -> Self {
+        match level {
+            proof::Level::Info => Level::Info,
+            proof::Level::Warn => Level::Warn,
+        }
+    }
+}
+
+impl From<proof::Cause> for Cause {
+    fn from(cause: proof::Cause) -> Self {
+        match cause {
+            proof::Cause::Exited => Cause::Exited,
+            proof::Cause::ReplacedAfterStop => Cause::ReplacedAfterStop,
+            proof::Cause::RestartedOutside => Cause::RestartedOutside,
+            proof::Cause::Rebooted => Cause::Rebooted,
+        }
+    }
+}
+
+impl From<proof::Phase> for Phase {
+    fn from(phase: proof::Phase) -> Self {
+        match phase {
+            proof::Phase::Watching => Phase::Watching,
+            proof::Phase::Stopping => Phase::Stopping,
+            proof::Phase::Proven => Phase::Proven,
+        }
+    }
+}
 
 /// The kind of an event; a field so that other kinds can join the stream later.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -256,4 +400,80 @@ pub struct UnitStatus {
 pub struct JournaldStats {
     /// Records dropped because journald's socket was full (the loop never waits on it).
     pub dropped: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every cause the proof makes, with its spelling as `docs/protocol.md` documents it. A new
+    /// cause fails to compile here until it is given one.
+    fn documented(cause: proof::Cause) -> &'static str {
+        match cause {
+            proof::Cause::Exited => "exited",
+            proof::Cause::ReplacedAfterStop => "replaced-after-stop",
+            proof::Cause::RestartedOutside => "restarted-outside",
+            proof::Cause::Rebooted => "rebooted",
+        }
+    }
+
+    #[test]
+    fn every_proof_cause_is_spelled_on_the_wire_as_documented() {
+        for cause in [
+            proof::Cause::Exited,
+            proof::Cause::ReplacedAfterStop,
+            proof::Cause::RestartedOutside,
+            proof::Cause::Rebooted,
+        ] {
+            let word = documented(cause);
+            let wire = Cause::from(cause);
+            assert_eq!(wire.name(), word, "{cause:?}");
+            let json = serde_json::to_string(&wire).expect("serialize");
+            assert_eq!(json, format!("\"{word}\""), "{cause:?}");
+            assert_eq!(serde_json::from_str::<Cause>(&json).ok(), Some(wire));
+        }
+    }
+
+    #[test]
+    fn an_unknown_cause_decodes_to_other() {
+        let unknown = serde_json::from_str::<Cause>(r#""evaporated""#);
+        assert_eq!(unknown.ok(), Some(Cause::Other));
+        let event: ProofEvent = serde_json::from_str(
+            r#"{"type":"proven","unit":"a.service","invocation":"","level":"warn",
+                "message":"m","cause":"evaporated","proven_mono_ns":1,"stop_requested":false,
+                "systemd":null,"record":null,"gen":null,"launch_file":null}"#,
+        )
+        .expect("a proof event with a newer agent's cause");
+        assert_eq!(event.cause, Cause::Other);
+    }
+
+    #[test]
+    fn levels_and_phases_are_spelled_as_documented_and_unknown_ones_refused() {
+        let levels = [(proof::Level::Info, "info"), (proof::Level::Warn, "warn")];
+        for (level, word) in levels {
+            assert_eq!(
+                serde_json::to_value(Level::from(level)).ok(),
+                Some(word.into())
+            );
+        }
+        let phases = [
+            (proof::Phase::Watching, "watching"),
+            (proof::Phase::Stopping, "stopping"),
+            (proof::Phase::Proven, "proven"),
+        ];
+        for (phase, word) in phases {
+            let wire = Phase::from(phase);
+            assert_eq!(serde_json::to_value(wire).ok(), Some(word.into()));
+            assert_eq!(
+                serde_json::from_value::<Phase>(word.into()).ok(),
+                Some(wire)
+            );
+        }
+        let error = serde_json::from_str::<Level>(r#""loud""#).expect_err("unknown level");
+        assert_eq!(
+            error.to_string(),
+            "unknown variant `loud`, expected `info` or `warn` at line 1 column 6"
+        );
+        assert!(serde_json::from_str::<Phase>("1").is_err(), "not a string");
+    }
 }

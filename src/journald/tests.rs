@@ -1,5 +1,5 @@
 use super::*;
-use crate::proof::Cause;
+use crate::control::wire::Cause;
 
 /// Splits a native-protocol datagram into its fields, as journald reads it.
 fn parse(mut bytes: &[u8]) -> Vec<(String, Vec<u8>)> {

@@ -32,10 +32,7 @@ mod tests;
 pub mod release;
 
 use std::collections::VecDeque;
-use std::fmt;
 use std::time::{Duration, Instant};
-
-use serde::{Deserialize, Serialize};
 
 use crate::systemd::words::{Word, word};
 
@@ -110,8 +107,7 @@ pub enum Input {
 }
 
 /// Why the machine asks for a StopUnit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
     /// The owner asked for it.
     Requested,
@@ -119,9 +115,8 @@ pub enum StopReason {
     Foreign,
 }
 
-/// The severity of a proof event or a log line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// The severity of a proof or a log line (the wire spells it as `control::wire::Level`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Level {
     /// A clean end: the unit exited 0 or was stopped as asked.
     Info,
@@ -129,9 +124,8 @@ pub enum Level {
     Warn,
 }
 
-/// What proved the invocation over.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+/// What proved the invocation over (the wire spells it as `control::wire::Cause`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Cause {
     /// Our invocation reached a terminal state and its cgroup is empty or gone.
     Exited,
@@ -141,27 +135,10 @@ pub enum Cause {
     RestartedOutside,
     /// The machine rebooted since the watch began.
     Rebooted,
-    /// A cause this build does not know, read from a newer agent (the protocol lets new causes
-    /// come without a new version: a proof is a proof whatever its cause). Never made here.
-    #[serde(other)]
-    Other,
-}
-
-impl Cause {
-    /// The cause as the wire spells it (`exited`, `replaced-after-stop`, ...).
-    pub fn name(self) -> &'static str {
-        match self {
-            Cause::Exited => "exited",
-            Cause::ReplacedAfterStop => "replaced-after-stop",
-            Cause::RestartedOutside => "restarted-outside",
-            Cause::Rebooted => "rebooted",
-            Cause::Other => "other",
-        }
-    }
 }
 
 /// The proof that every process of our invocation is gone.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Proof {
     /// What proved it.
     pub cause: Cause,
@@ -171,9 +148,9 @@ pub struct Proof {
     pub message: String,
 }
 
-/// Where the unit is in its life, as far as the proof goes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+/// Where the unit is in its life, as far as the proof goes (the wire spells it as
+/// `control::wire::Phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     /// Not proven; no stop of ours was requested.
     Watching,
@@ -619,14 +596,5 @@ fn display_invocation(invocation: &str) -> &str {
         "none"
     } else {
         invocation
-    }
-}
-
-impl fmt::Display for Level {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Level::Info => "info",
-            Level::Warn => "warn",
-        })
     }
 }

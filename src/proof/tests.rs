@@ -46,8 +46,8 @@ fn render(output: &Output) -> String {
         Output::StopUnit(StopReason::Foreign) => "stop-unit foreign".into(),
         Output::ReadCgroup => "read-cgroup".into(),
         Output::CountLeftovers => "count-leftovers".into(),
-        Output::Log(level, line) => format!("log {level}: {line}"),
-        Output::Proven(p) => format!("proven {:?} {}: {}", p.cause, p.level, p.message),
+        Output::Log(level, line) => format!("log {level:?}: {line}"),
+        Output::Proven(p) => format!("proven {:?} {:?}: {}", p.cause, p.level, p.message),
     }
 }
 
@@ -112,7 +112,7 @@ fn terminal_then_empty_cgroup_proves_exited() {
                 cg(CgroupReading::Empty),
             ],
             "0ms read-cgroup
-             0ms proven Exited warn: instance exited (status unknown: no exit record)",
+             0ms proven Exited Warn: instance exited (status unknown: no exit record)",
         );
     }
 }
@@ -122,7 +122,7 @@ fn terminal_then_gone_cgroup_proves_exited() {
     check(
         &[st("inactive", OURS), cg(CgroupReading::Gone)],
         "0ms read-cgroup
-         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+         0ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );
 }
 
@@ -132,7 +132,7 @@ fn an_unloaded_unit_is_inactive_with_no_invocation() {
     check(
         &[unloaded, cg(CgroupReading::Gone)],
         "0ms read-cgroup
-         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+         0ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );
 }
 
@@ -149,9 +149,9 @@ fn populated_after_terminal_never_proves_and_logs_once_per_two_seconds() {
             cg(CgroupReading::Empty),
         ],
         "0ms read-cgroup
-         0ms log warn: processes remain after inactive; not releasing
-         2001ms log warn: processes remain after inactive; not releasing
-         2001ms proven Exited warn: instance exited (status unknown: no exit record)",
+         0ms log Warn: processes remain after inactive; not releasing
+         2001ms log Warn: processes remain after inactive; not releasing
+         2001ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );
 }
 
@@ -172,12 +172,12 @@ fn a_read_error_is_not_evidence_and_is_retried_with_backoff() {
             cg(CgroupReading::Empty),
         ],
         "0ms read-cgroup
-         0ms log warn: cgroup.events: permission denied
+         0ms log Warn: cgroup.events: permission denied
          50ms read-cgroup
          150ms read-cgroup
          350ms read-cgroup
          750ms read-cgroup
-         750ms proven Exited warn: instance exited (status unknown: no exit record)",
+         750ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );
 }
 
@@ -190,7 +190,7 @@ fn a_read_error_log_is_rate_limited_and_the_backoff_is_capped() {
         steps.push(wait_ms(2000));
     }
     let got = transcript(&steps);
-    let logs = got.lines().filter(|l| l.contains("log warn")).count();
+    let logs = got.lines().filter(|l| l.contains("log Warn")).count();
     // 8 errors 2 s apart: logged only once more than 2 s have passed, at 0, 4, 8 and 12 s.
     assert_eq!(logs, 4, "{got}");
     let mut proof = UnitProof::new(OURS.into());
@@ -245,7 +245,7 @@ fn a_state_lost_cancels_a_pending_retry() {
             wait_ms(10_000),
         ],
         "0ms read-cgroup
-         0ms log warn: cgroup.events: eio",
+         0ms log Warn: cgroup.events: eio",
     );
 }
 
@@ -262,13 +262,13 @@ fn a_foreign_invocation_is_stopped_once_then_proven_restarted_outside() {
             cg(CgroupReading::Empty),
         ],
         &format!(
-            "0ms log warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
              0ms stop-unit foreign
              0ms read-cgroup
-             0ms log warn: processes remain after active; not releasing
+             0ms log Warn: processes remain after active; not releasing
              0ms read-cgroup
              0ms read-cgroup
-             0ms proven RestartedOutside warn: instance exited (status unknown: restarted outside the activator)"
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
         ),
     );
 }
@@ -280,10 +280,10 @@ fn foreign_takes_precedence_over_terminal() {
     check(
         &[st("inactive", THEIRS), cg(CgroupReading::Gone)],
         &format!(
-            "0ms log warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
              0ms stop-unit foreign
              0ms read-cgroup
-             0ms proven RestartedOutside warn: instance exited (status unknown: restarted outside the activator)"
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
         ),
     );
 }
@@ -301,7 +301,7 @@ fn stop_then_a_new_invocation_with_none_of_ours_left_proves_replaced_after_stop(
         "0ms stop-unit requested
          0ms read-cgroup
          0ms count-leftovers
-         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+         0ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
@@ -316,7 +316,7 @@ fn stop_then_a_new_invocation_in_an_empty_cgroup_proves_replaced_after_stop() {
         ],
         "0ms stop-unit requested
          0ms read-cgroup
-         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+         0ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
@@ -342,15 +342,15 @@ fn leftovers_of_our_stopped_invocation_beside_a_new_one_are_followed_until_none_
         ],
         "0ms stop-unit requested
          0ms read-cgroup
-         0ms log warn: processes remain after inactive; not releasing
+         0ms log Warn: processes remain after inactive; not releasing
          0ms read-cgroup
          0ms count-leftovers
-         0ms log warn: 2 processes of our invocation remain beside the new one; not releasing
-         3000ms log warn: 1 processes of our invocation remain beside the new one; not releasing
-         3000ms log warn: count leftovers: listing failed
+         0ms log Warn: 2 processes of our invocation remain beside the new one; not releasing
+         3000ms log Warn: 1 processes of our invocation remain beside the new one; not releasing
+         3000ms log Warn: count leftovers: listing failed
          3050ms read-cgroup
          3050ms count-leftovers
-         3050ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+         3050ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
@@ -367,7 +367,7 @@ fn stop_then_no_invocation_in_a_non_terminal_state_proves_replaced_after_stop() 
         "0ms stop-unit requested
          0ms read-cgroup
          0ms count-leftovers
-         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+         0ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
@@ -384,14 +384,14 @@ fn stop_with_a_foreign_state_already_known_counts_leftovers() {
             leftovers(0),
         ],
         &format!(
-            "0ms log warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
              0ms stop-unit foreign
              0ms read-cgroup
-             0ms log warn: processes remain after active; not releasing
+             0ms log Warn: processes remain after active; not releasing
              0ms stop-unit requested
              0ms read-cgroup
              0ms count-leftovers
-             0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)"
+             0ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)"
         ),
     );
 }
@@ -409,7 +409,7 @@ fn stop_requested_never_fires_a_foreign_stop() {
         ],
         "0ms stop-unit requested
          0ms read-cgroup
-         0ms proven ReplacedAfterStop warn: instance exited (status unknown: replaced after stop)",
+         0ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)",
     );
 }
 
@@ -426,8 +426,8 @@ fn stop_then_our_invocation_deactivates_and_the_cgroup_decides() {
         ],
         "0ms stop-unit requested
          0ms read-cgroup
-         0ms log warn: processes remain after failed; not releasing
-         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+         0ms log Warn: processes remain after failed; not releasing
+         0ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );
 }
 
@@ -453,7 +453,7 @@ fn proven_is_final() {
             wait_ms(10_000),
         ],
         "0ms read-cgroup
-         0ms proven Exited warn: instance exited (status unknown: no exit record)",
+         0ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );
 }
 

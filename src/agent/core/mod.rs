@@ -248,7 +248,7 @@ pub(crate) struct LogSubject {
     /// Our invocation's ID, empty while unknown (`EXITPROOF_INVOCATION`).
     pub invocation: String,
     /// The proof's cause, on the line of a proof (`EXITPROOF_CAUSE`).
-    pub cause: Option<crate::proof::Cause>,
+    pub cause: Option<crate::control::wire::Cause>,
 }
 
 /// How the core behaves.
@@ -642,7 +642,7 @@ impl Core {
     fn log_about(
         &mut self,
         key: UnitKey,
-        cause: Option<crate::proof::Cause>,
+        cause: Option<crate::control::wire::Cause>,
         level: log::Level,
         line: String,
     ) {

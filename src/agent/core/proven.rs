@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::event::{EventKind, ProofEvent, systemd_record, terminal_wording};
-use super::{Answer, Core, Output, StopKind, UnitKey};
+use super::{Answer, Core, Output, StopKind, UnitKey, to_log_level};
 use crate::exit::record::{ExitRecord, SanitizedRecord};
 use crate::proof::release::{ReleaseInput, ReleaseOutput};
 use crate::proof::{Cause, Proof};
@@ -52,13 +52,14 @@ impl Core {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
+        let mut level = proof.level;
         let mut event = ProofEvent {
             kind: EventKind::Proven,
             unit: watch.unit.to_string(),
             invocation: watch.our_invocation().unwrap_or_default().to_owned(),
-            level: proof.level,
+            level: level.into(),
             message: proof.message,
-            cause: proof.cause,
+            cause: proof.cause.into(),
             proven_mono_ns: self.mono_ns(now),
             stop_requested: watch.stop_requested(),
             systemd: None,
@@ -73,9 +74,9 @@ impl Core {
         if proof.cause == Cause::Exited {
             let systemd = watch.facts.service_exit().map(|exit| systemd_record(&exit));
             let names_record = watch.spec.run_dir.is_some();
-            let (level, message) =
-                terminal_wording(names_record, record.as_ref(), systemd.as_ref());
-            event.level = level;
+            let message;
+            (level, message) = terminal_wording(names_record, record.as_ref(), systemd.as_ref());
+            event.level = level.into();
             event.message = message;
             event.systemd = systemd.as_ref().map(SanitizedRecord::from);
             event.record = record.as_ref().map(SanitizedRecord::from);
@@ -96,12 +97,11 @@ impl Core {
         match proof.cause {
             Cause::Exited | Cause::RestartedOutside => self.release(key, ReleaseInput::Proven),
             Cause::Rebooted => self.release(key, ReleaseInput::ProvenAfterReboot),
-            // `Other` is only ever read from a newer agent's answer, never proven here.
-            Cause::ReplacedAfterStop | Cause::Other => {}
+            Cause::ReplacedAfterStop => {}
         }
         // Released before anyone is told: a caller that hears "proven" finds the launch file
         // gone.
-        self.tell_proven(key, event, now);
+        self.tell_proven(key, event, to_log_level(level), now);
     }
 
     /// Hands a fact to a generation's release and carries out what it asks for.
@@ -132,12 +132,8 @@ impl Core {
 
     /// The proof is in: release what the unit held (its inotify watches), exactly once, then
     /// tell everyone.
-    fn tell_proven(&mut self, key: UnitKey, event: ProofEvent, now: Instant) {
+    fn tell_proven(&mut self, key: UnitKey, event: ProofEvent, level: log::Level, now: Instant) {
         self.outputs.push_back(Output::DropKernelHandles { key });
-        let level = match event.level {
-            crate::proof::Level::Info => log::Level::Info,
-            crate::proof::Level::Warn => log::Level::Warn,
-        };
         self.log_about(
             key,
             Some(event.cause),

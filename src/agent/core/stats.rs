@@ -80,8 +80,6 @@ impl ProofCounts {
             Cause::ReplacedAfterStop => &mut self.replaced_after_stop,
             Cause::RestartedOutside => &mut self.restarted_outside,
             Cause::Rebooted => &mut self.rebooted,
-            // Only a client reading a newer agent's cause has it; this core never makes it.
-            Cause::Other => return,
         };
         *counter += 1;
     }

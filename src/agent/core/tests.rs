@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use super::*;
 use crate::agent::saved::SavedWatch;
 use crate::control::protocol::parse_request;
-use crate::proof::{Cause, Phase};
+use crate::control::wire::{Cause, Phase};
 use crate::systemd::signal::{UnitChange, unit_path};
 
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";

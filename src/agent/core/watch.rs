@@ -210,7 +210,7 @@ impl Watch {
                 Some(CgroupReading::Empty) => Some(false),
                 _ => None,
             },
-            phase: self.phase(),
+            phase: self.phase().into(),
             stop_requested: self.stop_requested(),
             run_dir: self.spec.run_dir.as_ref().map(|p| p.display().to_string()),
             record: self

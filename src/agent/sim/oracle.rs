@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::kernel::Inv;
 use super::world::{World, short};
-use crate::proof::Cause;
+use crate::control::wire::Cause;
 
 /// Quiet steps a proof may take once its invocation is over: enough for every read, retry and
 /// reconnect the agent does, far short of any periodic relist.
