@@ -128,7 +128,7 @@ pub(crate) fn decode(message: &Message) -> Result<Option<SystemdSignal>, DecodeE
 
 /// The body of a PropertiesChanged signal, decoded as it is read: the interface, then only the
 /// changed properties the agent uses (each checked for its type), then whether one of those was
-/// invalidated. `None` for an interface other than `Unit` and `Service`.
+/// invalidated (the names, borrowed). `None` for an interface other than `Unit` and `Service`.
 ///
 /// Streaming, not a map of owned variants: systemd sends every property of an interface on each
 /// change (22 of `Unit`, more of `Service`, about 900 bytes), and copying them all cost the
@@ -164,8 +164,18 @@ impl<'de> Visitor<'de> for BodyVisitor {
             return Ok(PropertiesChanged(None));
         }
         let Changed(mut change) = body.next_element()?.ok_or_else(|| missing(1))?;
-        let Invalidated(invalidated) = body.next_element()?.ok_or_else(|| missing(2))?;
-        change.invalidated = invalidated;
+        let invalidated: Vec<&str> = body.next_element()?.ok_or_else(|| missing(2))?;
+        change.invalidated = invalidated.iter().any(|name| {
+            matches!(
+                *name,
+                "ActiveState"
+                    | "SubState"
+                    | "InvocationID"
+                    | "Result"
+                    | "ExecMainCode"
+                    | "ExecMainStatus"
+            )
+        });
         Ok(PropertiesChanged(Some(change)))
     }
 }
@@ -221,41 +231,6 @@ where
     changed
         .next_value::<as_variant::Deserialize<'de, T>>()
         .map(|v| v.0)
-}
-
-/// The invalidated names (`as`): whether one of the properties the agent uses is among them.
-struct Invalidated(bool);
-
-impl<'de> Deserialize<'de> for Invalidated {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_seq(InvalidatedVisitor)
-    }
-}
-
-struct InvalidatedVisitor;
-
-impl<'de> Visitor<'de> for InvalidatedVisitor {
-    type Value = Invalidated;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a list of property names")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut names: A) -> Result<Invalidated, A::Error> {
-        let mut used = false;
-        while let Some(name) = names.next_element::<&str>()? {
-            used |= matches!(
-                name,
-                "ActiveState"
-                    | "SubState"
-                    | "InvocationID"
-                    | "Result"
-                    | "ExecMainCode"
-                    | "ExecMainStatus"
-            );
-        }
-        Ok(Invalidated(used))
-    }
 }
 
 /// An InvocationID as systemd prints it: 32 lowercase hex digits, or empty for all zeroes or
