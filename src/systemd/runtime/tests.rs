@@ -1,5 +1,6 @@
 //! Unit tests of the mio runtime on its own, with no bus: tokens, the agent-style loop, timers,
-//! wakes from another thread, connects, and what dropping the runtime releases.
+//! wakes from another thread, connects, what dropping the runtime releases, and floods over a
+//! peer-to-peer zbus connection that must lose no wake.
 //!
 //! They must never leave a thread, socket or file behind: the one thread is joined, sockets
 //! close with their owners, and files live in a temporary directory removed on drop.
@@ -382,4 +383,111 @@ fn dropping_the_runtime_releases_every_task_and_source() {
         .read_to_end(&mut rest)
         .expect("the end of the stream");
     assert!(rest.is_empty());
+}
+
+/// Floods of signals over a peer-to-peer connection, both ends on one runtime, the receiving
+/// stream's queue far smaller than a flood: the socket reader keeps stopping on a full queue
+/// while the kernel has more for it. The sender sends a flood, waits until all of it has
+/// arrived, then sends the next, so the last wake of every flood matters. Every signal must
+/// arrive, and the loop must never sit out a wait with nothing to do before it has: progress
+/// that needed a timeout would be a wake lost (the agent's loop may sleep until a timer hours
+/// away).
+#[test]
+fn floods_behind_a_full_stream_queue_arrive_without_a_lost_wake() {
+    use futures_util::StreamExt;
+    use std::num::NonZeroUsize;
+
+    const FLOODS: usize = 200;
+    const FLOOD: usize = 100;
+    let (server_end, client_end) = UnixStream::pair().expect("a socket pair");
+    let (mut poll, runtime) = runtime_with(SOURCES);
+    let handle = runtime.handle();
+    let (server, client) = runtime
+        .block_on(&mut poll, async {
+            let server = zbus::connection::Builder::unix_stream(server_end)
+                .server(zbus::Guid::generate())
+                .p2p()
+                .runtime(handle.clone())
+                .build();
+            let client = zbus::connection::Builder::unix_stream(client_end)
+                .p2p()
+                .runtime(handle.clone())
+                .build();
+            futures_util::future::join(server, client).await
+        })
+        .expect("the poll waits");
+    let (server, client) = (server.expect("a server"), client.expect("a client"));
+
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .member("Tick")
+        .build()
+        .expect("a rule")
+        .to_owned();
+    let stream = runtime
+        .block_on(
+            &mut poll,
+            zbus::MessageStream::for_match_rule(rule, &client, NonZeroUsize::new(2)),
+        )
+        .expect("the poll waits")
+        .expect("a stream");
+
+    // How many arrived, and the sender waiting for the count to reach the end of its flood.
+    let received: Arc<Mutex<(usize, Option<Waker>)>> = Arc::default();
+    let counted = received.clone();
+    runtime
+        .spawn(async move {
+            let mut stream = stream;
+            while let Some(message) = stream.next().await {
+                message.expect("a signal");
+                let mut count = counted.lock().expect("the count");
+                count.0 += 1;
+                if let Some(waker) = count.1.take() {
+                    waker.wake();
+                }
+            }
+        })
+        .detach();
+    let arrived = received.clone();
+    runtime
+        .spawn(async move {
+            for flood in 1..=FLOODS {
+                for n in 0..FLOOD {
+                    let tick = u64::try_from(n).expect("small");
+                    server
+                        .emit_signal(None::<&str>, "/flood", "org.example.Flood", "Tick", &tick)
+                        .await
+                        .expect("a signal sent");
+                }
+                poll_fn(|cx| {
+                    let mut count = arrived.lock().expect("the count");
+                    if count.0 >= flood * FLOOD {
+                        return Poll::Ready(());
+                    }
+                    count.1 = Some(cx.waker().clone());
+                    Poll::Pending
+                })
+                .await;
+            }
+            // Kept open until every signal is read: dropping it would close the socket.
+            std::future::pending::<()>().await;
+        })
+        .detach();
+
+    // Nothing outside this loop takes part: a wait that ends with no event, while signals are
+    // still on their way, can only be a wake the runtime lost.
+    let limit = Duration::from_secs(1);
+    loop {
+        let count = received.lock().expect("the count").0;
+        if count == FLOODS * FLOOD {
+            break;
+        }
+        let waited = Instant::now();
+        let tokens = agent_pass(&mut poll, &runtime, limit);
+        assert!(
+            !tokens.is_empty() || waited.elapsed() < limit,
+            "the loop waited {limit:?} with nothing to do, {count} of {} signals in",
+            FLOODS * FLOOD
+        );
+    }
 }
