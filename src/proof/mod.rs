@@ -433,6 +433,13 @@ impl UnitProof {
         self.verdict().is_some_and(|v| v.terminal)
     }
 
+    /// Whether a reading of the cgroup would be used now: only then is a change of the cgroup
+    /// worth a read (a reading made while nothing needs it would prove nothing; the proof asks
+    /// for its own read, with [`Output::ReadCgroup`], once the state calls for one).
+    pub fn wants_reading(&self) -> bool {
+        self.proof.is_none() && self.verdict().is_some_and(|v| self.needs_cgroup(v))
+    }
+
     fn verdict(&self) -> Option<Verdict> {
         let state = self.state.as_ref()?;
         let foreign = matches!(state.invocation, SeenInvocation::Foreign(_));

@@ -55,7 +55,7 @@ use crate::control::ClientId;
 use crate::control::protocol::{ErrorKind, Request, RequestId, Version};
 use crate::exit::record::ExitRecord;
 use crate::memory::shrink_when_sparse;
-use crate::proof::{Input as ProofInput, StopReason};
+use crate::proof::{Input as ProofInput, StopReason, UnitProof};
 use crate::record_name::RecordName;
 use crate::systemd::signal::SystemdSignal;
 use crate::systemd::snapshot::UnitSnapshot;
@@ -435,7 +435,7 @@ impl Core {
             } => self.on_stop_done(key, kind, succeeded),
             Input::InotifyWatchesAdded { key, result } => self.on_cgroup_watched(key, result, now),
             Input::CgroupRead { key, reading } => self.on_cgroup_read(key, reading, now),
-            Input::CgroupChanged { key } => self.read_cgroup(key, now),
+            Input::CgroupChanged { key } => self.on_cgroup_changed(key, now),
             Input::InotifyWatchLost { key } => self.rebuild_cgroup_watch(key),
             Input::CgroupOverflow => {
                 self.log(
@@ -741,6 +741,21 @@ impl Core {
         );
         for key in keys {
             self.read_unit(key);
+            self.read_cgroup(key, now);
+        }
+    }
+
+    /// inotify says the unit's cgroup changed: read it if the proof would use the reading. A
+    /// read made for nothing is not free: while systemd removes cgroups, a read of a removed
+    /// one can wait tens of milliseconds on the cgroup filesystem's lock, and a burst of
+    /// deaths brings two notices per unit before its state is terminal.
+    fn on_cgroup_changed(&mut self, key: UnitKey, now: Instant) {
+        let wanted = self
+            .units
+            .get(&key)
+            .and_then(|watch| watch.proof.as_ref())
+            .is_some_and(UnitProof::wants_reading);
+        if wanted {
             self.read_cgroup(key, now);
         }
     }

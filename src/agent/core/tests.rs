@@ -27,6 +27,8 @@ struct Script {
     serial: u32,
     /// What the saves so far add up to, as a restart would load it.
     saved: AgentState,
+    /// How many cgroup reads the core asked for.
+    reads: usize,
 }
 
 fn config(boot_id: &str) -> CoreConfig {
@@ -72,6 +74,7 @@ impl Script {
             outputs: Vec::new(),
             serial: 100,
             saved: AgentState::default(),
+            reads: 0,
         };
         script.drain();
         // As the driver does: a snapshot at start, which the change sets after it follow.
@@ -99,6 +102,7 @@ impl Script {
                     self.now,
                 ),
                 Output::ReadCgroup { key, cgroup } => {
+                    self.reads += 1;
                     let reading = self
                         .cgroups
                         .get(&cgroup)
@@ -1078,6 +1082,42 @@ fn the_log_line_of_a_proof_names_its_unit_invocation_and_cause() {
         subjects.iter().all(|about| about.unit == "b.service"),
         "{subjects:?}"
     );
+}
+
+/// The cgroup is read on a notice only when the proof would use the reading: while our
+/// invocation runs, a notice reads nothing (in a burst of deaths each read of a removed cgroup
+/// can wait tens of milliseconds on the cgroup filesystem's lock, for nothing); once it is
+/// terminal and processes remain, a notice reads, and an empty reading proves.
+#[test]
+fn a_cgroup_notice_is_read_only_when_the_proof_would_use_the_reading() {
+    let mut s = watching("b.service", "active");
+    let cgroup = "/app.slice/b.service";
+    let before = s.reads;
+    s.cgroups.insert(cgroup.into(), CgroupReading::Empty);
+    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    assert_eq!(s.reads, before, "a read while our invocation runs");
+    assert_eq!(s.phase("b.service"), Phase::Watching);
+
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.changed("b.service", "inactive", A);
+    assert_eq!(
+        s.reads,
+        before + 1,
+        "the proof's own read, after the terminal state"
+    );
+    assert_eq!(s.phase("b.service"), Phase::Watching, "processes remain");
+
+    s.cgroups.insert(cgroup.into(), CgroupReading::Empty);
+    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    assert_eq!(
+        s.reads,
+        before + 2,
+        "a notice while the proof waits for the cgroup"
+    );
+    assert_eq!(s.phase("b.service"), Phase::Proven);
+
+    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    assert_eq!(s.reads, before + 2, "a read after the proof");
 }
 
 mod stats;
