@@ -208,6 +208,8 @@ pub struct WatchView {
     /// systemd's SubState, as last known.
     pub sub_state: Option<String>,
     /// What the last cgroup read said: true, false, or null when gone, unread or unreadable.
+    /// The cgroup is read when the watch begins and when the proof needs a reading, not on every
+    /// change while our invocation runs.
     pub populated: Option<bool>,
     /// Where the watch is in its life.
     pub phase: Phase,
