@@ -239,7 +239,14 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     if bytes.iter().all(|b| *b == 0) {
         return String::new();
     }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    // Every unit signal carries one: two digits a byte into one string, not a string a byte.
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        hex.push(char::from(DIGITS[usize::from(b >> 4)]));
+        hex.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    hex
 }
 
 /// The object path of a unit, as systemd escapes it (`bus_label_escape`): every byte that is
@@ -290,6 +297,7 @@ mod tests {
         assert_eq!(hex(&[0; 16]), "");
         assert_eq!(hex(&[]), "");
         assert_eq!(hex(&[0xab, 0x01]), "ab01");
+        assert_eq!(hex(&[0xff, 0x0a, 0x10, 0x00]), "ff0a1000");
     }
 
     fn properties_changed(
