@@ -1,5 +1,6 @@
 //! The systemd side: decoding its signals and calling its manager over D-Bus, on the caller's
 //! own mio loop.
+mod body;
 pub(crate) mod manager;
 pub(crate) mod read;
 pub mod runtime;
