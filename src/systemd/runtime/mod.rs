@@ -85,7 +85,7 @@ impl MioRuntime {
             waker: mio::Waker::new(registry, waker_token)?,
             waker_token,
             closed: AtomicBool::new(false),
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::default(),
             detached: Mutex::default(),
             timers: Mutex::default(),
             sources: Mutex::new(Sources::new(source_tokens)),
@@ -121,7 +121,7 @@ impl MioRuntime {
         loop {
             loop {
                 // The runnable is taken before it runs: running it may queue another one.
-                let next = lock(&inner.queue).pop_front();
+                let next = lock(&inner.queue).runnables.pop_front();
                 match next {
                     Some(runnable) => {
                         runnable.run();
@@ -130,7 +130,7 @@ impl MioRuntime {
                 }
             }
             inner.wake_due_timers();
-            if lock(&inner.queue).is_empty() {
+            if lock(&inner.queue).runnables.is_empty() {
                 break;
             }
         }
@@ -152,9 +152,18 @@ impl MioRuntime {
 
     /// How long the loop may wait in the poll: not at all while runnables are queued, otherwise
     /// until the earliest timer, or without limit when there is no timer.
+    ///
+    /// Ask it right before each wait, after everything that may spawn or wake a task: the
+    /// thread that asks is taken to be the one that waits, and a runnable queued on that thread
+    /// does not interrupt the poll (it cannot be waiting in it; the next `timeout` sees the
+    /// runnable). Only one queued from another thread does.
     pub fn timeout(&self) -> Option<Duration> {
-        if !lock(&self.0.queue).is_empty() {
-            return Some(Duration::ZERO);
+        {
+            let mut queue = lock(&self.0.queue);
+            queue.driver = Some(std::thread::current().id());
+            if !queue.runnables.is_empty() {
+                return Some(Duration::ZERO);
+            }
         }
 
         let timers = lock(&self.0.timers);
@@ -225,7 +234,7 @@ impl Drop for MioRuntime {
             self.0.closed.store(true, Ordering::SeqCst);
         }
         loop {
-            let queued = std::mem::take(&mut *lock(&self.0.queue));
+            let queued = std::mem::take(&mut lock(&self.0.queue).runnables);
             let detached = std::mem::take(&mut *lock(&self.0.detached));
             let timers = std::mem::take(&mut lock(&self.0.timers).pending);
             let wakers = lock(&self.0.sources).take_wakers();
@@ -307,15 +316,23 @@ impl traits::Runtime for RuntimeHandle {
 struct Inner {
     /// A clone of the loop's registry; it stays valid however long a source outlives the poll.
     registry: Registry,
-    /// Interrupts the loop's wait when a runnable is queued from outside a turn.
+    /// Interrupts the loop's wait when a runnable is queued from another thread.
     waker: mio::Waker,
     waker_token: Token,
     /// Set once the [`MioRuntime`] is dropped: no one runs the queue any more.
     closed: AtomicBool,
-    queue: Mutex<VecDeque<Runnable>>,
+    queue: Mutex<RunQueue>,
     detached: Mutex<Vec<Box<dyn Detached>>>,
     timers: Mutex<Timers>,
     sources: Mutex<Sources>,
+}
+
+/// The runnables waiting for the next turn, and the thread that waits in the poll.
+#[derive(Default)]
+struct RunQueue {
+    runnables: VecDeque<Runnable>,
+    /// The thread that last asked [`MioRuntime::timeout`], which is the one about to wait.
+    driver: Option<std::thread::ThreadId>,
 }
 
 impl Inner {
@@ -332,7 +349,7 @@ impl Inner {
                 // The runtime is gone, and dropping the runnable cancels the task.
                 return;
             };
-            let was_empty = {
+            let interrupt = {
                 let mut queue = lock(&inner.queue);
                 // Read under the queue's lock, which the runtime's drop sets it under, so that no
                 // runnable slips into a queue that has been emptied for the last time.
@@ -342,14 +359,17 @@ impl Inner {
                     drop(runnable);
                     return;
                 }
-                queue.push_back(runnable);
-                queue.len() == 1
+                queue.runnables.push_back(runnable);
+                // The loop may be asleep in the poll, unless this is the loop's own thread, which
+                // asks `timeout` before it waits again (on a signal's way to its proof, that is
+                // a write to the waker and an extra pass of the loop saved). A queue that
+                // already held a runnable has already interrupted it (or is being run by a turn
+                // that empties it), and `timeout` is zero while it is non-empty, so only the
+                // first runnable needs to wake it.
+                queue.runnables.len() == 1 && queue.driver != Some(std::thread::current().id())
             };
-            // The loop may be asleep in the poll. A queue that already held a runnable has already
-            // interrupted it (or is being run by a turn that empties it), and `timeout` is zero
-            // while it is non-empty, so only the first runnable needs to wake it. A failed wake
-            // leaves nothing to do: the runnable is queued and the next turn runs it.
-            if was_empty {
+            // A failed wake leaves nothing to do: the runnable is queued and the next turn runs it.
+            if interrupt {
                 let _ = inner.waker.wake();
             }
         };

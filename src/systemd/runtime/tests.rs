@@ -263,6 +263,23 @@ fn a_spawn_from_another_thread_interrupts_the_poll() {
 }
 
 #[test]
+fn a_spawn_on_the_loops_own_thread_queues_without_writing_the_waker() {
+    let (mut poll, runtime) = runtime_with(SOURCES);
+    // Asking how long to wait makes this thread the one that waits.
+    assert_eq!(runtime.timeout(), None);
+    let task = runtime.spawn(async { 7 });
+    // The next ask sees the runnable, so the loop does not wait for a wake...
+    assert_eq!(runtime.timeout(), Some(Duration::ZERO));
+    // ...and none was written: a poll that does not wait reports no event at all.
+    let mut events = Events::with_capacity(4);
+    poll.poll(&mut events, Some(Duration::ZERO))
+        .expect("the poll answers");
+    assert!(events.is_empty(), "the waker was written");
+    runtime.turn();
+    assert!(task.is_finished());
+}
+
+#[test]
 fn block_on_connects_over_unix_and_tcp() {
     let directory = tempfile::tempdir().expect("a temporary directory");
     let unix_path = directory.path().join("listener");
