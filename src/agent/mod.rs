@@ -61,7 +61,11 @@ use stats::DriverCounters;
 use store::StateStore;
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
-/// bounds the replies held in memory (a service's properties are several KiB).
+/// bounds what waits on the bus and in memory: a read is a dozen calls, and each read in flight
+/// added about 15 KB to the agent's peak (128 against 32, below). Measured with the scale suite:
+/// 128 answered 10,000 pipelined watches in 4.2 s against 5.1 to 5.4 s with 32 or 64, but its
+/// agent peaked 1.4 MiB higher at 1,000 watches and stayed 1.0 MiB higher (the heap keeps the
+/// holes); on small hosts the memory matters more.
 const MAX_READS_IN_FLIGHT: usize = 32;
 
 /// Where the kernel says which boot this is.

