@@ -1,7 +1,6 @@
 //! Faults in the sources, against real systemd: each scenario checks the invariant (no proof
 //! while any process of the unit lives) and that every unit that died is eventually proven.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -9,6 +8,7 @@ use serde_json::Value;
 use crate::Test;
 use crate::support::Sandbox;
 use crate::support::agent::Agent;
+use crate::support::sandbox::cgroup_kill;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 const PATIENCE_ARG: &str = "60s";
@@ -70,16 +70,6 @@ fn sleeper(sandbox: &Sandbox, unit: &str) {
     assert!(out.status.success(), "{out:?}");
 }
 
-/// The unit's cgroup directory, as the test (outside the sandbox) reaches it.
-fn cgroup_dir(sandbox: &Sandbox, unit: &str) -> PathBuf {
-    sandbox.host_cgroup_dir(&sandbox.show(unit, "ControlGroup"))
-}
-
-/// Kills every process of a cgroup, without going through systemd or the bus.
-fn cgroup_kill(dir: &std::path::Path) {
-    std::fs::write(dir.join("cgroup.kill"), "1").expect("write cgroup.kill");
-}
-
 /// Asserts that `unit` is not proven: `wait` gives up with 75.
 fn assert_unproven(agent: &Agent, unit: &str) {
     let out = agent.cli(&["wait", unit, "--timeout", "1s"]);
@@ -97,7 +87,7 @@ fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
     sleeper(&sandbox, "doomed.service");
     one(&agent, &["watch", "alive.service"]);
     one(&agent, &["watch", "doomed.service"]);
-    let doomed = cgroup_dir(&sandbox, "doomed.service");
+    let doomed = sandbox.unit_cgroup_dir("doomed.service");
 
     let bus_pid: i32 = sandbox
         .show("dbus.service", "MainPID")
@@ -143,7 +133,7 @@ fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
         agent.log_text()
     );
     assert_unproven(&agent, "alive.service");
-    cgroup_kill(&cgroup_dir(&sandbox, "alive.service"));
+    cgroup_kill(&sandbox.unit_cgroup_dir("alive.service"));
     let event = one(
         &agent,
         &["wait", "alive.service", "--timeout", PATIENCE_ARG],
@@ -204,7 +194,7 @@ fn a_process_in_a_delegated_child_cgroup_blocks_the_proof() {
     );
     assert!(out.status.success(), "{out:?}");
     one(&agent, &["watch", "delegated.service"]);
-    let dir = cgroup_dir(&sandbox, "delegated.service");
+    let dir = sandbox.unit_cgroup_dir("delegated.service");
     let leaf = dir.join("leaf");
     sandbox.wait_until("the child is in the leaf cgroup", PATIENCE, || {
         std::fs::read_to_string(leaf.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
@@ -238,7 +228,7 @@ fn a_process_in_a_delegated_child_cgroup_blocks_the_proof() {
 /// cgroup from outside, and waits until systemd sees the unit dead. Returns the mount point.
 fn kill_behind_a_fake_cgroup(sandbox: &Sandbox, unit: &str, events: &str) -> String {
     let cgroup = sandbox.show(unit, "ControlGroup");
-    let real_dir = cgroup_dir(sandbox, unit);
+    let real_dir = sandbox.unit_cgroup_dir(unit);
     let inner_dir = format!("/sys/fs/cgroup{cgroup}");
     let fake = format!("/run/fake-{unit}");
     std::fs::create_dir_all(sandbox.host_path(&fake)).unwrap();

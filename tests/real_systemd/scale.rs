@@ -20,6 +20,7 @@ use serde_json::json;
 use crate::Test;
 use crate::support::Sandbox;
 use crate::support::agent::{Agent, SOCKET, STATE_DIR};
+use crate::support::sandbox::cgroup_kill;
 
 pub const TESTS: &[Test] = &[(
     "ten_thousand_units_are_watched_and_proven_with_no_leak",
@@ -120,16 +121,16 @@ fn schedstat_ns(pid: u32) -> u64 {
 
 /// The pids of the sandbox's bus daemons: processes named `dbus-daemon` in its cgroup.
 fn bus_daemons(sandbox: &Sandbox) -> Vec<u32> {
-    let cgroup = sandbox.cgroup();
+    let in_sandbox = format!("0::{}/", sandbox.cgroup());
     std::fs::read_dir("/proc")
         .map(|dir| {
             dir.filter_map(Result::ok)
                 .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
                 .filter(|pid| {
                     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
-                    let in_sandbox = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))
-                        .is_ok_and(|c| c.lines().any(|l| l.starts_with(&format!("0::{cgroup}/"))));
-                    comm.is_ok_and(|c| c.trim_end() == "dbus-daemon") && in_sandbox
+                    let cgroup = std::fs::read_to_string(format!("/proc/{pid}/cgroup"));
+                    comm.is_ok_and(|c| c.trim_end() == "dbus-daemon")
+                        && cgroup.is_ok_and(|c| c.lines().any(|l| l.starts_with(&in_sandbox)))
                 })
                 .collect()
         })
@@ -233,7 +234,7 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
     let buses = bus_daemons(&sandbox);
     let cpu_of = |pids: &[u32]| pids.iter().map(|&p| schedstat_ns(p)).sum::<u64>();
     let cpu_before = (
-        cpu_of(&[sandbox.pid()]),
+        schedstat_ns(sandbox.pid()),
         cpu_of(&buses),
         schedstat_ns(agent.pid()),
     );
@@ -251,7 +252,7 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
     let busy_s = |after: u64, before: u64| after.saturating_sub(before) as f64 / 1e9;
     let busy = format!(
         "CPU meanwhile: systemd {:.2} s, bus {:.2} s, agent {:.2} s",
-        busy_s(cpu_of(&[sandbox.pid()]), cpu_before.0),
+        busy_s(schedstat_ns(sandbox.pid()), cpu_before.0),
         busy_s(cpu_of(&buses), cpu_before.1),
         busy_s(schedstat_ns(agent.pid()), cpu_before.2),
     );
@@ -292,7 +293,7 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
     // Every instance at once, with one write to the cgroup.kill of the slice that holds them
     // (nothing else runs there): `systemctl kill` of the 10,000 is a D-Bus call per unit, one
     // of which systemd, busy with the deaths, once answered too late (a timeout, and no report).
-    let slice = sandbox.host_cgroup_dir(&sandbox.show("s@0.service", "ControlGroup"));
+    let slice = sandbox.unit_cgroup_dir("s@0.service");
     let slice = slice.parent().expect("a unit's cgroup is in a slice");
     let units_in_slice = std::fs::read_dir(slice)
         .expect("list the slice")
@@ -303,7 +304,7 @@ fn ten_thousand_units_are_watched_and_proven_with_no_leak() {
         units_in_slice, units,
         "only the test's units are in {slice:?}"
     );
-    std::fs::write(slice.join("cgroup.kill"), "1").expect("kill the slice");
+    cgroup_kill(slice);
     reader
         .join()
         .expect("every proof arrives on the event stream");

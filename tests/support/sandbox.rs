@@ -160,6 +160,11 @@ impl Sandbox {
         mount.join(control_group.trim_start_matches('/'))
     }
 
+    /// The directory of `unit`'s cgroup, as the test (outside the sandbox) reaches it.
+    pub fn unit_cgroup_dir(&self, unit: &str) -> PathBuf {
+        self.host_cgroup_dir(&self.show(unit, "ControlGroup"))
+    }
+
     /// Writes a unit file the manager loads (in its runtime unit directory) and reloads it.
     pub fn install_unit(&self, name: &str, body: &str) {
         let dir = self.unit_dir();
@@ -274,4 +279,9 @@ fn unescape_mountinfo(field: &str) -> PathBuf {
         .replace("\\012", "\n")
         .replace("\\134", "\\");
     PathBuf::from(unescaped)
+}
+
+/// Kills every process of the cgroup `dir` and below, without going through systemd or the bus.
+pub fn cgroup_kill(dir: &Path) {
+    std::fs::write(dir.join("cgroup.kill"), "1").expect("write cgroup.kill");
 }
