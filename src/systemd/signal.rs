@@ -278,6 +278,36 @@ pub(crate) fn unit_path(unit: &str) -> String {
     path
 }
 
+/// The unit whose object path is `path`: [`unit_path`] reversed, so the agent keeps a unit's
+/// name and not its path too. `None` for a path that no unit name escapes to (not under
+/// [`UNIT_PATH_PREFIX`], a malformed escape, or one systemd would have written otherwise,
+/// such as an escaped letter), so a path names one unit or none.
+pub(crate) fn unit_of_path(path: &str) -> Option<String> {
+    let label = path.strip_prefix(UNIT_PATH_PREFIX)?.strip_prefix('/')?;
+    if label == "_" {
+        return Some(String::new());
+    }
+    let digit = |b: u8| {
+        char::from(b)
+            .to_digit(16)
+            .and_then(|d| u8::try_from(d).ok())
+    };
+    let mut unit = Vec::with_capacity(label.len());
+    let mut bytes = label.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'_' {
+            let high = digit(bytes.next()?)?;
+            let low = digit(bytes.next()?)?;
+            unit.push(high << 4 | low);
+        } else {
+            unit.push(b);
+        }
+    }
+    let unit = String::from_utf8(unit).ok()?;
+    // Only systemd's own spelling: two spellings of one name would be two paths of one unit.
+    (unit_path(&unit) == path).then_some(unit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +329,48 @@ mod tests {
                 format!("{UNIT_PATH_PREFIX}/{path}"),
                 "{unit}"
             );
+        }
+    }
+
+    #[test]
+    fn a_unit_path_names_the_unit_it_was_made_from_and_no_other() {
+        for unit in [
+            "x.service",
+            "foo-bar@1.service",
+            "1a.service",
+            "",
+            "ünï.service",
+        ] {
+            assert_eq!(unit_of_path(&unit_path(unit)).as_deref(), Some(unit));
+        }
+        for path in [
+            "/org/freedesktop/systemd1/unit/x_2Eservice",
+            "/org/freedesktop/systemd1/unit/_78_2eservice",
+            "/org/freedesktop/systemd1/unit/1a_2eservice",
+            "/org/freedesktop/systemd1/unit/x_2",
+            "/org/freedesktop/systemd1/unit/x_zzservice",
+            "/org/freedesktop/systemd1/unit/_ff",
+            "/org/freedesktop/systemd1/unit/",
+            "/org/freedesktop/systemd1/unit",
+            "/org/freedesktop/systemd1/unitx_2eservice",
+            "/org/freedesktop/systemd1",
+        ] {
+            assert_eq!(unit_of_path(path), None, "{path}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn unit_of_path_reverses_unit_path(unit in ".{0,12}") {
+            proptest::prop_assert_eq!(unit_of_path(&unit_path(&unit)), Some(unit));
+        }
+
+        #[test]
+        fn a_path_names_a_unit_only_if_it_is_that_units_path(label in "[_0-9a-zA-Z]{0,12}") {
+            let path = format!("{UNIT_PATH_PREFIX}/{label}");
+            if let Some(unit) = unit_of_path(&path) {
+                proptest::prop_assert_eq!(unit_path(&unit), path);
+            }
         }
     }
 

@@ -284,10 +284,9 @@ pub(crate) struct Core {
     units: Watches,
     /// Watches by the name the client used.
     by_name: HashMap<Rc<str>, UnitKey>,
-    /// Watches by systemd's own name for the unit (differs from the client's for an alias).
+    /// Watches by systemd's own name for the unit (differs from the client's for an alias),
+    /// which names it in signals too (its object path escapes it).
     by_id: Index,
-    /// Watches by the unit's object path, which PropertiesChanged carries.
-    by_path: Index,
     /// Each unit's next timer (its proof's retry, or a read retry).
     timers: BTreeSet<(Instant, UnitKey)>,
     waiters: Waiters<UnitKey, ReplyTo>,
@@ -390,7 +389,6 @@ impl Core {
             units: Watches::default(),
             by_name: HashMap::new(),
             by_id: Index::default(),
-            by_path: Index::default(),
             timers: BTreeSet::new(),
             waiters: Waiters::default(),
             subscribers: BTreeSet::new(),
@@ -901,7 +899,6 @@ impl Core {
             shrink_when_sparse(&mut self.by_name);
         }
         self.by_id.remove(&watch.id, key);
-        self.by_path.remove(&watch.path, key);
         if let Some(at) = watch.timer {
             self.timers.remove(&(at, key));
         }

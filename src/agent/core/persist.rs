@@ -173,7 +173,6 @@ impl Core {
             let key = self.new_key();
             self.by_name.insert(Rc::clone(&watch.id), key);
             self.by_id.insert(&watch.id, key);
-            self.by_path.insert(&watch.path, key);
             self.units.insert(key, watch);
             if rebooted {
                 to_prove.push(key);

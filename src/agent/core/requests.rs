@@ -153,7 +153,6 @@ impl Core {
         let watch = Watch::new(unit.clone(), invocation, spec);
         self.by_name.insert(Rc::clone(&watch.id), key);
         self.by_id.insert(&watch.id, key);
-        self.by_path.insert(&watch.path, key);
         self.units.insert(key, watch);
         self.read_unit(key);
         self.mark_changed(key);

@@ -20,7 +20,7 @@ use super::{Answer, Core, Output, StopKind, UnitKey};
 use crate::control::protocol::ErrorKind;
 use crate::proof::release::ReleaseInput;
 use crate::proof::{Input as ProofInput, StopReason, UnitProof};
-use crate::systemd::signal::SystemdSignal;
+use crate::systemd::signal::{SystemdSignal, unit_of_path};
 use crate::systemd::snapshot::UnitSnapshot;
 
 /// ActiveStates in which the unit runs nothing.
@@ -69,7 +69,11 @@ impl Core {
     pub(super) fn on_signal(&mut self, serial: u32, signal: SystemdSignal, now: Instant) {
         match signal {
             SystemdSignal::UnitChanged { path, change } => {
-                for key in self.by_path.get(&path) {
+                // A path no unit name escapes to is no unit's: no watch hears it.
+                let Some(unit) = unit_of_path(&path) else {
+                    return;
+                };
+                for key in self.by_id.get(&unit) {
                     let Some(watch) = self.units.get_mut(&key) else {
                         continue;
                     };
@@ -183,7 +187,7 @@ impl Core {
         let fresh = watch.reads.epoch == self.fact_epoch && !self.reloading;
         if let Ok(snapshot) = &result
             && snapshot.loaded
-            && (*snapshot.id != *watch.id || *snapshot.path != *watch.path)
+            && *snapshot.id != *watch.id
         {
             self.follow_alias(key, snapshot, now);
             return;
@@ -278,14 +282,10 @@ impl Core {
         watch.facts.apply_snapshot(snapshot);
         watch.stale = true;
         watch.reads.again = false;
-        let (old_id, old_path) = (Rc::clone(&watch.id), Rc::clone(&watch.path));
-        watch.id = Rc::from(snapshot.id.as_str());
-        watch.path = Rc::from(snapshot.path.as_str());
-        let (id, path) = (Rc::clone(&watch.id), Rc::clone(&watch.path));
+        let old_id = std::mem::replace(&mut watch.id, Rc::from(snapshot.id.as_str()));
+        let id = Rc::clone(&watch.id);
         self.by_id.remove(&old_id, key);
-        self.by_path.remove(&old_path, key);
         self.by_id.insert(&id, key);
-        self.by_path.insert(&path, key);
         self.share_snapshot(key, snapshot, now);
         self.read_unit(key);
     }
@@ -297,7 +297,7 @@ impl Core {
         if !snapshot.loaded {
             return;
         }
-        for other in self.by_path.get(&snapshot.path) {
+        for other in self.by_id.get(&snapshot.id) {
             if let Some(sibling) = self.units.get_mut(&other)
                 && other != key
                 && sibling.proof.is_some()

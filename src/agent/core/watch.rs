@@ -13,7 +13,6 @@ use crate::memory::shrink_when_sparse;
 use crate::proof::release::Release;
 use crate::proof::{Phase, Proof, Resumed, UnitProof};
 use crate::record_name::RecordName;
-use crate::systemd::signal::unit_path;
 use crate::unit_name::UnitName;
 
 /// A watch's options, boxed only when it has any: most watches have none, and inline they are
@@ -86,11 +85,10 @@ pub(super) struct UnsentStop {
 pub(super) struct Watch {
     /// The name the client used, and the name it is reported under.
     pub unit: UnitName,
-    /// systemd's own name for the unit (an alias resolves to it at the first read). Shared
-    /// with the registry's keys, like the path: each would otherwise be a copy a watch.
+    /// systemd's own name for the unit (an alias resolves to it at the first read), which its
+    /// signals' object path escapes. Shared with the registry's keys: each would otherwise be
+    /// a copy a watch.
     pub id: Rc<str>,
-    /// The unit's object path, which its signals carry.
-    pub path: Rc<str>,
     /// The invocation the watch was asked for; `None` adopts the current one.
     pub asked_invocation: Option<String>,
     /// `None` until the first read of the unit came back.
@@ -136,7 +134,6 @@ impl Watch {
     pub(super) fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
         Watch {
             id: Rc::from(unit.as_str()),
-            path: Rc::from(unit_path(unit.as_str())),
             unit,
             asked_invocation,
             proof: None,
