@@ -346,7 +346,7 @@ impl UnitProof {
     pub fn state(&self) -> Option<UnitState> {
         let seen = self.state.as_ref()?;
         Some(UnitState {
-            active_state: seen.active_state.clone().into_owned(),
+            active_state: seen.active_state.to_string(),
             invocation: match &seen.invocation {
                 SeenInvocation::None => String::new(),
                 SeenInvocation::Ours => self.invocation.clone(),

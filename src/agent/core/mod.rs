@@ -23,6 +23,7 @@
 //! [`Input::BusLost`] when the connection or systemd behind it goes away (a new owner of
 //! systemd's name); and never a read reply of a connection older than the last `BusUp`.
 
+mod control_group;
 mod event;
 mod facts;
 mod persist;
@@ -284,6 +285,8 @@ pub(crate) struct Core {
     units: Watches,
     /// Watches by the name the client used.
     by_name: HashMap<Rc<str>, UnitKey>,
+    /// Makes the watches' control groups out of pieces they share.
+    control_groups: control_group::ControlGroups,
     /// Watches by systemd's own name for the unit (differs from the client's for an alias),
     /// which names it in signals too (its object path escapes it).
     by_id: Index,
@@ -389,6 +392,7 @@ impl Core {
             units: Watches::default(),
             by_name: HashMap::new(),
             by_id: Index::default(),
+            control_groups: control_group::ControlGroups::default(),
             timers: BTreeSet::new(),
             waiters: Waiters::default(),
             subscribers: BTreeSet::new(),
@@ -770,7 +774,7 @@ impl Core {
         if watch.control_group.is_empty() {
             self.feed(key, ProofInput::Cgroup(CgroupReading::Gone), now);
         } else {
-            let cgroup = watch.control_group.clone();
+            let cgroup = watch.control_group.to_string();
             self.outputs.push_back(Output::ReadCgroup { key, cgroup });
         }
     }
@@ -784,7 +788,7 @@ impl Core {
             self.feed(key, ProofInput::Leftovers(Ok(0)), now);
             return;
         }
-        let cgroup = watch.control_group.clone();
+        let cgroup = watch.control_group.to_string();
         let next = watch.facts.next_invocation();
         let held = watch.leftovers.iter().chain(gone).copied().collect();
         self.outputs.push_back(Output::CountLeftovers {
@@ -805,7 +809,7 @@ impl Core {
             return;
         }
         watch.inotify_watches = watch::InotifyWatches::Rebuilding;
-        let cgroup = watch.control_group.clone();
+        let cgroup = watch.control_group.to_string();
         self.outputs
             .push_back(Output::AddInotifyWatches { key, cgroup });
     }
@@ -890,12 +894,12 @@ impl Core {
         let Some(watch) = self.units.remove(&key) else {
             return;
         };
-        self.unsaved.unit(watch.unit.as_str());
+        self.unsaved.unit(&watch.unit);
         if watch.event.is_none() {
             self.outputs.push_back(Output::DropKernelHandles { key });
         }
-        if self.by_name.get(watch.unit.as_str()) == Some(&key) {
-            self.by_name.remove(watch.unit.as_str());
+        if self.by_name.get(&watch.unit) == Some(&key) {
+            self.by_name.remove(&watch.unit);
             shrink_when_sparse(&mut self.by_name);
         }
         self.by_id.remove(&watch.id, key);

@@ -57,7 +57,7 @@ impl Core {
     /// The record of the watch `key` may have changed.
     pub(super) fn mark_changed(&mut self, key: UnitKey) {
         if let Some(watch) = self.units.get(&key) {
-            self.unsaved.unit(watch.unit.as_str());
+            self.unsaved.unit(&watch.unit);
         }
     }
 
@@ -135,9 +135,11 @@ impl Core {
                 launch_file: record.launch_file,
             };
             let has_launch_file = spec.launch_file.is_some();
-            let mut watch = Watch::new(unit.clone(), Some(record.invocation.clone()), spec);
+            let mut watch = Watch::new(&unit, Some(record.invocation.clone()), spec);
             watch.restored = true;
-            watch.control_group = record.control_group.unwrap_or_default();
+            if let Some(cgroup) = &record.control_group {
+                watch.control_group = self.control_groups.make(cgroup, &watch.id);
+            }
             if watch.release.is_some() {
                 watch.release = Some(Box::new(Release::resume(
                     has_launch_file,
@@ -148,7 +150,7 @@ impl Core {
                 match proof.event() {
                     Ok(event) => {
                         let key = self.new_key();
-                        self.by_name.insert(Rc::clone(&watch.id), key);
+                        self.by_name.insert(Rc::clone(&watch.unit), key);
                         watch.event = Some(Box::new(event));
                         self.units.insert(key, watch);
                         self.proven_order.push_back((now, key));
@@ -171,7 +173,7 @@ impl Core {
                 }));
             }
             let key = self.new_key();
-            self.by_name.insert(Rc::clone(&watch.id), key);
+            self.by_name.insert(Rc::clone(&watch.unit), key);
             self.by_id.insert(&watch.id, key);
             self.units.insert(key, watch);
             if rebooted {
@@ -264,7 +266,7 @@ fn saved_watch_of(watch: &Watch) -> Option<SavedWatch> {
             .event
             .as_ref()
             .and_then(|event| ProofJson::of(event).ok()),
-        control_group: (!watch.control_group.is_empty()).then(|| watch.control_group.clone()),
+        control_group: (!watch.control_group.is_empty()).then(|| watch.control_group.to_string()),
         stop_unsent: watch
             .unsent_stop
             .as_ref()

@@ -86,7 +86,7 @@ impl Core {
         // launch file of the same path may by then belong to the next generation).
         if let Some(watch) = self.units.get_mut(&key) {
             watch.event = Some(Box::new(event.clone()));
-            self.unsaved.unit(watch.unit.as_str());
+            self.unsaved.unit(&watch.unit);
             if watch.release.is_some() {
                 self.save_now(now);
             }
@@ -158,7 +158,7 @@ impl Core {
             if let Some(at) = watch.timer.take() {
                 self.timers.remove(&(at, key));
             }
-            self.unsaved.unit(watch.unit.as_str());
+            self.unsaved.unit(&watch.unit);
         }
         self.proven_order.push_back((now, key));
         while self.proven_order.len() > self.config.retain_proven {

@@ -150,8 +150,8 @@ impl Core {
         spec: WatchSpec,
     ) -> UnitKey {
         let key = self.new_key();
-        let watch = Watch::new(unit.clone(), invocation, spec);
-        self.by_name.insert(Rc::clone(&watch.id), key);
+        let watch = Watch::new(unit, invocation, spec);
+        self.by_name.insert(Rc::clone(&watch.unit), key);
         self.by_id.insert(&watch.id, key);
         self.units.insert(key, watch);
         self.read_unit(key);

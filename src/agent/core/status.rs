@@ -27,7 +27,7 @@ impl Core {
         let terminal_at = watch.terminal_at.filter(|_| unproven);
         let status = UnitStatus {
             watch: watch.view(),
-            cgroup: (!watch.control_group.is_empty()).then(|| watch.control_group.clone()),
+            cgroup: (!watch.control_group.is_empty()).then(|| watch.control_group.to_string()),
             blocked: unproven && watch.blocked(),
             terminal_since_mono_ns: terminal_at.map(|at| self.mono_ns(at)),
             terminal_for_ms: terminal_at.map(|at| {

@@ -231,10 +231,10 @@ impl Core {
         }
         watch.retry = None;
         let moved =
-            !snapshot.control_group.is_empty() && snapshot.control_group != watch.control_group;
+            !snapshot.control_group.is_empty() && !watch.control_group.is(&snapshot.control_group);
         if moved {
-            watch.control_group = snapshot.control_group.clone();
-            self.unsaved.unit(watch.unit.as_str());
+            watch.control_group = self.control_groups.make(&snapshot.control_group, &watch.id);
+            self.unsaved.unit(&watch.unit);
         }
         if watch.reads.again {
             watch.reads.again = false;
@@ -249,14 +249,14 @@ impl Core {
                 .clone()
                 .unwrap_or_else(|| snapshot.invocation.clone());
             watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
-            self.unsaved.unit(watch.unit.as_str());
+            self.unsaved.unit(&watch.unit);
             if watch.control_group.is_empty() {
                 self.first_read_done(key, now);
             } else {
                 // The watch comes before any read of the cgroup, so no change between the two
                 // can be missed; the rest of the first read waits for its answer.
                 watch.inotify_watches = InotifyWatches::First;
-                let cgroup = watch.control_group.clone();
+                let cgroup = watch.control_group.to_string();
                 self.outputs
                     .push_back(Output::AddInotifyWatches { key, cgroup });
             }
@@ -387,8 +387,7 @@ impl Core {
                 .generations
                 .remove(&(watch.unit.to_string(), generation))
         {
-            self.unsaved
-                .generation(watch.unit.as_str(), generation, false);
+            self.unsaved.generation(&watch.unit, generation, false);
         }
         for to in replies.into_iter().chain(self.waiters.take_key(key)) {
             self.reply(to, Answer::Error(ErrorKind::Internal, message.to_owned()));
@@ -428,7 +427,7 @@ impl Core {
                 target,
                 first_read,
             }));
-            self.unsaved.unit(watch.unit.as_str());
+            self.unsaved.unit(&watch.unit);
             self.log_about(key, None, log::Level::Info, line);
             if final_stop {
                 self.read_unit(key);
@@ -474,7 +473,7 @@ impl Core {
         else {
             return;
         };
-        self.unsaved.unit(watch.unit.as_str());
+        self.unsaved.unit(&watch.unit);
         let terminal = is_terminal(&state.active_state);
         let still_due = match kind {
             // A unit systemd does not have loaded holds nothing to stop, and a StopUnit would

@@ -4,6 +4,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use super::control_group::ControlGroup;
 use super::event::{ProofEvent, WatchView};
 use super::facts::UnitFacts;
 use super::{ReplyTo, StopKind, UnitKey};
@@ -83,11 +84,11 @@ pub(super) struct UnsentStop {
 
 /// One watched unit.
 pub(super) struct Watch {
-    /// The name the client used, and the name it is reported under.
-    pub unit: UnitName,
+    /// The name the client used (a valid [`UnitName`]), and the name it is reported under.
+    pub unit: Rc<str>,
     /// systemd's own name for the unit (an alias resolves to it at the first read), which its
-    /// signals' object path escapes. Shared with the registry's keys: each would otherwise be
-    /// a copy a watch.
+    /// signals' object path escapes. Both names are shared with each other and with the
+    /// registry's keys: each would otherwise be a copy a watch.
     pub id: Rc<str>,
     /// The invocation the watch was asked for; `None` adopts the current one.
     pub asked_invocation: Option<String>,
@@ -97,7 +98,7 @@ pub(super) struct Watch {
     /// Facts seen before a reload or a lost bus: no decision until a fresh read.
     pub stale: bool,
     /// The last non-empty ControlGroup: systemd reports it empty once the unit is gone.
-    pub control_group: String,
+    pub control_group: ControlGroup,
     pub inotify_watches: InotifyWatches,
     /// A stop asked for before the first read came back.
     pub pending_stop: bool,
@@ -131,15 +132,16 @@ pub(super) struct Watch {
 }
 
 impl Watch {
-    pub(super) fn new(unit: UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
+    pub(super) fn new(unit: &UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
+        let unit: Rc<str> = Rc::from(unit.as_str());
         Watch {
-            id: Rc::from(unit.as_str()),
+            id: Rc::clone(&unit),
             unit,
             asked_invocation,
             proof: None,
             facts: UnitFacts::default(),
             stale: false,
-            control_group: String::new(),
+            control_group: ControlGroup::default(),
             inotify_watches: InotifyWatches::Absent,
             pending_stop: false,
             resumed: Resumed::default(),
