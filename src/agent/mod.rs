@@ -635,11 +635,17 @@ impl Agent {
 
     fn take_completions(&mut self) {
         loop {
-            let next = self
-                .completions
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop_front();
+            let next = {
+                let mut queue = self
+                    .completions
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let next = queue.pop_front();
+                if next.is_none() {
+                    crate::memory::shrink_when_drained(&mut queue);
+                }
+                next
+            };
             let Some(completion) = next else { break };
             match completion {
                 Completion::Signal { epoch, message } => {

@@ -55,7 +55,7 @@ use crate::cgroup::CgroupReading;
 use crate::control::ClientId;
 use crate::control::protocol::{ErrorKind, Request, RequestId, Version};
 use crate::exit::record::ExitRecord;
-use crate::memory::shrink_when_sparse;
+use crate::memory::{shrink_when_drained, shrink_when_sparse};
 use crate::proof::{Input as ProofInput, StopReason, UnitProof};
 use crate::record_name::RecordName;
 use crate::systemd::signal::SystemdSignal;
@@ -574,7 +574,11 @@ impl Core {
 
     /// The next thing the driver must do, if any.
     pub(crate) fn poll_output(&mut self) -> Option<Output> {
-        self.outputs.pop_front()
+        let output = self.outputs.pop_front();
+        if output.is_none() {
+            shrink_when_drained(&mut self.outputs);
+        }
+        output
     }
 
     /// When the core next wants [`Core::handle_timeout`].

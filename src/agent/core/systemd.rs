@@ -158,6 +158,7 @@ impl Core {
         self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
         while self.reads_in_flight < self.config.max_reads_in_flight {
             let Some(key) = self.read_queue.pop_front() else {
+                crate::memory::shrink_when_drained(&mut self.read_queue);
                 break;
             };
             if self.units.contains_key(&key) {
