@@ -24,6 +24,10 @@ pub const TESTS: &[Test] = &[
     ),
     ("a_sigkilled_unit_is_proven", a_sigkilled_unit_is_proven),
     (
+        "a_unit_whose_object_path_escapes_its_name_is_proven_from_its_signals",
+        a_unit_whose_object_path_escapes_its_name_is_proven_from_its_signals,
+    ),
+    (
         "a_leftover_child_blocks_the_proof_until_it_dies",
         a_leftover_child_blocks_the_proof_until_it_dies,
     ),
@@ -153,6 +157,22 @@ fn a_sigkilled_unit_is_proven() {
     );
     assert_eq!(event["cause"], "exited");
     assert_eq!(event["stop_requested"], false);
+}
+
+/// systemd escapes every byte of a unit's name but letters and digits (and a leading digit)
+/// in the object path its signals carry, and the agent turns the path back into the name. A
+/// name with each kind of escape (a leading digit, `-`, `_`, `\`, `:`, `@`) is proven from its
+/// signals: without them nothing reads the unit again before the resync, minutes away.
+fn a_unit_whose_object_path_escapes_its_name_is_proven_from_its_signals() {
+    let sandbox = Sandbox::start("escaped");
+    let agent = Agent::start(&sandbox);
+    let unit = r"7-ep_x@a\x2db:c.service";
+    run_unit(&sandbox, unit, &[], &["sleep", "1000"]);
+    cli_event(&agent, &["watch", unit]);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", unit]);
+    let event = cli_event(&agent, &["wait", unit, "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["unit"], unit);
+    assert_eq!(event["cause"], "exited");
 }
 
 fn a_leftover_child_blocks_the_proof_until_it_dies() {
