@@ -269,7 +269,7 @@ pub(crate) fn unit_path(unit: &str) -> String {
         path.push('_');
     }
     for (i, b) in unit.bytes().enumerate() {
-        if b.is_ascii_alphabetic() || (b.is_ascii_digit() && i > 0) {
+        if kept_as_is(b, i == 0) {
             path.push(char::from(b));
         } else {
             path.push_str(&format!("_{b:02x}"));
@@ -278,34 +278,43 @@ pub(crate) fn unit_path(unit: &str) -> String {
     path
 }
 
+/// Whether systemd writes byte `b` of a unit's name as it is in the object path (else escaped).
+fn kept_as_is(b: u8, first: bool) -> bool {
+    b.is_ascii_alphabetic() || (b.is_ascii_digit() && !first)
+}
+
 /// The unit whose object path is `path`: [`unit_path`] reversed, so the agent keeps a unit's
 /// name and not its path too. `None` for a path that no unit name escapes to (not under
-/// [`UNIT_PATH_PREFIX`], a malformed escape, or one systemd would have written otherwise,
-/// such as an escaped letter), so a path names one unit or none.
+/// [`UNIT_PATH_PREFIX`], a malformed escape, or one systemd would have written otherwise, such
+/// as an escaped letter or an uppercase hex digit), so a path names one unit or none. Runs for
+/// every signal: it checks the spelling as it goes, allocating only the name.
 pub(crate) fn unit_of_path(path: &str) -> Option<String> {
     let label = path.strip_prefix(UNIT_PATH_PREFIX)?.strip_prefix('/')?;
     if label == "_" {
         return Some(String::new());
     }
-    let digit = |b: u8| {
-        char::from(b)
-            .to_digit(16)
-            .and_then(|d| u8::try_from(d).ok())
+    let lower_hex = |b: u8| match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        _ => None,
     };
     let mut unit = Vec::with_capacity(label.len());
     let mut bytes = label.bytes();
     while let Some(b) = bytes.next() {
-        if b == b'_' {
-            let high = digit(bytes.next()?)?;
-            let low = digit(bytes.next()?)?;
-            unit.push(high << 4 | low);
+        let first = unit.is_empty();
+        let byte = if b == b'_' {
+            let byte = lower_hex(bytes.next()?)? << 4 | lower_hex(bytes.next()?)?;
+            // Only systemd's own spelling: two spellings of one name would be two paths of it.
+            (!kept_as_is(byte, first)).then_some(byte)?
         } else {
-            unit.push(b);
-        }
+            kept_as_is(b, first).then_some(b)?
+        };
+        unit.push(byte);
     }
-    let unit = String::from_utf8(unit).ok()?;
-    // Only systemd's own spelling: two spellings of one name would be two paths of one unit.
-    (unit_path(&unit) == path).then_some(unit)
+    if unit.is_empty() {
+        return None;
+    }
+    String::from_utf8(unit).ok()
 }
 
 #[cfg(test)]
@@ -366,7 +375,7 @@ mod tests {
         }
 
         #[test]
-        fn a_path_names_a_unit_only_if_it_is_that_units_path(label in "[_0-9a-zA-Z]{0,12}") {
+        fn a_path_names_a_unit_only_if_it_is_that_units_path(label in "(_[0-9a-fA-F]{2}|[0-9a-zA-Z_]){0,8}") {
             let path = format!("{UNIT_PATH_PREFIX}/{label}");
             if let Some(unit) = unit_of_path(&path) {
                 proptest::prop_assert_eq!(unit_path(&unit), path);
