@@ -65,7 +65,8 @@ pub fn record_token(field: &str) -> &str {
     }
 }
 
-/// Whether the record says the main process exited cleanly.
+/// Whether the record says the invocation ended cleanly: systemd's result `success` (a stop as
+/// asked counts, whatever signal ended the main process), or an exit with status 0.
 fn is_clean_exit(record: &ExitRecord) -> bool {
     record.result == "success" || (record.code == "exited" && record.status == "0")
 }
@@ -73,20 +74,31 @@ fn is_clean_exit(record: &ExitRecord) -> bool {
 /// Words the event line of an invocation that exited, from its exit record (`None`: there was
 /// none, or it was not a record).
 ///
+/// The line says only what the record says: a main process killed by a signal is worded by its
+/// signal even when the result is `success` (a stop's SIGTERM), and a status is quoted only
+/// with a code that gives it a meaning (`exited`, `killed`, `dumped`): systemd sets no code
+/// when no main process ended (its `ExecMainCode` 0, "?"), and then its status 0 is no exit 0.
+///
 /// The caller reads the record once and hands the same value to this and to [`exit_level`], so
 /// the line and its level cannot disagree the way two reads of a changing file could.
 pub fn exit_line(record: Option<&ExitRecord>) -> String {
     match record {
         None => "instance exited (status unknown: no exit record)".to_owned(),
-        Some(record) if is_clean_exit(record) => "instance exited (exit 0)".to_owned(),
-        Some(record) if record.code == "killed" || record.code == "dumped" => {
-            format!("instance exited: signal {}", record_token(&record.status))
-        }
-        Some(record) => format!(
-            "instance exited: exit {} ({})",
-            record_token(&record.status),
-            record_token(&record.result)
-        ),
+        Some(record) => match record.code.as_str() {
+            "killed" | "dumped" => {
+                format!("instance exited: signal {}", record_token(&record.status))
+            }
+            "exited" if record.status == "0" => "instance exited (exit 0)".to_owned(),
+            "exited" => format!(
+                "instance exited: exit {} ({})",
+                record_token(&record.status),
+                record_token(&record.result)
+            ),
+            _ => format!(
+                "instance exited (status unknown: {})",
+                record_token(&record.result)
+            ),
+        },
     }
 }
 
@@ -180,9 +192,21 @@ mod tests {
                 "instance exited (status unknown: no exit record)",
                 Level::Warn,
             ),
+            // No code: the status means nothing, whatever the result.
             (
                 Some(record("success", "weird\ncode", "\u{1b}")),
-                "instance exited (exit 0)",
+                "instance exited (status unknown: success)",
+                Level::Info,
+            ),
+            (
+                Some(record("timeout", "", "0")),
+                "instance exited (status unknown: timeout)",
+                Level::Warn,
+            ),
+            // A stop's SIGTERM: a clean end, worded by its signal.
+            (
+                Some(record("success", "killed", "TERM")),
+                "instance exited: signal TERM",
                 Level::Info,
             ),
             (
@@ -217,7 +241,7 @@ mod tests {
             ),
             (
                 Some(record("", "", "")),
-                "instance exited: exit ? (?)",
+                "instance exited (status unknown: ?)",
                 Level::Warn,
             ),
             // "0" only means a clean exit with code "exited".

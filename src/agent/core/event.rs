@@ -16,10 +16,11 @@ pub(super) fn systemd_record(exit: &ServiceExit) -> ExitRecord {
         Some(3) => "dumped",
         _ => "",
     };
+    // With no code systemd recorded no end of a main process: its status (0) is no status.
     let status = match (code, exit.exec_main_status) {
         ("killed" | "dumped", Some(signo)) => signal_name(signo),
-        (_, Some(status)) => status.to_string(),
-        (_, None) => String::new(),
+        ("exited", Some(status)) => status.to_string(),
+        _ => String::new(),
     };
     ExitRecord {
         result: exit.result.clone().unwrap_or_default(),
@@ -75,6 +76,18 @@ mod tests {
                 exit("core-dump", 3, 11),
                 Level::Warn,
                 "instance exited: signal SEGV",
+            ),
+            // A stop's SIGTERM of the main process: systemd's result is success.
+            (
+                exit("success", 2, 15),
+                Level::Info,
+                "instance exited: signal TERM",
+            ),
+            // No main process ever ended (ExecStartPre= timed out): ExecMainCode 0, "?".
+            (
+                exit("timeout", 0, 0),
+                Level::Warn,
+                "instance exited (status unknown: timeout)",
             ),
         ];
         for (exit, level, line) in cases {
