@@ -15,8 +15,9 @@
 //! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
 //! | terminal, or foreign and stopped by us | read the cgroup |
 //! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside |
-//! | ... none of ours left (replaced after stop) | proven: replaced after stop |
-//! | ... `populated 1` | log "processes remain", at most once per 2 s |
+//! | ... none of ours left (replaced after stop, or the foreign invocation we stopped is over) | proven: replaced after stop, or restarted outside (the replaced design also waited for the other invocation's leftovers: a proof lost while they live) |
+//! | ... `populated 1`, replaced after stop or the foreign invocation we stopped is over | count the processes not certainly the newer invocation's |
+//! | ... `populated 1`, otherwise | log "processes remain", at most once per 2 s |
 //! | ... read error | log it at most once per 2 s, retry on a backoff timer |
 //!
 //! *Terminal* is ActiveState `inactive` or `failed` for our own invocation; *foreign* is an
@@ -270,6 +271,8 @@ struct Trouble {
 struct Verdict {
     terminal: bool,
     foreign: bool,
+    /// The foreign invocation is over too (`inactive` or `failed`).
+    foreign_over: bool,
     no_invocation: bool,
 }
 
@@ -443,10 +446,11 @@ impl UnitProof {
     fn verdict(&self) -> Option<Verdict> {
         let state = self.state.as_ref()?;
         let foreign = matches!(state.invocation, SeenInvocation::Foreign(_));
-        let terminal = !foreign && matches!(&*state.active_state, "inactive" | "failed");
+        let over = matches!(&*state.active_state, "inactive" | "failed");
         Some(Verdict {
-            terminal,
+            terminal: !foreign && over,
             foreign,
+            foreign_over: foreign && over,
             no_invocation: state.invocation == SeenInvocation::None,
         })
     }
@@ -467,6 +471,13 @@ impl UnitProof {
     /// invocation: the replaced-after-stop case.
     fn replaced(&self, v: Verdict) -> bool {
         self.stop_requested && !v.terminal && (v.foreign || v.no_invocation)
+    }
+
+    /// Whether the foreign invocation we stopped is over: what remains in the cgroup is then
+    /// ours only if it began before that invocation (its own `KillMode=process` leftovers are
+    /// not ours to wait for).
+    fn stopped_foreign_over(&self, v: Verdict) -> bool {
+        !self.stop_requested && self.foreign_stopped && v.foreign_over
     }
 
     /// Whether the state alone leaves the cgroup to decide.
@@ -525,10 +536,11 @@ impl UnitProof {
                     );
                 }
             }
-            CgroupReading::Populated if self.replaced(v) => {
+            CgroupReading::Populated if self.replaced(v) || self.stopped_foreign_over(v) => {
                 // systemd starts a new invocation only once the stop job of ours completed, but
                 // with `KillMode=process` (or `mixed`) it starts it beside what ours left in the
-                // cgroup: only a count of those tells.
+                // cgroup, and the invocation we stopped may leave its own: only a count of the
+                // processes not certainly the newer invocation's tells.
                 self.reset_retry();
                 self.outputs.push_back(Output::CountLeftovers);
             }
@@ -558,14 +570,21 @@ impl UnitProof {
         };
         match count {
             Ok(count) => {
-                if !self.replaced(v) {
+                let replaced = self.replaced(v);
+                if !replaced && !self.stopped_foreign_over(v) {
                     return;
                 }
-                if count == 0 {
+                if count == 0 && replaced {
                     self.prove(
                         Cause::ReplacedAfterStop,
                         Level::Warn,
                         REPLACED_AFTER_STOP.into(),
+                    );
+                } else if count == 0 {
+                    self.prove(
+                        Cause::RestartedOutside,
+                        Level::Warn,
+                        RESTARTED_OUTSIDE.into(),
                     );
                 } else if self.trouble().leftovers_log.allow(now) {
                     let line = format!(
@@ -579,7 +598,7 @@ impl UnitProof {
                     self.outputs
                         .push_back(Output::Log(Level::Warn, format!("count leftovers: {why}")));
                 }
-                if self.replaced(v) {
+                if self.replaced(v) || self.stopped_foreign_over(v) {
                     self.trouble().retry.arm(now);
                 }
             }

@@ -110,6 +110,10 @@ pub(super) struct UnitFacts {
     /// The serial of the last message that still carried the previous InvocationID: what
     /// systemd said after it is about the current invocation.
     previous_invocation_until: u32,
+    /// When the current invocation began (InactiveExitTimestamp said while it had begun),
+    /// kept once it ends: an invocation over again reads `inactive` like one yet to begin,
+    /// whose InactiveExitTimestamp is still the previous invocation's.
+    began_us: Option<u64>,
 }
 
 impl UnitFacts {
@@ -137,6 +141,7 @@ impl UnitFacts {
             self.main_pid.offer(&main, serial);
             self.control_pid.offer(&control, serial);
         }
+        self.note_beginning();
         before.is_some() && before != self.invocation.value
     }
 
@@ -159,13 +164,41 @@ impl UnitFacts {
         self.control_pid
             .offer_some(change.control_pid.as_ref(), serial);
         let before = self.invocation.value.clone();
-        match &change.invocation {
+        let changed = match &change.invocation {
             Some(v) => {
                 let v = Invocation::new(v);
                 self.offer_invocation(&v, serial) && before.is_some() && before != Some(v)
             }
             None => false,
+        };
+        self.note_beginning();
+        changed
+    }
+
+    /// Keeps when the current invocation began, once systemd says it has.
+    fn note_beginning(&mut self) {
+        if let Some(began_us) = self.current_began_us() {
+            self.began_us = Some(began_us);
         }
+    }
+
+    /// When the current invocation began, if systemd says it has begun: InactiveExitTimestamp
+    /// said after the previous InvocationID, while the unit is not `inactive` or `failed`.
+    fn current_began_us(&self) -> Option<u64> {
+        // systemd assigns the InvocationID before the unit leaves `inactive`: until it has,
+        // InactiveExitTimestamp still tells when the previous invocation began.
+        let began = !matches!(
+            self.active_state.value.as_deref(),
+            None | Some("inactive" | "failed")
+        );
+        self.inactive_exit_us
+            .value
+            .filter(|us| began && *us > 0 && self.said_of_current(self.inactive_exit_us.serial))
+    }
+
+    /// Whether a value of message `serial` is about the current invocation.
+    fn said_of_current(&self, serial: u32) -> bool {
+        self.invocation.value.is_some() && newer(serial, self.previous_invocation_until)
     }
 
     /// Takes a newer InvocationID, remembering until when the previous one was said.
@@ -174,6 +207,7 @@ impl UnitFacts {
         let taken = self.invocation.offer(value, serial);
         if taken && previous.value.as_ref().is_some_and(|old| old != value) {
             self.previous_invocation_until = previous.serial;
+            self.began_us = None;
         }
         taken
     }
@@ -210,27 +244,23 @@ impl UnitFacts {
     /// last message that carried the previous InvocationID, so they cannot be an earlier one's
     /// (systemd sends a service's MainPID before the InvocationID of the same change).
     pub(super) fn next_invocation(&self) -> NextInvocation {
-        let current = |serial: u32| {
-            self.invocation.value.is_some() && newer(serial, self.previous_invocation_until)
-        };
-        // systemd assigns the InvocationID before the unit leaves `inactive`: until it has,
-        // InactiveExitTimestamp still tells when the previous invocation began.
-        let began = !matches!(
-            self.active_state.value.as_deref(),
-            None | Some("inactive" | "failed")
-        );
-        let began_us = self
-            .inactive_exit_us
-            .value
-            .filter(|us| began && *us > 0 && current(self.inactive_exit_us.serial));
         let roots = [&self.main_pid, &self.control_pid]
             .into_iter()
-            .filter(|stamped| current(stamped.serial))
+            .filter(|stamped| self.said_of_current(stamped.serial))
             .filter_map(|stamped| stamped.value)
             .filter(|pid| *pid > 0)
             .filter_map(|pid| i32::try_from(pid).ok())
             .collect();
-        NextInvocation { began_us, roots }
+        NextInvocation {
+            began_us: self.current_began_us().or(self.began_us),
+            roots,
+        }
+    }
+
+    /// Whether the state (ActiveState or InvocationID) was said in a message after `serial`:
+    /// then what a read of serial `serial` said beside it may be older than the state.
+    pub(super) fn state_said_after(&self, serial: u32) -> bool {
+        newer(self.active_state.serial, serial) || newer(self.invocation.serial, serial)
     }
 
     pub(super) fn active_state(&self) -> Option<&str> {
@@ -307,6 +337,32 @@ mod tests {
         assert!(facts.state().is_some());
         facts.clear();
         assert_eq!(facts.state(), None);
+    }
+
+    #[test]
+    fn an_invocation_over_is_still_told_by_when_it_began() {
+        let mut facts = UnitFacts::default();
+        let at = |active: &str, invocation: &str, began: u64| UnitChange {
+            active_state: Some(active.into()),
+            invocation: Some(invocation.into()),
+            inactive_exit_us: Some(began),
+            ..UnitChange::default()
+        };
+        facts.apply_change(&at("active", "a", 1_000), 1);
+        facts.apply_change(&at("inactive", "b", 1_000), 2);
+        facts.apply_change(&at("active", "b", 5_000), 3);
+        facts.apply_change(&at("inactive", "b", 5_000), 4);
+        assert_eq!(
+            facts.next_invocation().began_us,
+            Some(5_000),
+            "b began, then ended"
+        );
+        facts.apply_change(&at("inactive", "c", 5_000), 5);
+        assert_eq!(
+            facts.next_invocation().began_us,
+            None,
+            "c has not begun: 5,000 is when b began"
+        );
     }
 
     #[test]

@@ -767,7 +767,9 @@ impl Core {
     }
 
     /// Asks for a fresh reading of the unit's cgroup for its proof. A unit for which systemd
-    /// never reported a cgroup has none: that is systemd's fact, not a guess.
+    /// reported no cgroup in a read no older than the state has none: that is systemd's fact,
+    /// not a guess. One whose cgroup systemd last reported missing before the state changed
+    /// is read again first: the cgroup may have been made since.
     fn read_cgroup(&mut self, key: UnitKey, now: Instant) {
         let Some(watch) = self.units.get(&key) else {
             return;
@@ -775,21 +777,29 @@ impl Core {
         if watch.event.is_some() || watch.proof.is_none() {
             return;
         }
-        if watch.control_group.is_empty() {
+        if watch.has_no_cgroup() {
             self.feed(key, ProofInput::Cgroup(CgroupReading::Gone), now);
+        } else if watch.control_group.is_empty() {
+            // The read's answer feeds the state again, and the proof asks anew.
+            self.read_unit(key);
         } else {
             let cgroup = watch.control_group.to_string();
             self.outputs.push_back(Output::ReadCgroup { key, cgroup });
         }
     }
 
-    /// Asks for the unit's leftovers to be counted and followed. A unit with no cgroup has none.
+    /// Asks for the unit's leftovers to be counted and followed. A unit with no cgroup has none
+    /// (see [`Core::read_cgroup`] for when a missing cgroup is a fact).
     fn count_leftovers(&mut self, key: UnitKey, gone: &[i32], now: Instant) {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
-        if watch.control_group.is_empty() {
+        if watch.has_no_cgroup() {
             self.feed(key, ProofInput::Leftovers(Ok(0)), now);
+            return;
+        }
+        if watch.control_group.is_empty() {
+            self.read_unit(key);
             return;
         }
         let cgroup = watch.control_group.to_string();

@@ -231,8 +231,15 @@ impl Core {
             watch.stale = false;
         }
         watch.retry = None;
-        let moved =
-            !snapshot.control_group.is_empty() && !watch.control_group.is(&snapshot.control_group);
+        watch.no_cgroup_read = snapshot.control_group.is_empty().then_some(snapshot.serial);
+        // Our invocation's processes stay in its cgroup: another invocation's cgroup (a Slice=
+        // change between the two) is taken only while the watch knows none of ours.
+        let of_ours = watch.proof.is_none()
+            || watch.control_group.is_empty()
+            || Some(snapshot.invocation.as_str()) == watch.our_invocation();
+        let moved = of_ours
+            && !snapshot.control_group.is_empty()
+            && !watch.control_group.is(&snapshot.control_group);
         if moved {
             watch.control_group = self.control_groups.make(&snapshot.control_group, &watch.id);
             self.unsaved.unit(&watch.unit);
@@ -322,8 +329,13 @@ impl Core {
         // A first reading for `list` and the `watch` answer; judged only if the state asks.
         match self.units.get(&key) {
             Some(watch) if watch.event.is_some() => self.answer_watch_replies(key),
-            Some(watch) if watch.control_group.is_empty() => {
+            Some(watch) if watch.has_no_cgroup() => {
                 self.on_cgroup_read(key, crate::cgroup::CgroupReading::Gone, now);
+            }
+            Some(watch) if watch.control_group.is_empty() => {
+                // Told of a state newer than the read: answered with no reading, and read again.
+                self.answer_watch_replies(key);
+                self.read_unit(key);
             }
             Some(_) => self.read_cgroup(key, now),
             None => {}
@@ -402,26 +414,26 @@ impl Core {
             return;
         };
         // A stop must not reach an invocation that is not its target: with the bus down or the
-        // facts stale, it waits for a fresh read (see `send_unsent_stop`).
-        let runs_other = kind == StopKind::Proof(StopReason::Requested)
-            && watch
-                .facts
-                .invocation()
-                .is_some_and(|now| !now.is_empty() && Some(now.as_str()) != watch.our_invocation());
+        // facts stale, it waits for a fresh read (see `send_unsent_stop`). StopUnit names the
+        // unit, not an invocation, so a requested stop goes out only while systemd says ours
+        // runs: once it says ours ended, or runs another (or none), the stop would reach
+        // whatever systemd starts next, and ours needs none.
+        let ours_not_running = kind == StopKind::Proof(StopReason::Requested)
+            && watch.facts.state().is_some_and(|now| {
+                is_terminal(&now.active_state)
+                    || Some(now.invocation.as_str()) != watch.our_invocation()
+            });
         // The final stop of a generation goes out only once a read after the proof shows the
         // unit runs nothing: what the proof was made from may predate a new invocation.
         let final_stop = kind == StopKind::FinalGeneration;
-        if !self.bus_up || watch.stale || runs_other || final_stop {
+        let unknown = !self.bus_up || watch.stale;
+        if unknown || ours_not_running || final_stop {
             let target = match kind {
                 StopKind::Proof(StopReason::Requested) => watch.our_invocation().map(str::to_owned),
                 StopKind::Proof(StopReason::Foreign) => watch.facts.invocation(),
                 StopKind::FinalGeneration => Some(String::new()),
             };
             let target = target.unwrap_or_default();
-            let line = format!(
-                "{}: stop ({kind}) deferred until the bus is back",
-                watch.unit
-            );
             let first_read = if final_stop { watch.reads.sent + 1 } else { 0 };
             watch.unsent_stop = Some(Box::new(UnsentStop {
                 kind,
@@ -429,7 +441,13 @@ impl Core {
                 first_read,
             }));
             self.unsaved.unit(&watch.unit);
-            self.log_about(key, None, log::Level::Info, line);
+            if unknown {
+                let line = format!(
+                    "{}: stop ({kind}) deferred until systemd's state is read again",
+                    watch.unit
+                );
+                self.log_about(key, None, log::Level::Info, line);
+            }
             if final_stop {
                 self.read_unit(key);
             } else {
@@ -479,7 +497,14 @@ impl Core {
         let still_due = match kind {
             // A unit systemd does not have loaded holds nothing to stop, and a StopUnit would
             // load it under whatever name it goes by now (an alias of a unit started since).
-            StopKind::FinalGeneration => terminal && watch.facts.loaded() == Some(true),
+            // Nor does one that has begun another invocation since ours: its files are not
+            // the generation's to remove.
+            StopKind::FinalGeneration => {
+                terminal
+                    && watch.facts.loaded() == Some(true)
+                    && (state.invocation.is_empty()
+                        || Some(state.invocation.as_str()) == watch.our_invocation())
+            }
             StopKind::Proof(_) => !terminal && state.invocation == target,
         };
         if still_due {

@@ -1122,3 +1122,160 @@ fn a_cgroup_notice_is_read_only_when_the_proof_would_use_the_reading() {
 
 mod stats;
 mod status;
+
+/// A RemainAfterExit= unit watched while active (exited) reads no ControlGroup: systemd pruned
+/// the cgroup when it entered `exited`. Its ExecStop= realizes the cgroup again under the same
+/// invocation, and with KillMode=process a child of ExecStop= outlives the stop: the "no
+/// cgroup" of the first read is no fact about the state after it.
+#[test]
+fn a_remain_after_exit_unit_watched_while_exited_learns_the_cgroup_its_exec_stop_makes() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"rae.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    assert_eq!(s.phase("rae.service"), Phase::Watching);
+    let cgroup = "/app.slice/rae.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.changed("rae.service", "deactivating", A);
+    s.changed("rae.service", "inactive", A);
+    assert_eq!(
+        s.phase("rae.service"),
+        Phase::Watching,
+        "an empty ControlGroup read before the stop proves nothing after it"
+    );
+    let read = s.answer_reads(|u| Ok(snapshot(u, "inactive", A, cgroup)));
+    assert_eq!(
+        read,
+        ["rae.service"],
+        "the unit is read again for its cgroup"
+    );
+    assert_eq!(
+        s.phase("rae.service"),
+        Phase::Watching,
+        "ExecStop's leftover lives"
+    );
+    s.cgroups.insert(cgroup.into(), CgroupReading::Empty);
+    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    assert_eq!(s.phase("rae.service"), Phase::Proven);
+    assert_eq!(s.proofs().len(), 0, "nobody waited");
+}
+
+/// The same unit with no leftover: a read after the stop that finds no ControlGroup is
+/// systemd's word that the cgroup was empty when it let it go.
+#[test]
+fn a_remain_after_exit_unit_is_proven_once_a_read_after_its_stop_finds_no_cgroup() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"rae.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    s.changed("rae.service", "inactive", A);
+    assert_eq!(s.phase("rae.service"), Phase::Watching);
+    s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "")));
+    assert_eq!(s.phase("rae.service"), Phase::Proven);
+}
+
+/// A Slice= change between two invocations: the next one runs in another cgroup. Our
+/// invocation's KillMode=process leftover is in ours, so the count of leftovers looks there,
+/// not in the cgroup of the invocation that replaced it.
+#[test]
+fn leftovers_are_counted_in_our_invocations_cgroup_after_a_slice_change() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let ours = "/a.slice/s.service";
+    let theirs = "/b.slice/s.service";
+    s.cgroups.insert(ours.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"s.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, ours)));
+    s.request(r#"{"cmd":"stop","unit":"s.service"}"#);
+    s.changed("s.service", "inactive", A);
+    s.leftovers.insert(ours.into(), vec![42]);
+    s.cgroups.insert(theirs.into(), CgroupReading::Populated);
+    s.changed("s.service", "active", B);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "active", B, theirs)));
+    assert_eq!(read, ["s.service"], "a new invocation is read again");
+    assert_eq!(
+        s.phase("s.service"),
+        Phase::Stopping,
+        "our leftover lives in our cgroup"
+    );
+    s.input(Input::LeftoverExited {
+        key: UnitKey(0),
+        pid: 42,
+    });
+    s.leftovers.insert(ours.into(), vec![]);
+    s.input(Input::LeftoverExited {
+        key: UnitKey(0),
+        pid: 42,
+    });
+    assert_eq!(s.phase("s.service"), Phase::Proven);
+}
+
+/// StopUnit names a unit, not an invocation: a stop asked for once systemd said ours ended
+/// would reach the next invocation, started outside meanwhile. It is not sent.
+#[test]
+fn a_stop_requested_after_our_invocation_ended_is_not_sent() {
+    let mut s = watching("late.service", "active");
+    // KillMode=process: a leftover keeps the proof open after the unit is inactive.
+    s.changed("late.service", "inactive", A);
+    assert_eq!(s.phase("late.service"), Phase::Watching);
+    s.take();
+    s.request(r#"{"cmd":"stop","unit":"late.service"}"#);
+    assert_eq!(
+        s.stops(),
+        [],
+        "our invocation is over: nothing of ours to stop"
+    );
+    assert_eq!(s.phase("late.service"), Phase::Stopping);
+}
+
+/// The final stop of a proven generation removes its files: not once the unit has begun
+/// another invocation since ours, even one that is over too.
+#[test]
+fn a_generations_final_stop_is_not_sent_once_another_invocation_ran() {
+    let mut s = Script::watching_generation_3();
+    s.cgroups
+        .insert("/app.slice/g.service".into(), CgroupReading::Gone);
+    s.changed("g.service", "inactive", A);
+    assert_eq!(s.phase("g.service"), Phase::Proven);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "inactive", B, "")));
+    assert_eq!(read, ["g.service"], "the final stop waits for a read");
+    assert_eq!(s.stops(), [], "the unit ran another invocation since ours");
+}
+
+/// The agent stops an invocation started outside it; with KillMode=process that invocation
+/// leaves a process behind. It began after ours was over, so it is not ours to wait for: once
+/// the stopped invocation is over, only processes older than it keep our proof open.
+#[test]
+fn a_stopped_foreign_invocations_leftover_does_not_hold_our_proof() {
+    let mut s = watching("f.service", "active");
+    let cgroup = "/app.slice/f.service";
+    let theirs = UnitChange {
+        active_state: Some("active".into()),
+        invocation: Some(B.into()),
+        inactive_exit_us: Some(5_000_000),
+        main_pid: Some(300),
+        ..UnitChange::default()
+    };
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("f.service"),
+        change: theirs,
+    });
+    assert_eq!(
+        s.stops(),
+        [("f.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
+    );
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, cgroup)));
+    assert_eq!(s.phase("f.service"), Phase::Watching, "theirs still runs");
+    // Their main process is stopped; their leftover (started after they began) stays.
+    s.leftovers.insert(cgroup.into(), vec![]);
+    s.changed("f.service", "inactive", B);
+    assert_eq!(
+        s.counted_against.as_ref().map(|next| next.began_us),
+        Some(Some(5_000_000)),
+        "counted against when the stopped invocation began, though it is over"
+    );
+    assert_eq!(s.phase("f.service"), Phase::Proven);
+    let views = s.list();
+    let proof = views[0].proof.as_ref().expect("a proof");
+    assert_eq!(proof.cause, Cause::RestartedOutside);
+}

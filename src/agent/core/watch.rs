@@ -97,8 +97,16 @@ pub(super) struct Watch {
     pub facts: UnitFacts,
     /// Facts seen before a reload or a lost bus: no decision until a fresh read.
     pub stale: bool,
-    /// The last non-empty ControlGroup: systemd reports it empty once the unit is gone.
+    /// Our invocation's cgroup: the last non-empty ControlGroup read of it (or, while the
+    /// watch knows none, of whatever invocation the unit ran). systemd reports it empty once it
+    /// removed the cgroup, and another invocation may run in another cgroup (a Slice= change),
+    /// where none of ours are.
     pub control_group: ControlGroup,
+    /// The serial of the last read, if it found no ControlGroup: systemd forgets the path only
+    /// once the cgroup is empty (`unit_maybe_release_cgroup`), but realizes it again for a
+    /// control process of the same invocation (ExecStop= of a RemainAfterExit= unit), so "no
+    /// cgroup" holds only for a state said no later than that read.
+    pub no_cgroup_read: Option<u32>,
     pub inotify_watches: InotifyWatches,
     /// A stop asked for before the first read came back.
     pub pending_stop: bool,
@@ -142,6 +150,7 @@ impl Watch {
             facts: UnitFacts::default(),
             stale: false,
             control_group: ControlGroup::default(),
+            no_cgroup_read: None,
             inotify_watches: InotifyWatches::Absent,
             pending_stop: false,
             resumed: Resumed::default(),
@@ -169,6 +178,15 @@ impl Watch {
             (None, Some(proof)) => Some(proof.invocation()),
             (None, None) => self.asked_invocation.as_deref(),
         }
+    }
+
+    /// Whether the unit has no cgroup for the state its proof decides on: the watch knows none,
+    /// and the last read, which found none, is no older than that state.
+    pub(super) fn has_no_cgroup(&self) -> bool {
+        self.control_group.is_empty()
+            && self
+                .no_cgroup_read
+                .is_some_and(|serial| !self.facts.state_said_after(serial))
     }
 
     /// Whether a stop of ours was requested, before or after the first read or a restart.
