@@ -31,11 +31,12 @@
 mod tests;
 
 pub mod release;
+pub(crate) mod words;
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use crate::systemd::words::{Word, word};
+use words::{Word, word};
 
 /// How often a repeated condition may be logged for one unit: one line per condition per
 /// interval, however often the facts repeat it.

@@ -6,7 +6,6 @@ pub(crate) mod read;
 pub mod runtime;
 pub(crate) mod signal;
 pub(crate) mod snapshot;
-pub(crate) mod words;
 
 use std::fmt;
 use std::time::Duration;

@@ -7,9 +7,9 @@
 
 use crate::cgroup::procs::NextInvocation;
 use crate::proof::UnitState;
+use crate::proof::words::{Word, word};
 use crate::systemd::signal::UnitChange;
 use crate::systemd::snapshot::{ServiceExit, UnitSnapshot};
-use crate::systemd::words::{Word, word};
 
 /// One property and the serial of the message that set it.
 #[derive(Clone, Debug, PartialEq, Eq)]
