@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::run::{BenchConfig, StartedUnit, unit_name};
+use super::setup::{BenchConfig, StartedUnit, unit_name};
 use super::{BenchError, reap, schedstat_ns};
 use crate::control::client::Client;
 use crate::control::protocol::{self, Request, WatchArgs};

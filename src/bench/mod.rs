@@ -22,6 +22,7 @@ pub mod report;
 pub mod run;
 pub mod sample;
 pub mod schedule;
+mod setup;
 pub mod stats;
 
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! them through `cgroup.kill` on the kill schedule, and collect who knew when.
 
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -13,8 +13,10 @@ use serde_json::Value;
 use super::agent::AgentContender;
 use super::observer::{Arm, Observer};
 use super::poll::Poller;
-use super::sample::{BenchRun, Mode, Phase, Resources, UnitSample};
+use super::sample::{BenchRun, Phase, Resources, UnitSample};
 use super::schedule::kill_offsets;
+pub use super::setup::BenchConfig;
+use super::setup::StartedUnit;
 use super::{BenchError, METHOD_TIMEOUT, children_cpu_ns};
 use crate::cgroup::cgroup2_mount;
 use crate::clock::monotonic_ns;
@@ -22,40 +24,11 @@ use crate::systemd::manager::{SYSTEMD, start_transient_service};
 use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::{Bus, connect};
-use crate::unit_name::UnitName;
-
-/// What to run.
-#[derive(Clone, Debug)]
-pub struct BenchConfig {
-    pub bus: Bus,
-    pub units: usize,
-    pub rounds: u32,
-    pub poll_interval: Duration,
-    /// The idle window (zero: none).
-    pub idle: Duration,
-    /// One unit killed every `kill_interval`, at a random instant within it (zero: all at once).
-    pub kill_interval: Duration,
-    /// The seed of the kill instants' jitter.
-    pub seed: u64,
-    pub mode: Mode,
-    /// The exitproof binary that runs the agent contender.
-    pub agent_binary: PathBuf,
-    /// The bench's own binary, run again as the observer.
-    pub bench_binary: PathBuf,
-    /// Where the agent's socket and log go.
-    pub work_dir: PathBuf,
-}
 
 /// How long a round may take, once every kill is done, before the missing proofs are recorded
 /// as missing.
 fn round_timeout(config: &BenchConfig) -> Duration {
     Duration::from_secs(60).max(config.poll_interval * 10)
-}
-
-/// The bench's own unit names are valid; one that is not is the bench's bug, reported.
-pub(super) fn unit_name(name: &str) -> Result<UnitName, BenchError> {
-    name.parse()
-        .map_err(|e| BenchError::Failed(format!("unit {name}: {e}")))
 }
 
 /// The contenders of one phase: the agent, the poller, or both.
@@ -105,14 +78,6 @@ impl Contenders {
             children_ns: children_cpu_ns(),
         }
     }
-}
-
-/// A unit started for a round, active, as systemd reported it.
-pub(super) struct StartedUnit {
-    pub(super) name: String,
-    invocation: String,
-    /// Its ControlGroup, as systemd names it.
-    cgroup: String,
 }
 
 /// CPU used by the contenders between two instants.
