@@ -16,6 +16,7 @@ mod cli;
 mod dynamics;
 mod faults;
 mod operability;
+mod proof_defects;
 mod records;
 mod run;
 mod sandbox_smoke;
@@ -37,6 +38,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("cli", cli::TESTS),
     ("operability", operability::TESTS),
     ("run", run::TESTS),
+    ("proof_defects", proof_defects::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).
