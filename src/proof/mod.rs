@@ -14,7 +14,7 @@
 //! | `stop`, not terminal, invocation foreign or empty | read the cgroup; if populated, count the processes not certainly the new invocation's (stricter than the replaced design, which proved at once) |
 //! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
 //! | terminal, or foreign and stopped by us | read the cgroup |
-//! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside |
+//! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside once systemd says the foreign invocation is over too (stricter than the replaced design: that invocation may run in another cgroup) |
 //! | ... none of ours left (replaced after stop, or the foreign invocation we stopped is over) | proven: replaced after stop, or restarted outside (the replaced design also waited for the other invocation's leftovers: a proof lost while they live) |
 //! | ... `populated 1`, replaced after stop or the foreign invocation we stopped is over | count the processes not certainly the newer invocation's |
 //! | ... `populated 1`, otherwise | log "processes remain", at most once per 2 s |
@@ -529,13 +529,15 @@ impl UnitProof {
                         Level::Warn,
                         REPLACED_AFTER_STOP.into(),
                     );
-                } else {
+                } else if v.foreign_over {
                     self.prove(
                         Cause::RestartedOutside,
                         Level::Warn,
                         RESTARTED_OUTSIDE.into(),
                     );
                 }
+                // Else the foreign invocation we stopped still runs, maybe in a cgroup of its
+                // own (a Slice= change): a writer of the unit until systemd says it is over.
             }
             CgroupReading::Populated if self.replaced(v) || self.stopped_foreign_over(v) => {
                 // systemd starts a new invocation only once the stop job of ours completed, but

@@ -61,7 +61,7 @@ pub const TESTS: &[Test] = &[
 ];
 
 /// A shell command that waits until the file `go` exists: the test decides when it ends.
-fn until(go: &str) -> String {
+pub(super) fn until(go: &str) -> String {
     format!("while [ ! -e {go} ]; do sleep 0.05; done")
 }
 
@@ -71,7 +71,7 @@ fn go(sandbox: &Sandbox, go: &str) {
 }
 
 /// Waits until `unit` runs an invocation other than `old`, active, and returns it.
-fn wait_for_new_invocation(sandbox: &Sandbox, unit: &str, old: &str) -> String {
+pub(super) fn wait_for_new_invocation(sandbox: &Sandbox, unit: &str, old: &str) -> String {
     sandbox.wait_until(&format!("{unit} runs a new invocation"), PATIENCE, || {
         sandbox.show(unit, "ActiveState") == "active" && sandbox.show(unit, "InvocationID") != old
     });
@@ -100,7 +100,7 @@ fn assert_stays_active(sandbox: &Sandbox, agent: &Agent, unit: &str, invocation:
 }
 
 /// The lines of `log` that contain `needle`.
-fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
+pub(super) fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
     log.lines().filter(|l| l.contains(needle)).collect()
 }
 

@@ -14,6 +14,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
 
+use super::dynamics::{lines_with, until, wait_for_new_invocation};
 use crate::Test;
 use crate::support::Sandbox;
 use crate::support::agent::Agent;
@@ -59,11 +60,6 @@ pub const TESTS: &[Test] = &[
     ),
 ];
 
-/// A shell command that waits until the file `go` exists: the test decides when it ends.
-fn until(go: &str) -> String {
-    format!("while [ ! -e {go} ]; do sleep 0.05; done")
-}
-
 /// Creates the file `inner` (a path inside the sandbox): releases a unit waiting in [`until`],
 /// or sets a marker a unit's command looks for.
 fn touch(sandbox: &Sandbox, inner: &str) {
@@ -76,14 +72,6 @@ fn write_drop_in(sandbox: &Sandbox, unit: &str, name: &str, body: &str) {
     let dir = sandbox.host_path(&format!("/run/user/0/systemd/user/{unit}.d"));
     std::fs::create_dir_all(&dir).expect("create the drop-in directory");
     std::fs::write(dir.join(name), body).expect("write the drop-in");
-}
-
-/// Waits until `unit` runs an invocation other than `old`, active, and returns it.
-fn wait_for_new_invocation(sandbox: &Sandbox, unit: &str, old: &str) -> String {
-    sandbox.wait_until(&format!("{unit} runs a new invocation"), PATIENCE, || {
-        sandbox.show(unit, "ActiveState") == "active" && sandbox.show(unit, "InvocationID") != old
-    });
-    sandbox.show(unit, "InvocationID")
 }
 
 /// The `sleep` processes in the cgroup `control_group` (the leftovers these units make; a
@@ -118,11 +106,6 @@ fn kill_pids(pids: &[i32]) {
             Err(e) => panic!("cannot kill the leftover {pid}: {e}"),
         }
     }
-}
-
-/// The lines of `log` that contain `needle`.
-fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
-    log.lines().filter(|l| l.contains(needle)).collect()
 }
 
 /// Asserts, for a while, that `unit` stays active with the invocation `invocation`: nobody

@@ -1279,3 +1279,22 @@ fn a_stopped_foreign_invocations_leftover_does_not_hold_our_proof() {
     let proof = views[0].proof.as_ref().expect("a proof");
     assert_eq!(proof.cause, Cause::RestartedOutside);
 }
+
+/// A foreign invocation the agent stopped is a writer of the unit until systemd says it is
+/// over, even where our cgroup is already empty: after a Slice= change it runs in another.
+#[test]
+fn restarted_outside_waits_until_the_stopped_invocation_is_over() {
+    let mut s = watching("m.service", "active");
+    let ours = "/app.slice/m.service";
+    s.cgroups.insert(ours.into(), CgroupReading::Gone);
+    s.changed("m.service", "active", B);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "active", B, "/b.slice/m.service")));
+    assert_eq!(read, ["m.service"]);
+    s.changed("m.service", "deactivating", B);
+    assert_eq!(s.phase("m.service"), Phase::Watching, "theirs still stops");
+    s.changed("m.service", "inactive", B);
+    assert_eq!(s.phase("m.service"), Phase::Proven);
+    let views = s.list();
+    let proof = views[0].proof.as_ref().expect("a proof");
+    assert_eq!(proof.cause, Cause::RestartedOutside);
+}
