@@ -284,10 +284,13 @@ fn a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover
     assert_eq!(watch["sub_state"], "exited", "{watch}");
 
     touch(&sandbox, "/run/again.fork");
-    sandbox.systemctl_ok(&["restart", "again.service"]);
-    // Not waited for as active: the agent may stop it at once, as an invocation started outside.
+    // Not waited for as a job: the agent may stop the new invocation at once, as one started
+    // outside, and `systemctl restart` would then report its job canceled.
+    sandbox.systemctl_ok(&["restart", "--no-block", "again.service"]);
+    sandbox.wait_until("the restart begins another invocation", PATIENCE, || {
+        sandbox.show("again.service", "InvocationID") != ours
+    });
     let second = sandbox.show("again.service", "InvocationID");
-    assert_ne!(second, ours, "setup: the restart began another invocation");
     assert!(
         !sandbox.host_path("/run/again.fork").exists(),
         "setup: our invocation's ExecStop= forked its leftover"
@@ -336,11 +339,11 @@ fn a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover
 /// invocation, running `active (exited)` with ControlGroup ""). The cgroup of our invocation
 /// (`/a.slice/moved.service`, known since the watch began) is long removed; taken for the new
 /// invocation's, it reads "gone" and proves `restarted-outside` while the stopped invocation
-/// still runs. Only re-reading the unit for each invocation and each stop (ControlGroup
-/// included) finds `/b.slice/moved.service`.
+/// still runs. So the agent keeps our invocation's cgroup as ours, and proves
+/// `restarted-outside` only once systemd says the invocation it stopped is over.
 ///
-/// Fails today: the agent kept `/a.slice/moved.service` for the new invocation (a read with an
-/// empty ControlGroup left the old path in place) and proved `restarted-outside` at once.
+/// Failed before that rule: the agent read `/a.slice/moved.service` gone and proved
+/// `restarted-outside` at once.
 fn restarted_outside_waits_for_a_foreign_invocation_that_runs_in_another_slice() {
     let sandbox = Sandbox::start("slicemove");
     sandbox.install_unit("a.slice", "[Unit]\nDescription=a\n");
