@@ -56,7 +56,18 @@ fn kind(violation: &str) -> String {
         format!("wrong cause {cause}")
     } else if let Some(rest) = violation.strip_prefix("StopUnit (") {
         let why = rest.split(')').next().unwrap_or("");
-        format!("StopUnit ({why}) hits an invocation the agent knew and never judged foreign")
+        let what = if violation.contains("never asked") {
+            "the platform never asked for"
+        } else if violation.contains("after a stop of ours") {
+            "after a stop of ours"
+        } else if violation.contains("our own invocation") {
+            "hits our own invocation"
+        } else if violation.contains("started after ours was over") {
+            "hits the invocation started after ours was over"
+        } else {
+            "hits an invocation the agent knew and never judged foreign"
+        };
+        format!("StopUnit ({why}) {what}")
     } else if violation.starts_with("launch file") {
         violation
             .split_once(" removed")
@@ -68,7 +79,11 @@ fn kind(violation: &str) -> String {
             .unwrap_or("")
             .to_owned()
     } else if violation.starts_with("NO PROOF") {
-        "NO PROOF within the liveness bound".into()
+        if violation.contains("other invocations' processes live") {
+            "NO PROOF within the liveness bound, another invocation's leftovers alive".into()
+        } else {
+            "NO PROOF within the liveness bound".into()
+        }
     } else {
         violation.chars().take(60).collect()
     }
@@ -153,6 +168,12 @@ impl Sim {
     /// One quiet step: no faults, no outsiders; systemd finishes what it does, the operator
     /// stops everything, and every message and notification is delivered.
     fn quiet_step(&mut self) {
+        // Some seeds' operator kills only what is left of the invocations the platform
+        // watched: other invocations' leftovers (a foreign one's, under KillMode=process) live
+        // on, and a proof must not wait for them.
+        if self.world.swarm.spare_unwatched {
+            self.world.operator_kills_only = Some(self.oracle.owed_invocations());
+        }
         for line in self.world.settle(true) {
             self.log(|| format!("world: {line}"));
         }
