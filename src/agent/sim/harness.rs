@@ -691,9 +691,11 @@ impl Sim {
                 let result = match result.map(|parts| {
                     let read = driver_read(&unit, attempt, &parts);
                     if let Some(read) = &read {
+                        // Told only if every answer came once it was over: an answer
+                        // made before may be the one the state was taken from.
                         over = parts
                             .iter()
-                            .any(|p| p.ended && p.invocation == read.invocation);
+                            .all(|p| p.ended && p.invocation == read.invocation);
                     }
                     read
                 }) {

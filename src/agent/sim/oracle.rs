@@ -80,9 +80,9 @@ impl Oracle {
         }
     }
 
-    /// The invocations a proof is owed of.
-    pub(crate) fn owed_invocations(&self) -> BTreeSet<Inv> {
-        self.owed.keys().map(|(_, inv)| *inv).collect()
+    /// The (unit, invocation) pairs a proof is owed of.
+    pub(crate) fn owed(&self) -> Vec<(usize, Inv)> {
+        self.owed.keys().copied().collect()
     }
 
     pub(crate) fn is_proven(&self, u: usize, inv: Inv) -> bool {

@@ -48,7 +48,7 @@ pub(crate) struct Swarm {
 
 impl Swarm {
     pub(crate) fn draw(r: &mut Rng) -> Swarm {
-        Swarm {
+        let mut swarm = Swarm {
             rare_combo: r.percent(25),
             kill_process: [10, 35, 80][r.below(3)],
             exec_reload: [0, 20, 60][r.below(3)],
@@ -68,7 +68,10 @@ impl Swarm {
             spare_unwatched: r.percent(50),
             max_reads_in_flight: if r.percent(20) { 1 + r.below(3) } else { 32 },
             late_watches: r.percent(40),
-        }
+        };
+        // The rare combination is only worth its seeds if the platform watches late.
+        swarm.late_watches |= swarm.rare_combo;
+        swarm
     }
 }
 
@@ -117,9 +120,9 @@ pub(crate) struct World {
     pub history: BTreeMap<Inv, InvRecord>,
     pub(crate) rng: Rng,
     pub swarm: Swarm,
-    /// In a wind-down, the operator kills what is left only of these invocations (`None`:
-    /// of every invocation of a unit that stopped).
-    pub(crate) operator_kills_only: Option<std::collections::BTreeSet<Inv>>,
+    /// In a wind-down, the operator kills what is left of every invocation of a unit that
+    /// stopped, except these.
+    pub(crate) operator_spares: std::collections::BTreeSet<Inv>,
     /// systemd is in a daemon-reload (`MANAGER_IS_RELOADING`): no pending change goes out.
     reloading: bool,
 }
@@ -159,7 +162,7 @@ impl World {
             let r = &mut world.rng;
             // A rare combination, on purpose: a RemainAfterExit unit with ExecStop= whose
             // leftovers survive, the kind a late watch finds active/exited.
-            let rare = swarm.rare_combo && r.percent(60);
+            let rare = swarm.rare_combo && r.percent(80);
             let oneshot = rare || r.percent(25);
             let restart = match r.below(10) {
                 0..=5 => Restart::No,
@@ -216,7 +219,7 @@ impl World {
             rng: Rng::new(seed),
             reloading: false,
             swarm: Swarm::default(),
-            operator_kills_only: None,
+            operator_spares: Default::default(),
         }
     }
 
@@ -309,6 +312,17 @@ impl World {
         }
         let over = if self.ended(inv) { inv } else { 0 };
         self.bus.emit(signal, gap, over);
+    }
+
+    /// The invocations of the same unit that started after `inv`, in order.
+    pub(crate) fn later(&self, inv: Inv) -> Vec<Inv> {
+        let mut out = Vec::new();
+        let mut at = inv;
+        while let Some(next) = self.history.get(&at).and_then(|r| r.next) {
+            out.push(next);
+            at = next;
+        }
+        out
     }
 
     /// Whether invocation `inv` has ended in the world.
@@ -468,7 +482,10 @@ impl World {
             // ExecStop=, ExecStopPost=, ExecReload= fork too, and with KillMode=process (or
             // SendSIGKILL=no) what they fork outlives them.
             if let Some(control) = unit.control_pid {
-                add(4, Action::Fork(control));
+                add(
+                    if self.swarm.rare_combo { 12 } else { 4 },
+                    Action::Fork(control),
+                );
             }
             if unit.cfg.exec_reload
                 && unit.job.is_none()
@@ -760,18 +777,17 @@ impl World {
             }
             if wind_down && !self.units[u].state.running() {
                 let cgroup = self.units[u].cgroup.clone();
-                let killed = match &self.operator_kills_only {
-                    None => self.kernel.kill_all(&cgroup),
-                    Some(only) => {
-                        let pids: Vec<Pid> = self
-                            .kernel
-                            .procs
-                            .values()
-                            .filter(|p| p.unit == u && only.contains(&p.invocation))
-                            .map(|p| p.pid)
-                            .collect();
-                        pids.into_iter().filter(|p| self.kernel.kill(*p)).count()
-                    }
+                let killed = if self.operator_spares.is_empty() {
+                    self.kernel.kill_all(&cgroup)
+                } else {
+                    let pids: Vec<Pid> = self
+                        .kernel
+                        .procs
+                        .values()
+                        .filter(|p| p.unit == u && !self.operator_spares.contains(&p.invocation))
+                        .map(|p| p.pid)
+                        .collect();
+                    pids.into_iter().filter(|p| self.kernel.kill(*p)).count()
                 };
                 if killed > 0 {
                     lines.push(format!(
