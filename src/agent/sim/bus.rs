@@ -30,12 +30,16 @@ pub(crate) struct Snapshot {
     /// MainPID and ControlPID (0: none).
     pub main_pid: u32,
     pub control_pid: u32,
+    /// For the oracle, not on the wire: the invocation had already ended in the world.
+    pub ended: bool,
 }
 
 /// One message on the agent's signal path, in the order the agent sees it.
 #[derive(Clone, Debug)]
 pub(crate) enum Msg {
-    Signal(u32, SystemdSignal),
+    /// A signal with its serial, and (for the oracle, not on the wire) the invocation it shows
+    /// over: named while it had already ended in the world (0: none).
+    Signal(u32, SystemdSignal, u128),
     /// NameOwnerChanged: systemd left the bus (reexec); the connection's facts are stale.
     SystemdLeft,
 }
@@ -123,6 +127,14 @@ pub(crate) struct Bus {
     pub replies: VecDeque<Reply>,
     /// Calls the agent gave up on (timed out): systemd may still carry them out.
     abandoned: BTreeSet<u64>,
+    /// Percent of signals lost on the way to a live connection (the world draws).
+    pub lose_percent: u32,
+    /// Percent of calls systemd answers with an error other than NoSuchUnit.
+    pub error_percent: u32,
+    /// Signals lost so far.
+    pub lost: u32,
+    /// A first connection's serials start here (a systemd that has sent billions).
+    first_serial: u32,
 }
 
 impl Bus {
@@ -139,6 +151,29 @@ impl Bus {
             calls: VecDeque::new(),
             replies: VecDeque::new(),
             abandoned: BTreeSet::new(),
+            lose_percent: 0,
+            error_percent: 0,
+            lost: 0,
+            first_serial: 1,
+        }
+    }
+
+    /// systemd's connection has sent nearly 2^32 messages: serials start close to u32::MAX
+    /// (with room for the run: sd-bus refuses to send past it, `sd_bus_message_seal`).
+    pub(crate) fn start_serials_near_max(&mut self, rng: &mut super::rng::Rng) {
+        self.first_serial = u32::MAX - 200_000 + rng.below(100_000) as u32;
+        self.serial = self.first_serial;
+    }
+
+    /// systemd emits a signal that a live connection silently loses (a full queue on the
+    /// way, say): its serial is spent, the agent never hears of it.
+    pub(crate) fn emit_lost(&mut self, gap: u32) {
+        if !self.systemd_on {
+            return;
+        }
+        self.next_serial(gap);
+        if self.agent.is_some() && !self.stale {
+            self.lost += 1;
         }
     }
 
@@ -149,13 +184,13 @@ impl Bus {
     }
 
     /// systemd emits a signal; only a subscribed agent receives it.
-    pub(crate) fn emit(&mut self, signal: SystemdSignal, gap: u32) {
+    pub(crate) fn emit(&mut self, signal: SystemdSignal, gap: u32, over: u128) {
         if !self.systemd_on {
             return;
         }
         let serial = self.next_serial(gap);
         if self.agent.is_some() && !self.stale {
-            self.signals.push_back(Msg::Signal(serial, signal));
+            self.signals.push_back(Msg::Signal(serial, signal, over));
         }
     }
 

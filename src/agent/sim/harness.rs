@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, ReadKind, Snapshot};
 use super::kernel::{Inv, Pid, Reading, TICK_US, within};
-use super::oracle::{Oracle, StopWhy, parse_inv};
+use super::oracle::{Oracle, StopSent, StopWhy, parse_inv};
 use super::rng::Rng;
 use super::tenant::Tenant;
-use super::world::World;
+use super::world::{Swarm, World};
 use crate::agent::core::{
     AgentState, Answer, Core, CoreConfig, Input, Output, StateSave, StopKind, UnitKey,
 };
@@ -61,7 +61,7 @@ pub(crate) struct Sim {
     /// The cgroup each key's inotify watch is on.
     watches: BTreeMap<UnitKey, String>,
     /// The leftovers each key holds a pidfd of, until their exit is delivered.
-    leftovers: BTreeMap<UnitKey, BTreeSet<Pid>>,
+    leftovers: BTreeMap<UnitKey, BTreeSet<(Pid, u64)>>,
     /// The name each key was read under: the client's name for the unit.
     key_names: BTreeMap<UnitKey, String>,
     /// Each key's invocation as the agent holds it: asked for, restored, or adopted from the
@@ -79,6 +79,11 @@ pub(crate) struct Sim {
     pub connected: bool,
     /// Invocations of each unit the agent has been told of (in a signal or a read).
     seen: BTreeMap<usize, BTreeSet<Inv>>,
+    /// Invocations of each unit the agent has been told are over: a message naming them sent
+    /// after they ended in the world.
+    told_over: BTreeMap<usize, BTreeSet<Inv>>,
+    /// Keys that sent a stop of their own invocation (requested) in this life of the agent.
+    stopped_ours: BTreeSet<UnitKey>,
     /// Outputs of the drain under way, for the launch-file rule.
     drained: Vec<Output>,
     /// Whether the agent may die at a save (a failed save, or a SIGKILL right after one).
@@ -120,15 +125,17 @@ impl Disk {
     }
 }
 
-fn config(base: Instant) -> CoreConfig {
+fn config(base: Instant, swarm: &Swarm) -> CoreConfig {
     CoreConfig {
         retain_proven: 16,
         retain_for: Duration::from_secs(3600),
-        // No safety net: every proof must come from events, as the liveness rule demands.
-        resync_interval: None,
-        // Large enough that a new watch's first read goes out with its request, so the
-        // harness knows which invocation each key stands for.
-        max_reads_in_flight: 32,
+        // No safety net where no signal is lost: every proof must come from events, as the
+        // liveness rule demands. Where the bus loses signals, the periodic relist is what
+        // keeps liveness, within the same bound.
+        resync_interval: (swarm.signal_loss > 0).then_some(Duration::from_secs(5)),
+        // Usually large enough that a new watch's first read goes out with its request; some
+        // seeds read a unit or three at a time.
+        max_reads_in_flight: swarm.max_reads_in_flight,
         boot_id: Some("boot-1".into()),
         clock_anchor: (base, 0),
     }
@@ -159,6 +166,8 @@ impl Sim {
             refused: BTreeSet::new(),
             connected: false,
             seen: BTreeMap::new(),
+            told_over: BTreeMap::new(),
+            stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
             deaths_at_saves: true,
             dies_at_save: false,
@@ -186,7 +195,11 @@ impl Sim {
         let now = self.now();
         self.restored = self.disk.load();
         self.asked_names.clear();
-        let core = Core::new(config(self.base), self.restored.clone(), now);
+        let core = Core::new(
+            config(self.base, &self.world.swarm),
+            self.restored.clone(),
+            now,
+        );
         self.core = Some(core);
         self.log(|| "agent starts from its saved state".into());
         self.drain();
@@ -210,6 +223,8 @@ impl Sim {
         self.key_names.clear();
         self.key_invs.clear();
         self.seen.clear();
+        self.told_over.clear();
+        self.stopped_ours.clear();
         self.connected = false;
         self.tenant.agent_died();
         self.log(|| "agent killed".into());
@@ -495,24 +510,28 @@ impl Sim {
         if self.rng.percent(1) {
             return Err("cannot open a pidfd: EMFILE".into());
         }
-        let held = earlier.iter().map(|pid| *pid as Pid).collect();
+        let procs = &self.world.kernel.procs;
+        let held = earlier
+            .iter()
+            .filter_map(|pid| procs.get(&(*pid as Pid)).map(|p| (p.pid, p.id)))
+            .collect();
         self.leftovers.insert(key, held);
         Ok(earlier)
     }
 
     /// Delivers the exit of one held leftover that died, as the pidfd's readiness.
     pub(crate) fn deliver_leftover_exit(&mut self) -> bool {
-        let dead: Vec<(UnitKey, Pid)> = self
+        let dead: Vec<(UnitKey, (Pid, u64))> = self
             .leftovers
             .iter()
             .flat_map(|(key, pids)| pids.iter().map(move |pid| (*key, *pid)))
-            .filter(|(_, pid)| !self.world.kernel.alive(*pid))
+            .filter(|(_, (pid, id))| !self.world.kernel.alive_id(*pid, *id))
             .collect();
-        let Some((key, pid)) = self.rng.pick(&dead) else {
+        let Some((key, (pid, id))) = self.rng.pick(&dead) else {
             return false;
         };
         if let Some(pids) = self.leftovers.get_mut(&key) {
-            pids.remove(&pid);
+            pids.remove(&(pid, id));
         }
         self.input(Input::LeftoverExited {
             key,
@@ -525,7 +544,7 @@ impl Sim {
         let kernel = &self.world.kernel;
         self.leftovers
             .values()
-            .any(|pids| pids.iter().any(|pid| !kernel.alive(*pid)))
+            .any(|pids| pids.iter().any(|(pid, id)| !kernel.alive_id(*pid, *id)))
     }
 
     /// A synchronous answer: straight back to the core, before anything else.
@@ -551,14 +570,28 @@ impl Sim {
             let core = self.core.as_ref()?;
             core.adopted_invocation(key).map(parse_inv)
         });
-        let seen = self
-            .world
-            .resolve(unit)
-            .and_then(|u| self.seen.get(&u))
-            .cloned()
-            .unwrap_or_default();
-        self.oracle
-            .on_stop(&self.world, unit, ours, why, |inv| seen.contains(&inv));
+        let of_unit = |m: &BTreeMap<usize, BTreeSet<Inv>>| {
+            self.world
+                .resolve(unit)
+                .and_then(|u| m.get(&u))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (seen, told_over) = (of_unit(&self.seen), of_unit(&self.told_over));
+        let name = self.key_names.get(&key).map_or(unit, String::as_str);
+        let stop = StopSent {
+            name: unit,
+            ours,
+            why,
+            seen: &seen,
+            told_over: &told_over,
+            asked: self.tenant.stop_requested(name) || self.tenant.stop_requested(unit),
+            ours_stopped_before: self.stopped_ours.contains(&key),
+        };
+        self.oracle.on_stop(&self.world, &stop);
+        if why == StopWhy::Requested {
+            self.stopped_ours.insert(key);
+        }
         match self.world.bus.send(unit, CallKind::Stop) {
             Some(id) => {
                 self.calls.insert(id, (key, CallFor::Stop(kind)));
@@ -619,12 +652,15 @@ impl Sim {
             return false;
         };
         match msg {
-            Msg::Signal(serial, signal) => {
+            Msg::Signal(serial, signal, over) => {
                 if let SystemdSignal::UnitChanged { path, change } = &signal
                     && let Some(inv) = &change.invocation
                     && let Some(u) = self.unit_by_path(path)
                 {
                     self.seen.entry(u).or_default().insert(parse_inv(inv));
+                    if over != 0 {
+                        self.told_over.entry(u).or_default().insert(over);
+                    }
                 }
                 self.input(Input::Signal { serial, signal });
             }
@@ -651,7 +687,18 @@ impl Sim {
         match (reply.answer, call) {
             (BusAnswer::Read(result), CallFor::Read(attempt)) => {
                 let unit = self.key_names[&key].clone();
-                let result = match result.map(|parts| driver_read(&unit, attempt, &parts)) {
+                let mut over = false;
+                let result = match result.map(|parts| {
+                    let read = driver_read(&unit, attempt, &parts);
+                    if let Some(read) = &read {
+                        // Told only if every answer came once it was over: an answer
+                        // made before may be the one the state was taken from.
+                        over = parts
+                            .iter()
+                            .all(|p| p.ended && p.invocation == read.invocation);
+                    }
+                    read
+                }) {
                     Ok(None) => {
                         self.read_again(key, attempt);
                         return true;
@@ -664,6 +711,9 @@ impl Sim {
                 {
                     let inv = parse_inv(&snapshot.invocation);
                     self.seen.entry(u).or_default().insert(inv);
+                    if over {
+                        self.told_over.entry(u).or_default().insert(inv);
+                    }
                 }
                 self.input(Input::UnitRead { key, result });
             }

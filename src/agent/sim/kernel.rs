@@ -48,6 +48,8 @@ pub(crate) struct Proc {
     pub invocation: Inv,
     pub unit: usize,
     pub role: Role,
+    /// Which process this is, for good: a pid may be reused, a pidfd is not.
+    pub id: u64,
 }
 
 /// What a read of a cgroup's `cgroup.events` shows.
@@ -63,6 +65,9 @@ pub(crate) struct Kernel {
     pub procs: BTreeMap<Pid, Proc>,
     dirs: BTreeSet<String>,
     next_pid: Pid,
+    /// Pids wrap past this (`/proc/sys/kernel/pid_max`) and are reused.
+    pub pid_max: Pid,
+    spawned: u64,
     /// cgroups the agent watches, with how many of its watches name each.
     watched: BTreeMap<String, u32>,
     /// Watched cgroups with a notification not yet read: a set, because the kernel merges.
@@ -77,6 +82,7 @@ impl Kernel {
     pub(crate) fn new() -> Kernel {
         Kernel {
             next_pid: 100,
+            pid_max: 4_000_000,
             ..Kernel::default()
         }
     }
@@ -145,12 +151,14 @@ impl Kernel {
         start_us: u64,
     ) -> Pid {
         self.mkdir(cgroup);
-        self.next_pid += 1;
+        self.next_free_pid();
+        self.spawned += 1;
         let session = match role {
             Role::Child => self.procs.get(&parent).map_or(self.next_pid, |p| p.session),
             Role::Main | Role::Control => self.next_pid,
         };
         let proc = Proc {
+            id: self.spawned,
             pid: self.next_pid,
             ppid: parent,
             session,
@@ -164,6 +172,30 @@ impl Kernel {
             k.procs.insert(proc.pid, proc);
         });
         self.next_pid
+    }
+
+    /// The kernel's next pid (`alloc_pid`): the one after the last, wrapping past `pid_max`
+    /// to the low end, skipping pids in use (a session or group id in use included, here only
+    /// sessions).
+    fn next_free_pid(&mut self) {
+        if self.procs.len() + 200 >= self.pid_max as usize {
+            self.pid_max *= 2;
+        }
+        loop {
+            self.next_pid += 1;
+            if self.next_pid >= self.pid_max {
+                self.next_pid = 100;
+            }
+            let pid = self.next_pid;
+            if !self.procs.contains_key(&pid) && !self.procs.values().any(|p| p.session == pid) {
+                return;
+            }
+        }
+    }
+
+    /// Whether process `id`, once given `pid`, still lives (what its pidfd tells).
+    pub(crate) fn alive_id(&self, pid: Pid, id: u64) -> bool {
+        self.procs.get(&pid).is_some_and(|p| p.id == id)
     }
 
     pub(crate) fn kill(&mut self, pid: Pid) -> bool {

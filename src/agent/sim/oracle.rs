@@ -25,6 +25,23 @@ pub(crate) enum StopWhy {
     Final,
 }
 
+/// A StopUnit the agent sends, with what the agent knew then.
+pub(crate) struct StopSent<'a> {
+    /// The unit's name as the stop names it.
+    pub name: &'a str,
+    /// The watch's own invocation.
+    pub ours: Option<Inv>,
+    pub why: StopWhy,
+    /// Invocations of the unit the agent had been told of.
+    pub seen: &'a BTreeSet<Inv>,
+    /// Invocations of the unit the agent had been told were over.
+    pub told_over: &'a BTreeSet<Inv>,
+    /// The platform asked to stop the unit (under the watch's name or this one).
+    pub asked: bool,
+    /// The watch sent a requested stop before.
+    pub ours_stopped_before: bool,
+}
+
 /// A proof the agent owes: an acknowledged watch of `inv` on `unit`.
 #[derive(Clone, Debug)]
 struct Owed {
@@ -61,6 +78,11 @@ impl Oracle {
         if inv != 0 && !self.proven.contains(&(u, inv)) {
             self.owed.entry((u, inv)).or_insert(Owed { over_for: None });
         }
+    }
+
+    /// The (unit, invocation) pairs a proof is owed of.
+    pub(crate) fn owed(&self) -> Vec<(usize, Inv)> {
+        self.owed.keys().copied().collect()
     }
 
     pub(crate) fn is_proven(&self, u: usize, inv: Inv) -> bool {
@@ -142,37 +164,71 @@ impl Oracle {
         }
     }
 
-    /// A StopUnit of `name` goes out for a watch of `ours`; `seen` says whether the agent had
-    /// been told of an invocation.
-    pub(crate) fn on_stop(
-        &mut self,
-        w: &World,
-        name: &str,
-        ours: Option<Inv>,
-        why: StopWhy,
-        seen: impl Fn(Inv) -> bool,
-    ) {
+    /// A StopUnit goes out (see [`StopSent`]). Judged against what runs in the world when it
+    /// is sent (systemd has no conditional stop, so what runs then is what it hits):
+    /// - a requested stop only if the platform asked to stop the unit, and only to our
+    ///   invocation: never to one the agent had been told of and never judged foreign, nor to
+    ///   one started after ours was over once the agent had been told ours was over;
+    /// - a foreign stop only to an invocation the agent had been told of, never to ours, and
+    ///   never after a stop of ours (what runs after our stop is not foreign, it is what our
+    ///   stop let start);
+    /// - a final stop never to an invocation the agent knew and never judged foreign.
+    ///
+    /// A stop that hits an invocation the agent could not know of is a race, counted.
+    pub(crate) fn on_stop(&mut self, w: &World, stop: &StopSent) {
+        let name = stop.name;
         let Some(u) = w.resolve(name) else { return };
-        if why == StopWhy::Foreign {
+        let ours_s = stop.ours.map_or("-".into(), short);
+        let running = w.running_invocation(u);
+        if stop.why == StopWhy::Foreign {
+            if stop.ours_stopped_before {
+                self.fail(format!(
+                    "StopUnit (Foreign) of {name} for a watch of {ours_s} after a stop of ours: \
+                     what runs now ({}) is what our stop let start",
+                    running.map_or("-".into(), short)
+                ));
+            }
+            match running {
+                Some(r) if Some(r) == stop.ours => self.fail(format!(
+                    "StopUnit (Foreign) of {name} hits our own invocation {ours_s}"
+                )),
+                Some(r) if !stop.seen.contains(&r) => self.stop_races += 1,
+                _ => {}
+            }
             // The agent stops what it knows runs there and is not ours.
             let judged = self.foreign.entry(u).or_default();
-            for inv in w.history.keys().filter(|i| seen(**i) && Some(**i) != ours) {
+            for inv in stop.seen.iter().filter(|i| Some(**i) != stop.ours) {
                 judged.insert(*inv);
             }
             return;
         }
-        let Some(running) = w.running_invocation(u) else {
+        if stop.why == StopWhy::Requested && !stop.asked {
+            self.fail(format!(
+                "StopUnit (Requested) of {name} for a watch of {ours_s}, which the platform \
+                 never asked to stop"
+            ));
+        }
+        let Some(running) = running else {
             return;
         };
         let judged = self.foreign.get(&u).is_some_and(|j| j.contains(&running));
-        if Some(running) == ours || judged {
+        if Some(running) == stop.ours || judged {
             return;
         }
-        if seen(running) {
+        let ours_over_told = stop
+            .ours
+            .is_some_and(|ours| w.ended(ours) && stop.told_over.contains(&ours));
+        if stop.why == StopWhy::Requested && ours_over_told {
             self.fail(format!(
-                "StopUnit ({why:?}) of {name} for a watch of {} hits invocation {}, which the \
-                 agent had been told of and never judged foreign",
-                ours.map_or("-".into(), short),
+                "StopUnit (Requested) of {name} for a watch of {ours_s} hits invocation {}, \
+                 started after ours was over, which the agent had been told",
+                short(running)
+            ));
+        } else if stop.seen.contains(&running) {
+            self.fail(format!(
+                "StopUnit ({:?}) of {name} for a watch of {ours_s} hits invocation {}, which \
+                 the agent had been told of and never judged foreign",
+                stop.why,
                 short(running)
             ));
         } else {
@@ -209,10 +265,25 @@ impl Oracle {
             let n = owed.over_for.get_or_insert(0);
             *n += 1;
             if *n == LIVENESS_STEPS {
+                let unit = &w.units[*u];
+                let others: Vec<String> = w
+                    .kernel
+                    .procs
+                    .values()
+                    .filter(|p| p.unit == *u && p.invocation != *inv)
+                    .map(|p| format!("{} of {}", p.pid, short(p.invocation)))
+                    .collect();
+                let why = if others.is_empty() {
+                    "nothing of another invocation is left".to_owned()
+                } else {
+                    format!("other invocations' processes live: {}", others.join(", "))
+                };
                 late.push(format!(
-                    "NO PROOF of {} inv {}: over for {LIVENESS_STEPS} quiet steps",
-                    w.units[*u].name,
-                    short(*inv)
+                    "NO PROOF of {} inv {}: over for {LIVENESS_STEPS} quiet steps ({}/{}, {why})",
+                    unit.name,
+                    short(*inv),
+                    unit.state.active_state(),
+                    unit.state.sub_state(),
                 ));
             }
         }

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::harness::Sim;
 use super::kernel::Inv;
 use super::oracle::{Oracle, parse_inv};
+use super::service::SvcState;
 use super::world::{World, hex};
 use crate::agent::core::{Answer, Input, ReplyTo};
 use crate::control::ClientId;
@@ -172,7 +173,18 @@ impl Sim {
     /// Watches a unit as a platform would: right after launching it, with the invocation it
     /// read, or late (an older invocation), or adopting whatever runs.
     fn watch(&mut self) {
-        let u = self.rng.below(self.world.units.len());
+        let mut u = self.rng.below(self.world.units.len());
+        // Some seeds' platform often watches late: a unit that already runs, or already
+        // exited and remains (RemainAfterExit), its cgroup pruned.
+        let late: Vec<usize> = (0..self.world.units.len())
+            .filter(|i| {
+                let unit = &self.world.units[*i];
+                unit.loaded && matches!(unit.state, SvcState::Exited | SvcState::Running)
+            })
+            .collect();
+        if self.world.swarm.late_watches && self.rng.percent(60) {
+            u = self.rng.pick(&late).unwrap_or(u);
+        }
         let unit = &self.world.units[u];
         let name = match unit.aliases.first() {
             Some(alias) if self.rng.percent(50) => alias.clone(),

@@ -16,8 +16,64 @@ use std::collections::BTreeMap;
 use super::bus::{Answer, Bus, CallKind, NO_SUCH_UNIT, Snapshot};
 use super::kernel::{Inv, Kernel, Pid, Role};
 use super::rng::Rng;
-use super::service::{Job, SvcState, Unit, UnitConfig};
+use super::service::{Job, Restart, SvcState, Unit, UnitConfig};
 use crate::systemd::signal::{SystemdSignal, UnitChange, unit_path};
+
+/// One seed's draw of fault rates and unit settings (swarm testing: each seed its own mix,
+/// so rare combinations are common in some seeds instead of diluted in all).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Swarm {
+    /// Most units are RemainAfterExit + ExecStop= + KillMode=process, started and exited.
+    pub rare_combo: bool,
+    /// Percent of units with KillMode=process, ExecReload=, SendSIGKILL=no.
+    pub kill_process: u32,
+    pub exec_reload: u32,
+    pub no_sigkill: u32,
+    /// Percent of signals the bus loses on a live connection (the core's relist is on then).
+    pub signal_loss: u32,
+    /// Percent of method calls systemd answers with an error other than NoSuchUnit.
+    pub method_errors: u32,
+    /// systemd's serials start near u32::MAX.
+    pub high_serials: bool,
+    /// The kernel's pid space is small: pids are reused soon.
+    pub pid_max: u32,
+    /// The operator winding the world down kills only what is left of invocations the
+    /// platform watched: other invocations' leftovers live on.
+    pub spare_unwatched: bool,
+    /// The core reads at most this many units at once.
+    pub max_reads_in_flight: usize,
+    /// Weight of the platform's watches made late (of what runs now).
+    pub late_watches: bool,
+}
+
+impl Swarm {
+    pub(crate) fn draw(r: &mut Rng) -> Swarm {
+        let mut swarm = Swarm {
+            rare_combo: r.percent(25),
+            kill_process: [10, 35, 80][r.below(3)],
+            exec_reload: [0, 20, 60][r.below(3)],
+            no_sigkill: [0, 0, 20, 50][r.below(4)],
+            signal_loss: if r.percent(20) {
+                1 + r.below(8) as u32
+            } else {
+                0
+            },
+            method_errors: if r.percent(20) {
+                1 + r.below(5) as u32
+            } else {
+                0
+            },
+            high_serials: r.percent(20),
+            pid_max: if r.percent(30) { 400 } else { 4_000_000 },
+            spare_unwatched: r.percent(50),
+            max_reads_in_flight: if r.percent(20) { 1 + r.below(3) } else { 32 },
+            late_watches: r.percent(40),
+        };
+        // The rare combination is only worth its seeds if the platform watches late.
+        swarm.late_watches |= swarm.rare_combo;
+        swarm
+    }
+}
 
 /// What became of one invocation, for the oracle.
 #[derive(Clone, Debug)]
@@ -44,6 +100,8 @@ pub(crate) enum Action {
     Stop(usize),
     Restart(usize),
     ResetFailed(usize),
+    /// `systemctl reload`: ExecReload= runs.
+    ReloadUnit(usize),
     Gc(usize),
     Reload,
     Reexec,
@@ -61,6 +119,12 @@ pub(crate) struct World {
     pub bus: Bus,
     pub history: BTreeMap<Inv, InvRecord>,
     pub(crate) rng: Rng,
+    pub swarm: Swarm,
+    /// In a wind-down, the operator kills what is left of every invocation of a unit that
+    /// stopped, except these.
+    pub(crate) operator_spares: std::collections::BTreeSet<Inv>,
+    /// systemd is in a daemon-reload (`MANAGER_IS_RELOADING`): no pending change goes out.
+    reloading: bool,
 }
 
 pub(crate) fn hex(inv: Inv) -> String {
@@ -81,22 +145,42 @@ pub(crate) fn short(inv: Inv) -> String {
 }
 
 impl World {
-    /// A world of a few units of random kinds, some running, from `seed`.
+    /// A world of a few units of random kinds, some running, from `seed`, with the seed's own
+    /// swarm of fault rates and unit settings.
     pub(crate) fn new(seed: u64) -> World {
         let mut world = World::empty(seed);
+        let swarm = Swarm::draw(&mut world.rng);
+        world.swarm = swarm;
+        world.bus.lose_percent = swarm.signal_loss;
+        world.bus.error_percent = swarm.method_errors;
+        if swarm.high_serials {
+            world.bus.start_serials_near_max(&mut world.rng);
+        }
+        world.kernel.pid_max = swarm.pid_max;
         let n = 2 + world.rng.below(4);
         for i in 0..n {
             let r = &mut world.rng;
-            let oneshot = r.percent(25);
+            // A rare combination, on purpose: a RemainAfterExit unit with ExecStop= whose
+            // leftovers survive, the kind a late watch finds active/exited.
+            let rare = swarm.rare_combo && r.percent(80);
+            let oneshot = rare || r.percent(25);
+            let restart = match r.below(10) {
+                0..=5 => Restart::No,
+                6 | 7 => Restart::OnFailure,
+                8 => Restart::OnSuccess,
+                _ => Restart::Always,
+            };
             let cfg = UnitConfig {
                 oneshot,
                 exec_start_pre: r.percent(30),
-                remain_after_exit: (oneshot && r.percent(70)) || r.percent(10),
-                kill_process: r.percent(35),
-                exec_stop: r.percent(40),
+                remain_after_exit: rare || (oneshot && r.percent(70)) || r.percent(10),
+                kill_process: rare || r.percent(swarm.kill_process),
+                exec_stop: rare || r.percent(40),
                 exec_stop_post: r.percent(40),
-                restart: r.percent(35),
+                restart: if rare { Restart::No } else { restart },
                 delegate: r.percent(30),
+                exec_reload: r.percent(swarm.exec_reload),
+                no_sigkill: r.percent(swarm.no_sigkill),
             };
             // Transient units (systemd-run) have no unit file to alias.
             let transient = r.percent(50);
@@ -108,12 +192,15 @@ impl World {
                 (format!("s{i}.service"), Vec::new())
             };
             world.add_unit(&name, aliases, cfg);
-            if world.rng.percent(70) {
+            if world.rng.percent(if rare { 95 } else { 70 }) {
                 world.start(i);
                 while !oneshot
                     && matches!(world.units[i].state, SvcState::StartPre | SvcState::Start)
                 {
                     world.progress(i);
+                }
+                if rare && world.units[i].state == SvcState::Start {
+                    world.main_exits(i, true);
                 }
             }
         }
@@ -130,6 +217,9 @@ impl World {
             bus: Bus::new(),
             history: BTreeMap::new(),
             rng: Rng::new(seed),
+            reloading: false,
+            swarm: Swarm::default(),
+            operator_spares: Default::default(),
         }
     }
 
@@ -137,6 +227,7 @@ impl World {
     pub(crate) fn add_unit(&mut self, name: &str, aliases: Vec<String>, cfg: UnitConfig) -> usize {
         self.units.push(Unit {
             cgroup: format!("/app.slice/{name}"),
+            cgroup_known: false,
             name: name.to_owned(),
             aliases,
             cfg,
@@ -209,38 +300,104 @@ impl World {
     }
 
     fn emit(&mut self, signal: SystemdSignal) {
-        let gap = self.gap();
-        self.bus.emit(signal, gap);
+        self.emit_about(signal, 0);
     }
 
-    /// The end of systemd's loop turn: one signal per interface of every changed unit.
+    /// Emits `signal`, which names invocation `inv` (0: none).
+    fn emit_about(&mut self, signal: SystemdSignal, inv: Inv) {
+        let gap = self.gap();
+        if self.bus.lose_percent > 0 && self.rng.percent(self.bus.lose_percent) {
+            self.bus.emit_lost(gap);
+            return;
+        }
+        let over = if self.ended(inv) { inv } else { 0 };
+        self.bus.emit(signal, gap, over);
+    }
+
+    /// The invocations of the same unit that started after `inv`, in order.
+    pub(crate) fn later(&self, inv: Inv) -> Vec<Inv> {
+        let mut out = Vec::new();
+        let mut at = inv;
+        while let Some(next) = self.history.get(&at).and_then(|r| r.next) {
+            out.push(next);
+            at = next;
+        }
+        out
+    }
+
+    /// Whether invocation `inv` has ended in the world.
+    pub(crate) fn ended(&self, inv: Inv) -> bool {
+        self.history.get(&inv).is_some_and(|r| r.ended)
+    }
+
+    /// An error systemd (or the bus daemon) may answer a call with, other than NoSuchUnit.
+    fn method_error(&mut self, stop: bool) -> Option<String> {
+        if self.bus.error_percent == 0 || !self.rng.percent(self.bus.error_percent) {
+            return None;
+        }
+        let errors: &[&str] = if stop {
+            &[
+                "org.freedesktop.DBus.Error.AccessDenied",
+                "org.freedesktop.DBus.Error.LimitsExceeded",
+                "org.freedesktop.systemd1.TransactionIsDestructive",
+            ]
+        } else {
+            &[
+                "org.freedesktop.DBus.Error.AccessDenied",
+                "org.freedesktop.DBus.Error.LimitsExceeded",
+            ]
+        };
+        Some(errors[self.rng.below(errors.len())].to_owned())
+    }
+
+    /// `bus_unit_send_pending_change_signal`: sends the unit's queued change now, unless it
+    /// was never announced and `including_new` is false, or systemd is reloading.
+    pub(crate) fn send_pending(&mut self, u: usize, including_new: bool) {
+        let unit = &self.units[u];
+        if !unit.dirty || !unit.loaded || (!unit.new_sent && !including_new) || self.reloading {
+            return;
+        }
+        self.send_change(u);
+    }
+
+    /// `bus_unit_send_change_signal`: a unit not announced yet gets `UnitNew` alone
+    /// (`send_new_signal`); later ones PropertiesChanged of the Service interface, then of the
+    /// Unit interface (`send_changed_signal`), each with every property marked emits-change.
+    fn send_change(&mut self, u: usize) {
+        self.units[u].dirty = false;
+        let unit = &self.units[u];
+        let name = unit.name.clone();
+        if !unit.new_sent {
+            self.units[u].new_sent = true;
+            self.emit(SystemdSignal::UnitNew { unit: name });
+            return;
+        }
+        let path = unit_path(&name);
+        let service = UnitChange {
+            result: Some(unit.result.to_owned()),
+            exec_main_code: Some(unit.exec_main_code),
+            exec_main_status: Some(unit.exec_main_status),
+            main_pid: Some(unit.main_pid.unwrap_or(0)),
+            control_pid: Some(unit.control_pid.unwrap_or(0)),
+            ..UnitChange::default()
+        };
+        let change = self.unit_change(u);
+        let inv = unit.invocation;
+        self.emit(SystemdSignal::UnitChanged {
+            path: path.clone(),
+            change: service,
+        });
+        self.emit_about(SystemdSignal::UnitChanged { path, change }, inv);
+    }
+
+    /// The end of systemd's loop turn (`manager_dispatch_dbus_queue`): every unit still queued
+    /// sends its change.
     pub(crate) fn flush(&mut self) {
         for u in 0..self.units.len() {
             let unit = &self.units[u];
-            if !unit.dirty || !unit.loaded {
-                continue;
+            if unit.dirty && unit.loaded {
+                self.send_change(u);
             }
-            let name = unit.name.clone();
-            let path = unit_path(&name);
-            let service = UnitChange {
-                result: Some(unit.result.to_owned()),
-                exec_main_code: Some(unit.exec_main_code),
-                exec_main_status: Some(unit.exec_main_status),
-                main_pid: Some(unit.main_pid.unwrap_or(0)),
-                control_pid: Some(unit.control_pid.unwrap_or(0)),
-                ..UnitChange::default()
-            };
-            let change = self.unit_change(u);
-            if !self.units[u].new_sent {
-                self.units[u].new_sent = true;
-                self.emit(SystemdSignal::UnitNew { unit: name });
-            }
-            self.emit(SystemdSignal::UnitChanged {
-                path: path.clone(),
-                change: service,
-            });
-            self.emit(SystemdSignal::UnitChanged { path, change });
-            self.units[u].dirty = false;
         }
     }
 
@@ -275,6 +432,7 @@ impl World {
                 inactive_exit_us: 0,
                 main_pid: 0,
                 control_pid: 0,
+                ended: false,
             };
         };
         let unit = &self.units[u];
@@ -285,8 +443,8 @@ impl World {
             active_state: unit.state.active_state().into(),
             sub_state: unit.state.sub_state().into(),
             invocation: hex(unit.invocation),
-            // systemd forgets the path once it removed the cgroup.
-            control_group: if self.kernel.exists(&unit.cgroup) {
+            // The path systemd knows (`u->cgroup_path`): forgotten once pruned empty.
+            control_group: if unit.cgroup_known {
                 unit.cgroup.clone()
             } else {
                 String::new()
@@ -298,6 +456,7 @@ impl World {
             inactive_exit_us: unit.inactive_exit_us,
             main_pid: unit.main_pid.unwrap_or(0),
             control_pid: unit.control_pid.unwrap_or(0),
+            ended: self.ended(unit.invocation),
         }
     }
 
@@ -319,6 +478,20 @@ impl World {
             }
             if let Some(main) = unit.main_pid {
                 add(5, Action::Fork(main));
+            }
+            // ExecStop=, ExecStopPost=, ExecReload= fork too, and with KillMode=process (or
+            // SendSIGKILL=no) what they fork outlives them.
+            if let Some(control) = unit.control_pid {
+                add(
+                    if self.swarm.rare_combo { 12 } else { 4 },
+                    Action::Fork(control),
+                );
+            }
+            if unit.cfg.exec_reload
+                && unit.job.is_none()
+                && matches!(unit.state, SvcState::Running | SvcState::Exited)
+            {
+                add(2, Action::ReloadUnit(u));
             }
             if !unit.state.running() || !unit.loaded {
                 add(4, Action::Start(u));
@@ -394,9 +567,10 @@ impl World {
                         | SvcState::StopPost
                         | SvcState::FinalSigterm
                         | SvcState::AutoRestart
+                        | SvcState::Reload
                 )
                 || (!unit.state.running()
-                    && self.kernel.exists(&unit.cgroup)
+                    && unit.cgroup_known
                     && !self.kernel.populated(&unit.cgroup)))
     }
 
@@ -423,12 +597,12 @@ impl World {
             Action::Stop(u) => self.request(u, Job::Stop),
             Action::Restart(u) => self.request(u, Job::Restart),
             Action::ResetFailed(u) => {
-                let unit = &mut self.units[u];
-                unit.state = SvcState::Dead;
-                unit.result = "success";
-                unit.dirty = true;
-                format!("{}: reset-failed", unit.name)
+                // `service_reset_failed`: failed enters dead.
+                self.units[u].result = "success";
+                self.set_state(u, SvcState::Dead);
+                format!("{}: reset-failed", self.units[u].name)
             }
+            Action::ReloadUnit(u) => self.reload_unit(u),
             Action::Gc(u) => self.gc(u),
             Action::Reload => self.reload(false),
             Action::Reexec => self.reload(true),
@@ -457,10 +631,11 @@ impl World {
         line
     }
 
+    /// `unit_gc_sweep` → `unit_free`: UnitRemoved, and the cgroup released.
     fn gc(&mut self, u: usize) -> String {
         self.flush();
-        let cgroup = self.units[u].cgroup.clone();
-        self.kernel.rmdir(&cgroup);
+        self.prune_cgroup(u);
+        self.units[u].cgroup_known = false;
         let unit = &mut self.units[u];
         unit.loaded = false;
         let (inv, name) = (unit.invocation, unit.name.clone());
@@ -472,7 +647,12 @@ impl World {
         format!("{name}: garbage-collected (UnitRemoved)")
     }
 
-    /// daemon-reload, or daemon-reexec (which ends with systemd leaving the bus).
+    /// daemon-reload, or daemon-reexec (which ends with systemd leaving the bus):
+    /// `manager_reload` sends Reloading true, UnitRemoved for every unit as it is serialized,
+    /// UnitNew alone for every unit loaded again (`sent_dbus_new_signal` starts false; no
+    /// PropertiesChanged while `MANAGER_IS_RELOADING`), then Reloading false. A unit whose
+    /// cgroup systemd does not hold may come back with another Slice= (`unit_set_slice` is
+    /// refused only while the cgroup is realized): its next invocation runs elsewhere.
     fn reload(&mut self, reexec: bool) -> String {
         self.flush();
         self.emit(SystemdSignal::Reloading(true));
@@ -487,13 +667,27 @@ impl World {
             self.bus.systemd_leaves();
             return format!("daemon-reexec: {} units re-serialized", loaded.len());
         }
+        self.reloading = true;
+        let mut moved = Vec::new();
         for &u in &loaded {
             self.units[u].new_sent = false;
             self.units[u].dirty = true;
+            let unit = &self.units[u];
+            if !unit.cgroup_known && !unit.state.running() && self.rng.percent(10) {
+                let slice = if unit.cgroup.starts_with("/app.slice/") {
+                    "/other.slice"
+                } else {
+                    "/app.slice"
+                };
+                let cgroup = format!("{slice}/{}", unit.name);
+                moved.push(format!("{} now in {cgroup}", unit.name));
+                self.units[u].cgroup = cgroup;
+            }
         }
         self.flush();
+        self.reloading = false;
         self.emit(SystemdSignal::Reloading(false));
-        format!("daemon-reload: {} units", loaded.len())
+        format!("daemon-reload: {} units {}", loaded.len(), moved.join(", "))
     }
 
     fn process_calls(&mut self, n: usize) -> String {
@@ -505,8 +699,17 @@ impl World {
             let Some(mut call) = self.bus.calls.pop_front() else {
                 break;
             };
-            let answer = match call.kind {
-                CallKind::Read(kind) => {
+            let error = self.method_error(call.kind == CallKind::Stop);
+            let answer = match (call.kind, error) {
+                (CallKind::Read(_), Some(error)) => {
+                    self.bus.next_serial(0);
+                    Answer::Read(Err(error))
+                }
+                (CallKind::Stop, Some(error)) => {
+                    self.bus.next_serial(0);
+                    Answer::Stop(Err(error))
+                }
+                (CallKind::Read(kind), None) => {
                     // systemd answers a few of the read's messages now; anything may happen
                     // before it answers the rest.
                     let mut burst = 1 + self.rng.below(kind.parts() - call.parts.len());
@@ -531,7 +734,7 @@ impl World {
                     }
                     Answer::Read(Ok(std::mem::take(&mut call.parts)))
                 }
-                CallKind::Stop => match self.resolve(&call.unit) {
+                (CallKind::Stop, None) => match self.resolve(&call.unit) {
                     Some(u) if self.units[u].loaded => {
                         self.bus.next_serial(0);
                         self.units[u].job = Some(Job::Stop);
@@ -574,7 +777,19 @@ impl World {
             }
             if wind_down && !self.units[u].state.running() {
                 let cgroup = self.units[u].cgroup.clone();
-                if self.kernel.kill_all(&cgroup) > 0 {
+                let killed = if self.operator_spares.is_empty() {
+                    self.kernel.kill_all(&cgroup)
+                } else {
+                    let pids: Vec<Pid> = self
+                        .kernel
+                        .procs
+                        .values()
+                        .filter(|p| p.unit == u && !self.operator_spares.contains(&p.invocation))
+                        .map(|p| p.pid)
+                        .collect();
+                    pids.into_iter().filter(|p| self.kernel.kill(*p)).count()
+                };
+                if killed > 0 {
                     lines.push(format!(
                         "{}: operator kills what is left",
                         self.units[u].name
