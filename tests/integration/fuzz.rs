@@ -436,14 +436,23 @@ fn is_token(token: &str) -> bool {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
 }
 
-fn check_exit_line(line: &str, level: Level, has_record: bool) -> Result<(), String> {
+/// Checks the line and level of `record`: a clean end (result `success`, or an exit 0) is
+/// info and anything else warn; every field shown is a token.
+fn check_exit_line(
+    line: &str,
+    level: Level,
+    record: Option<&exit::ExitRecord>,
+) -> Result<(), String> {
     if !line.bytes().all(|b| b.is_ascii_graphic() || b == b' ') || line.contains(['"', '\\']) {
         return Err(format!("line has unsafe characters: {line:?}"));
     }
-    let clean = line == "instance exited (exit 0)";
-    if (level == Level::Info) != clean {
-        return Err(format!("level {level:?} for {line:?}"));
+    let has_record = record.is_some();
+    let clean_end =
+        record.is_some_and(|r| r.result == "success" || (r.code == "exited" && r.status == "0"));
+    if (level == Level::Info) != clean_end {
+        return Err(format!("level {level:?} for {line:?} of {record:?}"));
     }
+    let clean = line == "instance exited (exit 0)";
     let no_record = line == "instance exited (status unknown: no exit record)";
     if no_record == has_record {
         return Err(format!("{line:?} with a record: {has_record}"));
@@ -452,6 +461,11 @@ fn check_exit_line(line: &str, level: Level, has_record: bool) -> Result<(), Str
         Vec::new()
     } else if let Some(signal) = line.strip_prefix("instance exited: signal ") {
         vec![signal]
+    } else if let Some(result) = line
+        .strip_prefix("instance exited (status unknown: ")
+        .and_then(|rest| rest.strip_suffix(')'))
+    {
+        vec![result]
     } else if let Some(rest) = line.strip_prefix("instance exited: exit ") {
         let (status, result) = rest
             .strip_suffix(')')
@@ -474,7 +488,7 @@ fn check_record(bytes: &[u8]) -> Result<bool, String> {
     }
     let line = exit::exit_line(record.as_ref());
     let level = exit::exit_level(record.as_ref());
-    check_exit_line(&line, level, record.is_some())?;
+    check_exit_line(&line, level, record.as_ref())?;
     if let Some(record) = &record {
         let sanitized = SanitizedRecord::from(record);
         for field in [&sanitized.result, &sanitized.code, &sanitized.status] {
