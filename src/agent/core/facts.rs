@@ -121,6 +121,18 @@ pub(super) struct UnitFacts {
     /// comes back, so every message from it on, to the newest, is about the current one,
     /// though a read may tell it before older signals are handled.
     invocation_since: u32,
+    /// What was known of the current invocation when the connection was lost: serials start
+    /// afresh on the next one, but an InvocationID names one invocation for good, so it is
+    /// taken back if the next connection names the same.
+    before_loss: Option<Box<KnownOfInvocation>>,
+}
+
+/// What the facts gather of one invocation beyond its current values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct KnownOfInvocation {
+    invocation: Invocation,
+    began_us: Option<u64>,
+    roots_seen: Vec<u32>,
 }
 
 /// How many of an invocation's MainPIDs and ControlPIDs the facts keep: one per command it ran
@@ -282,12 +294,31 @@ impl UnitFacts {
             self.began_us = None;
             self.roots_seen.clear();
         }
+        if taken {
+            let known = self.before_loss.take();
+            if let Some(known) =
+                known.filter(|known| previous.value.is_none() && known.invocation == *value)
+            {
+                self.began_us = known.began_us;
+                self.roots_seen = known.roots_seen;
+            }
+        }
         taken
     }
 
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
     pub(super) fn clear(&mut self) {
-        *self = UnitFacts::default();
+        let known = self.invocation.value.take().map(|invocation| {
+            Box::new(KnownOfInvocation {
+                invocation,
+                began_us: self.began_us,
+                roots_seen: std::mem::take(&mut self.roots_seen),
+            })
+        });
+        *self = UnitFacts {
+            before_loss: known.or_else(|| self.before_loss.take()),
+            ..UnitFacts::default()
+        };
     }
 
     /// Whether systemd had the unit loaded, as last said (`None`: not said yet).
@@ -594,5 +625,22 @@ mod tests {
         facts.apply_change(&pids(32, 0), 11);
         facts.apply_change(&pids(0, 0), 12);
         assert_eq!(facts.next_invocation().gone_roots, [32]);
+    }
+    #[test]
+    fn what_was_known_of_an_invocation_outlives_a_lost_connection_if_it_is_named_again() {
+        let known_roots = |next_connection: &str| {
+            let mut facts = UnitFacts::default();
+            facts.apply_change(&change(Some("active"), Some("a")), 1);
+            facts.apply_change(&pids(0, 20), 2);
+            facts.apply_change(&change(Some("deactivating"), Some("a")), 3);
+            facts.apply_change(&pids(0, 0), 4);
+            facts.clear();
+            facts.clear();
+            // Serials start afresh on the next connection.
+            facts.apply_change(&change(Some("inactive"), Some(next_connection)), 1);
+            facts.next_invocation().gone_roots
+        };
+        assert_eq!(known_roots("a"), [20]);
+        assert_eq!(known_roots("b"), Vec::<i32>::new());
     }
 }

@@ -274,8 +274,9 @@ const KNOWN_DEFECTS: &[(&str, &str)] = &[
     ),
     (
         "NO PROOF within the liveness bound, another invocation's leftovers alive",
-        "issue 23 (4), what is left of it: 3 of 14,000 seeds (3823, 4107, 5764), not yet \
-         diagnosed",
+        "issue 23 (4), what is left of it: 2 of 14,000 seeds (3823: the leader was told only \
+         in a Service change no InvocationID followed before the bus was lost; 5764: not yet \
+         diagnosed)",
     ),
     (
         "NO PROOF within the liveness bound$",
