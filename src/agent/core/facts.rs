@@ -378,6 +378,16 @@ impl UnitFacts {
         self.active_state.value.as_deref()
     }
 
+    /// Whether the unit waits to be started again after its invocation ended
+    /// (`service_enter_restart`; systemd said `failed` before): the next start gets a new
+    /// InvocationID.
+    pub(super) fn restarting(&self) -> bool {
+        matches!(
+            self.sub_state.value.as_deref(),
+            Some("auto-restart" | "auto-restart-queued")
+        )
+    }
+
     pub(super) fn sub_state(&self) -> Option<&str> {
         self.sub_state.value.as_deref()
     }

@@ -299,8 +299,8 @@ pub(crate) struct Core {
     generations: HashSet<(String, u64)>,
     next_key: u64,
     bus_up: bool,
-    /// Between `Reloading(true)` and `Reloading(false)`.
-    reloading: bool,
+    /// Since when systemd reloads: between `Reloading(true)` and `Reloading(false)`.
+    reloading: Option<Instant>,
     /// Bumped whenever facts seen before may be stale (reload, bus lost or back): a read
     /// started in an older epoch does not make a unit's facts fresh.
     fact_epoch: u64,
@@ -400,7 +400,7 @@ impl Core {
             generations: HashSet::new(),
             next_key: 0,
             bus_up: false,
-            reloading: false,
+            reloading: None,
             fact_epoch: 0,
             reads_in_flight: 0,
             read_queue: VecDeque::new(),
@@ -739,6 +739,7 @@ impl Core {
     /// The safety net: read every unit's state and cgroup again. Proofs normally come from
     /// events; this exists for whatever an event could have missed.
     fn resync(&mut self, now: Instant) {
+        self.end_reload_never_heard_to_end(now);
         let keys = self.unproven_keys();
         self.count_resync();
         self.log(

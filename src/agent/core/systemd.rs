@@ -31,7 +31,7 @@ fn is_terminal(active_state: &str) -> bool {
 impl Core {
     pub(super) fn on_bus_up(&mut self, _now: Instant) {
         self.bus_up = true;
-        self.reloading = false;
+        self.reloading = None;
         self.fact_epoch += 1;
         for key in self.live_keys() {
             self.read_unit(key);
@@ -43,7 +43,7 @@ impl Core {
             return;
         }
         self.bus_up = false;
-        self.reloading = false;
+        self.reloading = None;
         self.fact_epoch += 1;
         self.log(
             log::Level::Error,
@@ -89,7 +89,7 @@ impl Core {
             // Hints: the unit may have been loaded, unloaded or garbage-collected; only a
             // read says which. During a reload every unit is read once it ends.
             SystemdSignal::UnitRemoved { unit } | SystemdSignal::UnitNew { unit } => {
-                if !self.reloading {
+                if self.reloading.is_none() {
                     for key in self.by_id.get(&unit) {
                         self.read_unit(key);
                     }
@@ -100,7 +100,7 @@ impl Core {
                     log::Level::Debug,
                     "systemd is reloading: no proof from what was seen before".to_owned(),
                 );
-                self.reloading = true;
+                self.reloading = Some(now);
                 self.fact_epoch += 1;
                 for key in self.keys_where(|_| true) {
                     if let Some(watch) = self.units.get_mut(&key) {
@@ -109,14 +109,37 @@ impl Core {
                     self.feed(key, ProofInput::StateUnknown, now);
                 }
             }
-            SystemdSignal::Reloading(false) => {
-                self.reloading = false;
-                self.fact_epoch += 1;
-                for key in self.live_keys() {
-                    self.read_unit(key);
-                }
-            }
+            SystemdSignal::Reloading(false) => self.end_reload(),
         }
+    }
+
+    fn end_reload(&mut self) {
+        self.reloading = None;
+        self.fact_epoch += 1;
+        for key in self.live_keys() {
+            self.read_unit(key);
+        }
+    }
+
+    /// The safety net for a `Reloading(false)` lost on a live connection: a reload that has
+    /// lasted a whole resync interval is taken as over. systemd answers no call while it
+    /// reloads, so whatever a read sent now says is from after the reload.
+    pub(super) fn end_reload_never_heard_to_end(&mut self, now: Instant) {
+        let (Some(since), Some(every)) = (self.reloading, self.config.resync_interval) else {
+            return;
+        };
+        if now.saturating_duration_since(since) < every {
+            return;
+        }
+        self.log(
+            log::Level::Warn,
+            format!(
+                "systemd began a reload {} s ago and was never heard to end it: reading every \
+                 unit again",
+                now.saturating_duration_since(since).as_secs()
+            ),
+        );
+        self.end_reload();
     }
 
     /// Reads a unit's state and cgroup path again; at most one read per unit is in flight,
@@ -127,7 +150,7 @@ impl Core {
             return;
         };
         let live = watch.event.is_none() || watch.unsent_stop.is_some();
-        if !live || !self.bus_up || self.reloading {
+        if !live || !self.bus_up || self.reloading.is_some() {
             return;
         }
         if watch.reads.in_flight {
@@ -185,7 +208,7 @@ impl Core {
         }
         watch.reads.in_flight = false;
         watch.reads.answered = watch.reads.sent;
-        let fresh = watch.reads.epoch == self.fact_epoch && !self.reloading;
+        let fresh = watch.reads.epoch == self.fact_epoch && self.reloading.is_none();
         if let Ok(snapshot) = &result
             && snapshot.loaded
             && *snapshot.id != *watch.id
@@ -417,10 +440,13 @@ impl Core {
         // facts stale, it waits for a fresh read (see `send_unsent_stop`). StopUnit names the
         // unit, not an invocation, so a requested stop goes out only while systemd says ours
         // runs: once it says ours ended, or runs another (or none), the stop would reach
-        // whatever systemd starts next, and ours needs none.
+        // whatever systemd starts next, and ours needs none. `auto-restart` is ours ended
+        // (systemd said `failed` before it, `service_enter_restart`): the next start, which
+        // may already run, gets a new InvocationID.
         let ours_not_running = kind == StopKind::Proof(StopReason::Requested)
             && watch.facts.state().is_some_and(|now| {
                 is_terminal(&now.active_state)
+                    || watch.facts.restarting()
                     || Some(now.invocation.as_str()) != watch.our_invocation()
             });
         // The final stop of a generation goes out only once a read after the proof shows the
@@ -505,7 +531,10 @@ impl Core {
                     && (state.invocation.is_empty()
                         || Some(state.invocation.as_str()) == watch.our_invocation())
             }
-            StopKind::Proof(_) => !terminal && state.invocation == target,
+            StopKind::Proof(StopReason::Requested) => {
+                !terminal && !watch.facts.restarting() && state.invocation == target
+            }
+            StopKind::Proof(StopReason::Foreign) => !terminal && state.invocation == target,
         };
         if still_due {
             self.send_stop(key, kind);

@@ -1230,6 +1230,28 @@ fn a_stop_requested_after_our_invocation_ended_is_not_sent() {
     assert_eq!(s.phase("late.service"), Phase::Stopping);
 }
 
+/// `auto-restart` still names our invocation, but ours ended (systemd said `failed` before
+/// it) and the restart, which may already run, gets a new InvocationID: a stop asked for then
+/// is not sent either.
+#[test]
+fn a_stop_requested_while_ours_waits_to_restart_is_not_sent() {
+    let mut s = watching("again.service", "active");
+    s.changed("again.service", "failed", A);
+    let restarting = UnitChange {
+        active_state: Some("activating".into()),
+        sub_state: Some("auto-restart".into()),
+        invocation: Some(A.into()),
+        ..UnitChange::default()
+    };
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("again.service"),
+        change: restarting,
+    });
+    s.take();
+    s.request(r#"{"cmd":"stop","unit":"again.service"}"#);
+    assert_eq!(s.stops(), [], "ours ended; the restart is not ours to stop");
+}
+
 /// The final stop of a proven generation removes its files: not once the unit has begun
 /// another invocation since ours, even one that is over too.
 #[test]
@@ -1342,4 +1364,42 @@ fn leftovers_are_counted_against_every_invocation_after_ours() {
         })
     );
     assert_eq!(s.phase("l.service"), Phase::Watching, "pid 42 may be ours");
+}
+
+/// A `Reloading(false)` lost on a live connection would leave every unit stale for good: the
+/// safety-net relist takes a reload that has lasted a whole interval as over, and the unit is
+/// proven from a read sent after it.
+#[test]
+fn a_reload_never_heard_to_end_ends_at_the_next_relist() {
+    let every = Duration::from_secs(300);
+    let config = CoreConfig {
+        resync_interval: Some(every),
+        ..config("boot-1")
+    };
+    let mut s = Script::configured(config, AgentState::default());
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/r.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"r.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, cgroup)));
+    s.signal(SystemdSignal::Reloading(true));
+    s.cgroups.insert(cgroup.into(), CgroupReading::Gone);
+    s.changed("r.service", "inactive", A);
+    assert_eq!(
+        s.phase("r.service"),
+        Phase::Watching,
+        "stale while reloading"
+    );
+    s.pass(every / 2);
+    assert_eq!(
+        s.answer_reads(|u| Ok(snapshot(u, "inactive", A, cgroup))),
+        Vec::<String>::new(),
+        "nothing is read while systemd reloads"
+    );
+    s.pass(every);
+    assert_eq!(
+        s.answer_reads(|u| Ok(snapshot(u, "inactive", A, cgroup))),
+        ["r.service"]
+    );
+    assert_eq!(s.phase("r.service"), Phase::Proven);
 }

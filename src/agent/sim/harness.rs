@@ -668,11 +668,7 @@ impl Sim {
                     && let Some(u) = self.unit_by_path(path)
                 {
                     self.seen.entry(u).or_default().insert(parse_inv(inv));
-                    // Told only by what shows it: its own end (auto-restart still names it,
-                    // and a stop cancels the restart), or another invocation.
-                    let shown = parse_inv(inv) != over
-                        || change.active_state.as_deref().is_some_and(terminal);
-                    if over != 0 && shown {
+                    if over != 0 {
                         self.told_over.entry(u).or_default().insert(over);
                     }
                 }
@@ -742,7 +738,7 @@ impl Sim {
                     if let Some(((main, control), _)) = snapshot.current.pids {
                         self.tell_roots(u, [Some(main), Some(control)]);
                     }
-                    if over && terminal(&snapshot.active_state) {
+                    if over {
                         self.told_over.entry(u).or_default().insert(inv);
                     }
                 }
@@ -950,10 +946,6 @@ fn property(name: &str, part: &Snapshot) -> Property {
         "ControlPID" => Property::ControlPid(part.control_pid),
         other => panic!("the simulator does not model the property {other}"),
     }
-}
-
-fn terminal(active_state: &str) -> bool {
-    matches!(active_state, "inactive" | "failed")
 }
 
 fn short_hex(hex: &str) -> &str {
