@@ -85,6 +85,8 @@ pub(crate) struct Sim {
     /// MainPIDs and ControlPIDs of each unit the agent has been told of in this life: the
     /// sessions an agent can know to be another invocation's.
     pub told_roots: BTreeMap<usize, BTreeSet<Pid>>,
+    /// The pids of each unit's last Service change that no Unit change followed yet.
+    unplaced_roots: BTreeMap<usize, [Option<u32>; 2]>,
     /// Units a read was answered of in this life: what the agent is told of a unit before is
     /// of no invocation it can place before or after its own.
     read_units: BTreeSet<usize>,
@@ -175,6 +177,7 @@ impl Sim {
             told_over: BTreeMap::new(),
             told_roots: BTreeMap::new(),
             read_units: BTreeSet::new(),
+            unplaced_roots: BTreeMap::new(),
             stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
             deaths_at_saves: true,
@@ -234,6 +237,7 @@ impl Sim {
         self.told_over.clear();
         self.told_roots.clear();
         self.read_units.clear();
+        self.unplaced_roots.clear();
         self.stopped_ours.clear();
         self.connected = false;
         self.tenant.agent_died();
@@ -260,6 +264,7 @@ impl Sim {
             return;
         }
         self.connected = false;
+        self.unplaced_roots.clear();
         let why = why.to_owned();
         self.log(|| format!("driver: {why}"));
         self.input(Input::BusLost);
@@ -675,7 +680,16 @@ impl Sim {
                 if let SystemdSignal::UnitChanged { path, change } = &signal
                     && let Some(u) = self.unit_by_path(path)
                 {
-                    self.tell_roots(u, [change.main_pid, change.control_pid]);
+                    // A Service change is placed by the InvocationID of the Unit change that
+                    // follows it: until then, nothing tells whose its pids are.
+                    let pids = [change.main_pid, change.control_pid];
+                    if change.invocation.is_some() {
+                        let before = self.unplaced_roots.remove(&u).unwrap_or_default();
+                        self.tell_roots(u, before);
+                        self.tell_roots(u, pids);
+                    } else {
+                        self.unplaced_roots.insert(u, pids);
+                    }
                 }
                 self.input(Input::Signal { serial, signal });
             }
