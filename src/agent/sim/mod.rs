@@ -11,7 +11,9 @@ mod kernel;
 mod oracle;
 mod rng;
 mod service;
+mod step;
 mod tenant;
+mod unit;
 mod world;
 #[cfg(test)]
 mod world_tests;

@@ -294,8 +294,8 @@ impl Oracle {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::sim::service::UnitConfig;
-    use crate::agent::sim::world::Action;
+    use crate::agent::sim::step::Action;
+    use crate::agent::sim::unit::UnitConfig;
 
     #[test]
     fn a_proof_while_exec_stop_may_run_is_false_and_a_late_proof_is_caught() {

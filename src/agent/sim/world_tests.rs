@@ -2,8 +2,9 @@
 
 use super::bus::{Answer, CallKind, Msg, ReadKind};
 use super::kernel::Reading;
-use super::service::{SvcState, UnitConfig};
-use super::world::{Action, World};
+use super::step::Action;
+use super::unit::{SvcState, UnitConfig};
+use super::world::World;
 use crate::systemd::signal::{SystemdSignal, unit_path};
 
 /// A world with one unit of `cfg` and a subscribed agent.
@@ -217,7 +218,7 @@ fn an_automatic_restart_passes_through_failed_with_the_old_invocation() {
     for seed in 0..20 {
         let mut w = World::empty(seed);
         let cfg = UnitConfig {
-            restart: super::service::Restart::OnFailure,
+            restart: super::unit::Restart::OnFailure,
             ..UnitConfig::default()
         };
         w.add_unit("x.service", vec![], cfg);
