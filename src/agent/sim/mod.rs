@@ -3,7 +3,9 @@
 //! in virtual time, and the oracle checks every step.
 //!
 //! `cargo test --lib sim::` runs a bounded number of seeds; `EXITPROOF_SIM_SEEDS=N` runs N,
-//! and `EXITPROOF_SIM_SEED=S` replays seed S and prints its transcript.
+//! and `EXITPROOF_SIM_SEED=S` replays seed S and prints its transcript; with
+//! `EXITPROOF_SIM_SHRINK=1` as well, the transcript of the fewest chaos steps of S that still
+//! fail the same way (`shrink.rs`).
 
 mod bus;
 mod harness;
@@ -11,6 +13,7 @@ mod kernel;
 mod oracle;
 mod rng;
 mod service;
+mod shrink;
 mod step;
 mod tenant;
 mod unit;
@@ -20,6 +23,8 @@ mod world_tests;
 
 use harness::Sim;
 use oracle::LIVENESS_STEPS;
+use shrink::{Draws, Script};
+use world::World;
 
 /// Seeds the bounded run tries (about 11 s in a debug build on the 2-core machine).
 const DEFAULT_SEEDS: u64 = 2000;
@@ -34,6 +39,22 @@ struct Outcome {
     restarts: u32,
     reads_asked_again: u32,
     counts: (u32, u32),
+    /// What each step drew, chaos steps first: what a shrunk replay gives back.
+    tape: Vec<Draws>,
+    chaos_steps: usize,
+}
+
+/// A rule of a test's own, checked after every step besides the oracle's: a violation to
+/// shrink that does not depend on a defect of the core.
+type Rule = fn(&World) -> Option<String>;
+
+/// How a seed is run.
+#[derive(Clone, Copy, Default)]
+struct RunAs<'a> {
+    traced: bool,
+    /// Replayed with only some of its chaos steps (see `shrink.rs`), up to the violation.
+    script: Option<&'a Script>,
+    rule: Option<Rule>,
 }
 
 /// The kind of a violation, for the summary of many seeds.
@@ -219,14 +240,36 @@ impl Sim {
     }
 }
 
-fn run(seed: u64, traced: bool) -> Outcome {
-    let mut sim = Sim::new(seed, traced);
+fn run(seed: u64, how: RunAs) -> Outcome {
+    let mut sim = Sim::new(seed, how.traced);
     let chaos_steps = 150 + sim.rng.below(250);
     let total = chaos_steps + LIVENESS_STEPS as usize + 40;
+    let steps: Vec<usize> = match how.script {
+        Some(script) => script
+            .kept
+            .iter()
+            .copied()
+            .chain(chaos_steps..total)
+            .collect(),
+        None => (0..total).collect(),
+    };
+    sim.rng.take_recorded();
+    sim.world.rng.take_recorded();
+    let mut tape = Vec::with_capacity(total);
     let mut violations = Vec::new();
-    for step in 0..total {
+    for (n, &step) in steps.iter().enumerate() {
         let chaos = step < chaos_steps;
-        sim.log(|| format!("#{step}{}", if chaos { "" } else { " (quiet)" }));
+        if let Some(script) = how.script {
+            sim.rng.replay(&script.tape[step].sim);
+            sim.world.rng.replay(&script.tape[step].world);
+        }
+        sim.log(|| {
+            let quiet = if chaos { "" } else { " (quiet)" };
+            match how.script {
+                Some(_) => format!("#{n} (step {step} of the seed){quiet}"),
+                None => format!("#{step}{quiet}"),
+            }
+        });
         // The agent dies at a save only while faults happen: the quiet phase has none.
         sim.deaths_at_saves = chaos;
         if chaos {
@@ -239,9 +282,22 @@ fn run(seed: u64, traced: bool) -> Outcome {
         if !chaos {
             sim.oracle.quiet_step(&sim.world);
         }
-        for v in std::mem::take(&mut sim.oracle.violations) {
+        tape.push(Draws {
+            sim: sim.rng.take_recorded(),
+            world: sim.world.rng.take_recorded(),
+        });
+        let broken = how.rule.and_then(|rule| rule(&sim.world));
+        for v in std::mem::take(&mut sim.oracle.violations)
+            .into_iter()
+            .chain(broken)
+        {
             sim.log(|| format!("VIOLATION: {v}"));
-            violations.push((step, v));
+            violations.push((n, v));
+        }
+        if let Some(script) = how.script
+            && violations.iter().any(|(_, v)| kind(v) == script.until)
+        {
+            break;
         }
     }
     Outcome {
@@ -252,6 +308,8 @@ fn run(seed: u64, traced: bool) -> Outcome {
         restarts: sim.restarts,
         reads_asked_again: sim.reads_asked_again,
         counts: (sim.counts, sim.counts_holding_current),
+        tape,
+        chaos_steps,
     }
 }
 
@@ -302,15 +360,41 @@ fn seed_base() -> u64 {
 #[test]
 fn simulation() {
     if let Some(seed) = env_u64("EXITPROOF_SIM_SEED") {
-        let outcome = run(seed, true);
+        let swarm = Sim::new(seed, false).world.swarm;
+        if std::env::var("EXITPROOF_SIM_SHRINK").is_ok_and(|v| v == "1") {
+            let Some(shrunk) = shrink::shrink(seed, RunAs::default()) else {
+                println!("seed {seed} does not fail: nothing to shrink");
+                return;
+            };
+            for line in &shrunk.trace {
+                println!("{line}");
+            }
+            println!("swarm of seed {seed}: {swarm:?}");
+            panic!(
+                "seed {seed} fails with {:?}; shrunk from {} chaos steps to {} ({:?}) in {} \
+                 replays",
+                shrunk.kind,
+                shrunk.chaos_steps,
+                shrunk.kept.len(),
+                shrunk.kept,
+                shrunk.replays
+            );
+        }
+        let outcome = run(
+            seed,
+            RunAs {
+                traced: true,
+                ..RunAs::default()
+            },
+        );
         for line in &outcome.trace {
             println!("{line}");
         }
-        println!(
-            "swarm of seed {seed}: {:?}",
-            Sim::new(seed, false).world.swarm
+        println!("swarm of seed {seed}: {swarm:?}");
+        assert!(
+            outcome.violations.is_empty(),
+            "seed {seed} fails; EXITPROOF_SIM_SHRINK=1 shrinks it to a short transcript"
         );
-        assert!(outcome.violations.is_empty(), "seed {seed} fails");
         return;
     }
     let seeds = env_u64("EXITPROOF_SIM_SEEDS").unwrap_or(DEFAULT_SEEDS);
@@ -323,7 +407,7 @@ fn simulation() {
     let (mut proofs, mut races, mut restarts, mut reads_again) = (0, 0, 0, 0);
     let (mut counts, mut holding_current) = (0, 0);
     for seed in base..base + seeds {
-        let outcome = run(seed, false);
+        let outcome = run(seed, RunAs::default());
         proofs += outcome.proofs;
         races += outcome.stop_races;
         restarts += outcome.restarts;
@@ -373,6 +457,7 @@ fn simulation() {
     assert!(
         unknown.is_empty(),
         "{failing} of {seeds} seeds (from {base}, EXITPROOF_SIM_SEED_BASE={base}) fail with \
-         {unknown:?}; replay one with EXITPROOF_SIM_SEED=<seed>"
+         {unknown:?}; replay one with EXITPROOF_SIM_SEED=<seed>, and shrink it to a short \
+         transcript with EXITPROOF_SIM_SHRINK=1 as well"
     );
 }
