@@ -88,6 +88,9 @@ pub(crate) struct Sim {
     drained: Vec<Output>,
     /// Whether the agent may die at a save (a failed save, or a SIGKILL right after one).
     pub deaths_at_saves: bool,
+    /// The faults have stopped (the healing phase): every read of the kernel answers and
+    /// every inotify watch is added.
+    pub healed: bool,
     /// The agent dies at the save just carried out (before or after it was durable): nothing
     /// after that save is carried out.
     dies_at_save: bool,
@@ -170,6 +173,7 @@ impl Sim {
             stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
             deaths_at_saves: true,
+            healed: false,
             dies_at_save: false,
             restarts: 0,
             reads_asked_again: 0,
@@ -375,7 +379,7 @@ impl Sim {
                 if let Some(old) = self.watches.insert(key, cgroup.clone()) {
                     self.world.kernel.unwatch(&old);
                 }
-                let result = if self.rng.percent(3) {
+                let result = if !self.healed && self.rng.percent(3) {
                     self.watches.remove(&key);
                     Err("inotify watch limit reached".to_owned())
                 } else {
@@ -400,7 +404,7 @@ impl Sim {
                 self.answer(Input::Leftovers { key, result }, now);
             }
             Output::ReadCgroup { key, cgroup } => {
-                let reading = if self.rng.percent(2) {
+                let reading = if !self.healed && self.rng.percent(2) {
                     CgroupReading::Unreadable(format!("{cgroup}: EIO"))
                 } else {
                     match self.world.kernel.read(&cgroup) {
@@ -505,7 +509,7 @@ impl Sim {
         next: &NextInvocation,
         held: &[i32],
     ) -> Result<Vec<i32>, String> {
-        if self.rng.percent(2) {
+        if !self.healed && self.rng.percent(2) {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
         }
         let census = census(&self.world, cgroup);
@@ -543,7 +547,7 @@ impl Sim {
             self.counts_holding_current += 1;
         }
         self.leftovers.remove(&key);
-        if self.rng.percent(1) {
+        if !self.healed && self.rng.percent(1) {
             return Err("cannot open a pidfd: EMFILE".into());
         }
         let procs = &self.world.kernel.procs;

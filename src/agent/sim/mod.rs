@@ -24,7 +24,12 @@ mod world_tests;
 use harness::Sim;
 use oracle::LIVENESS_STEPS;
 use shrink::{Draws, Script};
+use step::Acting;
 use world::World;
+
+/// Steps of the healing phase of the seeds that heal under load (`Swarm::heals_under_load`):
+/// long enough that proofs of invocations that end in it are due within it.
+const HEAL_STEPS: usize = 3 * LIVENESS_STEPS as usize;
 
 /// Seeds the bounded run tries (about 11 s in a debug build on the 2-core machine).
 const DEFAULT_SEEDS: u64 = 2000;
@@ -46,6 +51,19 @@ struct Outcome {
     /// What each step drew, chaos steps first: what a shrunk replay gives back.
     tape: Vec<Draws>,
     chaos_steps: usize,
+    /// The seed had a healing phase.
+    healed: bool,
+}
+
+/// A phase of a run.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Faults and the workload.
+    Chaos,
+    /// The workload alone.
+    Heal,
+    /// Neither: the operator winds everything down.
+    Quiet,
 }
 
 /// A rule of a test's own, checked after every step besides the oracle's: a violation to
@@ -105,6 +123,8 @@ fn kind(violation: &str) -> String {
             .next()
             .unwrap_or("")
             .to_owned()
+    } else if violation.starts_with("NO RELEASE") {
+        "NO RELEASE of a launch file within the liveness bound after its proof".into()
     } else if violation.starts_with("NO PROOF") {
         if violation.contains("other invocations' processes live") {
             "NO PROOF within the liveness bound, another invocation's leftovers alive".into()
@@ -147,7 +167,7 @@ impl Sim {
         ];
         match self.rng.weighted(&weights) {
             Some(0) => {
-                if let Some(line) = self.world.random_step(true) {
+                if let Some(line) = self.world.random_step(Acting::Chaos) {
                     self.log(|| format!("world: {line}"));
                 }
             }
@@ -219,6 +239,30 @@ impl Sim {
         for line in self.world.settle(true) {
             self.log(|| format!("world: {line}"));
         }
+        self.catch_up();
+    }
+
+    /// One step of the healing phase: the faults have stopped (no signal lost, every call and
+    /// read answered, no crash), the workload has not: the platform or an outsider acts, then
+    /// systemd and the agent catch up, as in a quiet step.
+    fn heal_step(&mut self) {
+        self.healed = true;
+        self.world.bus.lose_percent = 0;
+        self.world.bus.error_percent = 0;
+        if self.rng.percent(50) {
+            self.tenant_step();
+        } else if let Some(line) = self.world.random_step(Acting::Workload) {
+            self.log(|| format!("world: {line}"));
+        }
+        for line in self.world.settle(false) {
+            self.log(|| format!("world: {line}"));
+        }
+        self.catch_up();
+    }
+
+    /// The agent (started again if it died) catches up: its driver reconnects, every message
+    /// and notification is delivered, and time runs to its next deadline.
+    fn catch_up(&mut self) {
         if self.core.is_none() {
             self.start_agent();
         }
@@ -247,7 +291,9 @@ impl Sim {
 fn run(seed: u64, how: RunAs) -> Outcome {
     let mut sim = Sim::new(seed, how.traced);
     let chaos_steps = 150 + sim.rng.below(250);
-    let total = chaos_steps + LIVENESS_STEPS as usize + 40;
+    let healed = sim.world.swarm.heals_under_load;
+    let quiet_from = chaos_steps + if healed { HEAL_STEPS } else { 0 };
+    let total = quiet_from + LIVENESS_STEPS as usize + 40;
     let steps: Vec<usize> = match how.script {
         Some(script) => script
             .kept
@@ -262,29 +308,38 @@ fn run(seed: u64, how: RunAs) -> Outcome {
     let mut tape = Vec::with_capacity(total);
     let mut violations = Vec::new();
     for (n, &step) in steps.iter().enumerate() {
-        let chaos = step < chaos_steps;
+        let phase = match step {
+            _ if step < chaos_steps => Phase::Chaos,
+            _ if step < quiet_from => Phase::Heal,
+            _ => Phase::Quiet,
+        };
         if let Some(script) = how.script {
             sim.rng.replay(&script.tape[step].sim);
             sim.world.rng.replay(&script.tape[step].world);
         }
         sim.log(|| {
-            let quiet = if chaos { "" } else { " (quiet)" };
+            let phase = match phase {
+                Phase::Chaos => "",
+                Phase::Heal => " (healed, under load)",
+                Phase::Quiet => " (quiet)",
+            };
             match how.script {
-                Some(_) => format!("#{n} (step {step} of the seed){quiet}"),
-                None => format!("#{step}{quiet}"),
+                Some(_) => format!("#{n} (step {step} of the seed){phase}"),
+                None => format!("#{step}{phase}"),
             }
         });
-        // The agent dies at a save only while faults happen: the quiet phase has none.
-        sim.deaths_at_saves = chaos;
-        if chaos {
-            sim.chaos_step();
-        } else {
-            sim.quiet_step();
+        // The agent dies at a save only while faults happen.
+        sim.deaths_at_saves = phase == Phase::Chaos;
+        match phase {
+            Phase::Chaos => sim.chaos_step(),
+            Phase::Heal => sim.heal_step(),
+            Phase::Quiet => sim.quiet_step(),
         }
         sim.notice_bus_gone();
         sim.end_turn();
-        if !chaos {
-            sim.oracle.quiet_step(&sim.world);
+        // Without faults, every owed proof is due within the liveness bound, workload or not.
+        if phase != Phase::Chaos {
+            sim.oracle.quiet_step(&sim.world, phase == Phase::Heal);
         }
         tape.push(Draws {
             sim: sim.rng.take_recorded(),
@@ -314,6 +369,7 @@ fn run(seed: u64, how: RunAs) -> Outcome {
         counts: (sim.counts, sim.counts_holding_current),
         tape,
         chaos_steps,
+        healed,
     }
 }
 
@@ -407,9 +463,10 @@ fn simulation() {
     // in a seed; later ones may be consequences).
     let mut kinds: std::collections::BTreeMap<String, Vec<(u64, usize, String)>> =
         Default::default();
+    let mut healed_seeds = std::collections::BTreeSet::new();
     let mut failing = 0;
     let (mut proofs, mut races, mut restarts, mut reads_again) = (0, 0, 0, 0);
-    let (mut counts, mut holding_current) = (0, 0);
+    let (mut counts, mut holding_current, mut healed) = (0, 0, 0);
     let range = base..base.saturating_add(seeds);
     let regressions = REGRESSION_SEEDS.into_iter().filter(|s| !range.contains(s));
     for seed in regressions.chain(range.clone()) {
@@ -420,6 +477,10 @@ fn simulation() {
         reads_again += outcome.reads_asked_again;
         counts += outcome.counts.0;
         holding_current += outcome.counts.1;
+        healed += u32::from(outcome.healed);
+        if outcome.healed {
+            healed_seeds.insert(seed);
+        }
         failing += usize::from(!outcome.violations.is_empty());
         let mut seen = std::collections::BTreeSet::new();
         for (step, v) in outcome.violations {
@@ -443,10 +504,18 @@ fn simulation() {
         "{counts} leftover counts, {holding_current} of them holding a process of the \
          invocation the unit runs"
     );
+    println!("{healed} seeds healed under load (marked h): faults stopped, the workload went on");
     let strict = std::env::var("EXITPROOF_SIM_STRICT").is_ok_and(|v| v == "1");
     let mut unknown = Vec::new();
     for (k, seeds) in &kinds {
-        let list: Vec<String> = seeds.iter().map(|(s, _, _)| s.to_string()).collect();
+        // A seed that healed under load is marked `h`: its workload went on without faults.
+        let list: Vec<String> = seeds
+            .iter()
+            .map(|(s, _, _)| match healed_seeds.contains(s) {
+                true => format!("{s}h"),
+                false => s.to_string(),
+            })
+            .collect();
         let known = KNOWN_DEFECTS
             .iter()
             .find(|(pattern, _)| match pattern.strip_suffix('$') {

@@ -101,8 +101,8 @@ impl Tenant {
             return;
         };
         let inv = parse_inv(inv);
-        if let Some(path) = asked.launch_file {
-            self.launch_files.insert(path, Some((unit, inv)));
+        if let Some(path) = &asked.launch_file {
+            self.launch_files.insert(path.clone(), Some((unit, inv)));
         }
         if asked.unwatched {
             return;
@@ -110,6 +110,9 @@ impl Tenant {
         self.held.insert(asked.name, Held { unit, inv });
         if view.proof.is_none() {
             oracle.owe(unit, inv);
+            if let Some(path) = &asked.launch_file {
+                oracle.owe_launch_file(path, unit, inv);
+            }
         }
     }
 

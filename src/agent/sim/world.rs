@@ -46,6 +46,9 @@ pub(crate) struct Swarm {
     pub max_reads_in_flight: usize,
     /// Weight of the platform's watches made late (of what runs now).
     pub late_watches: bool,
+    /// After the chaos phase the faults stop but the workload goes on: the platform and
+    /// outsiders keep acting while every owed proof is due within the liveness bound.
+    pub heals_under_load: bool,
 }
 
 impl Swarm {
@@ -70,6 +73,7 @@ impl Swarm {
             spare_unwatched: r.percent(50),
             max_reads_in_flight: if r.percent(20) { 1 + r.below(3) } else { 32 },
             late_watches: r.percent(40),
+            heals_under_load: false,
         };
         // The rare combination is only worth its seeds if the platform watches late.
         swarm.late_watches |= swarm.rare_combo;
@@ -235,6 +239,14 @@ impl World {
             at = next;
         }
         out
+    }
+
+    /// Whether a process of unit `u` lives that was started under an invocation older than
+    /// `inv` (neither `inv` nor one started after it).
+    pub(crate) fn older_leftovers(&self, u: usize, inv: Inv) -> bool {
+        let later = self.later(inv);
+        let mut procs = self.kernel.procs.values();
+        procs.any(|p| p.unit == u && p.invocation != inv && !later.contains(&p.invocation))
     }
 
     /// Whether invocation `inv` has ended in the world.
