@@ -1,8 +1,8 @@
 //! Regressions for five defects of the proof against real systemd: a RemainAfterExit unit's
 //! empty ControlGroup taken for "gone", a new invocation's cgroup taken for the one watched
 //! before, a requested (or a generation's final) stop reaching an invocation that is not ours,
-//! a foreign invocation's leftovers holding up our proof, and systemd's own exit status worded
-//! as an exit 0 it never recorded.
+//! a foreign invocation's leftovers (an orphan included) holding up our proof, and systemd's
+//! own exit status worded as an exit 0 it never recorded.
 //!
 //! Each test checks what the agent must do, and names the defect it guards. Waits are
 //! generous; nothing here asserts speed. "Not proven for a while" is an observation of a few
@@ -49,6 +49,10 @@ pub const TESTS: &[Test] = &[
     (
         "a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof",
         a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof,
+    ),
+    (
+        "an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof",
+        an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof,
     ),
     (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
@@ -653,6 +657,73 @@ fn a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof() {
     assert_eq!(event["cause"], "restarted-outside", "{event}");
     assert_still_in(&sandbox, &cgroup, &theirs);
     kill_pids(&theirs);
+}
+
+/// Defect 4, an orphan: the invocation started outside the agent has an `ExecStartPre=`
+/// that backgrounds a `sleep` and exits. The `sleep` is orphaned in the session systemd
+/// began for that `ExecStartPre=` (its ControlPID), whose leader is gone, and `KillMode=process`
+/// leaves it when the agent stops that invocation. An orphan in a session whose leader is gone
+/// could be an orphaned child of a leftover of ours, but systemd named that leader as the other
+/// invocation's ControlPID: our invocation is proven `restarted-outside` while it lives.
+///
+/// Failed before the agent kept the MainPIDs and ControlPIDs that are gone: no proof at all.
+fn an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof() {
+    let sandbox = Sandbox::start("foreignorphan");
+    sandbox.install_unit(
+        "orphaned.service",
+        "[Service]\nKillMode=process\n\
+         ExecStartPre=/bin/sh -c 'if [ -e /run/orphaned.fork ]; then sleep 1000 & fi'\n\
+         ExecStart=/bin/sleep 1000\n",
+    );
+    sandbox.systemctl_ok(&["start", "orphaned.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("orphaned.service", "InvocationID");
+    let cgroup = sandbox.show("orphaned.service", "ControlGroup");
+    agent.one(&["watch", "orphaned.service"]);
+
+    touch(&sandbox, "/run/orphaned.fork");
+    let second = {
+        // Paused, so that the agent's first reading after ours ended finds the other
+        // invocation's processes (as in the test above).
+        let _paused = agent.pause();
+        sandbox.systemctl_ok(&["restart", "orphaned.service"]);
+        let second = wait_for_new_invocation(&sandbox, "orphaned.service", &ours);
+        sandbox.wait_until(
+            "the new invocation runs beside its orphan",
+            PATIENCE,
+            || {
+                sandbox.show("orphaned.service", "ActiveState") == "active"
+                    && sleepers(&sandbox, &cgroup).len() == 2
+            },
+        );
+        second
+    };
+
+    sandbox.wait_until("the agent stopped the foreign invocation", PATIENCE, || {
+        matches!(
+            sandbox.show("orphaned.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        ) && sandbox.show("orphaned.service", "InvocationID") == second
+    });
+    let orphan = sleepers(&sandbox, &cgroup);
+    assert_eq!(
+        orphan.len(),
+        1,
+        "setup: invocation {second}'s orphan is left over in {cgroup}"
+    );
+
+    let out = agent.cli(&["--json", "wait", "orphaned.service", "--timeout", "20s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "no proof of our invocation {ours} within 20 s, though only the orphan {orphan:?} of \
+         the foreign invocation {second}'s ExecStartPre= lives in {cgroup}: {out:?}"
+    );
+    let event: Value = serde_json::from_slice(&out.stdout).expect("a proof event");
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "restarted-outside", "{event}");
+    assert_still_in(&sandbox, &cgroup, &orphan);
+    kill_pids(&orphan);
 }
 
 /// Defect 5, a start that timed out: `ExecStartPre=` runs past `TimeoutStartSec=`, systemd

@@ -108,13 +108,37 @@ pub(super) struct UnitFacts {
     main_pid: Stamped<u32>,
     control_pid: Stamped<u32>,
     /// The serial of the last message that still carried the previous InvocationID: what
-    /// systemd said after it is about the current invocation.
-    previous_invocation_until: u32,
+    /// systemd said after it is about the current invocation (`None`: all it said is).
+    previous_invocation_until: Option<u32>,
     /// When the current invocation began (InactiveExitTimestamp said while it had begun),
     /// kept once it ends: an invocation over again reads `inactive` like one yet to begin,
     /// whose InactiveExitTimestamp is still the previous invocation's.
     began_us: Option<u64>,
+    /// Every MainPID and ControlPID said of the current invocation, newest last, at most
+    /// [`MAX_ROOTS_SEEN`]: the sessions they began are the invocation's after they are gone.
+    roots_seen: Vec<u32>,
+    /// The oldest message known to carry the current InvocationID: an InvocationID never
+    /// comes back, so every message from it on, to the newest, is about the current one,
+    /// though a read may tell it before older signals are handled.
+    invocation_since: u32,
+    /// What was known of the current invocation when the connection was lost: serials start
+    /// afresh on the next one, but an InvocationID names one invocation for good, so it is
+    /// taken back if the next connection names the same.
+    before_loss: Option<Box<KnownOfInvocation>>,
 }
+
+/// What the facts gather of one invocation beyond its current values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct KnownOfInvocation {
+    invocation: Invocation,
+    began_us: Option<u64>,
+    roots_seen: Vec<u32>,
+}
+
+/// How many of an invocation's MainPIDs and ControlPIDs the facts keep: one per command it ran
+/// (ExecCondition=, ExecStartPre=, ExecStart=, ExecStartPost=, ExecReload=, ExecStop=,
+/// ExecStopPost=); the oldest go first, and a session forgotten only makes its orphans wait.
+const MAX_ROOTS_SEEN: usize = 8;
 
 impl UnitFacts {
     /// Applies a read. Returns true if the invocation changed.
@@ -125,7 +149,11 @@ impl UnitFacts {
             .offer(&word(&snapshot.active_state), snapshot.serial);
         self.sub_state
             .offer(&word(&snapshot.sub_state), snapshot.serial);
-        self.offer_invocation(&Invocation::new(&snapshot.invocation), snapshot.serial);
+        self.offer_invocation(
+            &Invocation::new(&snapshot.invocation),
+            snapshot.serial,
+            true,
+        );
         if let Some((exit, serial)) = &snapshot.exit {
             self.result
                 .offer_some(exit.result.as_deref().map(word).as_ref(), *serial);
@@ -141,6 +169,13 @@ impl UnitFacts {
             self.main_pid.offer(&main, serial);
             self.control_pid.offer(&control, serial);
         }
+        let (pids, serial) = current
+            .pids
+            .filter(|_| self.invocation.value == Some(Invocation::new(&snapshot.invocation)))
+            .map_or(([0, 0], snapshot.serial), |((main, control), serial)| {
+                ([main, control], serial)
+            });
+        self.note_roots(pids, serial);
         self.note_beginning();
         before.is_some() && before != self.invocation.value
     }
@@ -167,10 +202,14 @@ impl UnitFacts {
         let changed = match &change.invocation {
             Some(v) => {
                 let v = Invocation::new(v);
-                self.offer_invocation(&v, serial) && before.is_some() && before != Some(v)
+                self.offer_invocation(&v, serial, false) && before.is_some() && before != Some(v)
             }
             None => false,
         };
+        self.note_roots(
+            [change.main_pid, change.control_pid].map(Option::unwrap_or_default),
+            serial,
+        );
         self.note_beginning();
         changed
     }
@@ -180,6 +219,33 @@ impl UnitFacts {
         if let Some(began_us) = self.current_began_us() {
             self.began_us = Some(began_us);
         }
+    }
+
+    /// Keeps a MainPID and ControlPID (0: none) said in message `serial` of the current
+    /// invocation, even when a newer message said they changed since: each began a session.
+    /// What the current values say is kept too: the Service interface's change comes just
+    /// before the InvocationID of the same change.
+    fn note_roots(&mut self, pids: [u32; 2], serial: u32) {
+        let of_current = self.said_of_current(serial);
+        let said = pids.into_iter().filter(|_| of_current);
+        let current = self.current_roots().into_iter().flatten();
+        for pid in said.chain(current).filter(|pid| *pid > 0) {
+            if !self.roots_seen.contains(&pid) {
+                if self.roots_seen.len() == MAX_ROOTS_SEEN {
+                    self.roots_seen.remove(0);
+                }
+                self.roots_seen.push(pid);
+            }
+        }
+    }
+
+    /// The MainPID and ControlPID said of the current invocation, those that are set.
+    fn current_roots(&self) -> [Option<u32>; 2] {
+        [&self.main_pid, &self.control_pid].map(|stamped| {
+            stamped
+                .value
+                .filter(|pid| *pid > 0 && self.said_of_current(stamped.serial))
+        })
     }
 
     /// When the current invocation began, if systemd says it has begun: InactiveExitTimestamp
@@ -196,25 +262,63 @@ impl UnitFacts {
             .filter(|us| began && *us > 0 && self.said_of_current(self.inactive_exit_us.serial))
     }
 
-    /// Whether a value of message `serial` is about the current invocation.
+    /// Whether a value of message `serial` is about the current invocation: said after the
+    /// previous one's last message, or no older than the oldest message known to carry the
+    /// current one (an InvocationID never comes back).
     fn said_of_current(&self, serial: u32) -> bool {
-        self.invocation.value.is_some() && newer(serial, self.previous_invocation_until)
+        self.invocation.value.is_some()
+            && (self
+                .previous_invocation_until
+                .is_none_or(|until| newer(serial, until))
+                || !newer(self.invocation_since, serial))
     }
 
     /// Takes a newer InvocationID, remembering until when the previous one was said.
-    fn offer_invocation(&mut self, value: &Invocation, serial: u32) -> bool {
+    fn offer_invocation(&mut self, value: &Invocation, serial: u32, told_by_read: bool) -> bool {
         let previous = self.invocation.clone();
         let taken = self.invocation.offer(value, serial);
-        if taken && previous.value.as_ref().is_some_and(|old| old != value) {
-            self.previous_invocation_until = previous.serial;
+        let same = previous.value.as_ref() == Some(value);
+        if (taken && !same) || (same && newer(self.invocation_since, serial)) {
+            self.invocation_since = serial;
+        }
+        if taken && !same {
+            // In order, signals tell where the previous one ended; the first signal has
+            // nothing before it but its own Service interface's change. A read (handled before
+            // older signals) may tell one after others the agent has not seen: only from its
+            // own message on is anything about it.
+            self.previous_invocation_until = match previous.value {
+                _ if told_by_read => Some(serial.wrapping_sub(1)),
+                Some(_) => Some(previous.serial),
+                None => None,
+            };
             self.began_us = None;
+            self.roots_seen.clear();
+        }
+        if taken {
+            let known = self.before_loss.take();
+            if let Some(known) =
+                known.filter(|known| previous.value.is_none() && known.invocation == *value)
+            {
+                self.began_us = known.began_us;
+                self.roots_seen = known.roots_seen;
+            }
         }
         taken
     }
 
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
     pub(super) fn clear(&mut self) {
-        *self = UnitFacts::default();
+        let known = self.invocation.value.take().map(|invocation| {
+            Box::new(KnownOfInvocation {
+                invocation,
+                began_us: self.began_us,
+                roots_seen: std::mem::take(&mut self.roots_seen),
+            })
+        });
+        *self = UnitFacts {
+            before_loss: known.or_else(|| self.before_loss.take()),
+            ..UnitFacts::default()
+        };
     }
 
     /// Whether systemd had the unit loaded, as last said (`None`: not said yet).
@@ -244,16 +348,23 @@ impl UnitFacts {
     /// last message that carried the previous InvocationID, so they cannot be an earlier one's
     /// (systemd sends a service's MainPID before the InvocationID of the same change).
     pub(super) fn next_invocation(&self) -> NextInvocation {
-        let roots = [&self.main_pid, &self.control_pid]
+        let as_pid = |pid: u32| i32::try_from(pid).ok();
+        let roots: Vec<i32> = self
+            .current_roots()
             .into_iter()
-            .filter(|stamped| self.said_of_current(stamped.serial))
-            .filter_map(|stamped| stamped.value)
-            .filter(|pid| *pid > 0)
-            .filter_map(|pid| i32::try_from(pid).ok())
+            .flatten()
+            .filter_map(as_pid)
+            .collect();
+        let gone_roots = self
+            .roots_seen
+            .iter()
+            .filter_map(|pid| as_pid(*pid))
+            .filter(|pid| !roots.contains(pid))
             .collect();
         NextInvocation {
             began_us: self.current_began_us().or(self.began_us),
             roots,
+            gone_roots,
         }
     }
 
@@ -416,6 +527,7 @@ mod tests {
             NextInvocation {
                 began_us: Some(5_000),
                 roots: vec![20],
+                gone_roots: vec![],
             }
         );
     }
@@ -442,6 +554,7 @@ mod tests {
             NextInvocation {
                 began_us: Some(7_000),
                 roots: vec![30],
+                gone_roots: vec![],
             }
         );
     }
@@ -471,5 +584,63 @@ mod tests {
         assert!(newer(5, 4));
         assert!(!newer(4, 5));
         assert!(!newer(7, 7));
+    }
+    fn pids(main: u32, control: u32) -> UnitChange {
+        UnitChange {
+            main_pid: Some(main),
+            control_pid: Some(control),
+            ..UnitChange::default()
+        }
+    }
+
+    #[test]
+    fn every_main_and_control_pid_of_the_next_invocation_is_kept_once_gone() {
+        let mut facts = UnitFacts::default();
+        facts.apply_change(&change(Some("active"), Some("a")), 1);
+        // The Service interface's change comes just before the new InvocationID.
+        facts.apply_change(&pids(0, 20), 2);
+        facts.apply_change(&change(Some("inactive"), Some("b")), 3);
+        facts.apply_change(&pids(21, 0), 4);
+        facts.apply_change(&change(Some("activating"), None), 5);
+        facts.apply_change(&pids(0, 0), 6);
+        let next = facts.next_invocation();
+        assert_eq!(next.roots, Vec::<i32>::new());
+        assert_eq!(next.gone_roots, [20, 21]);
+        // Another invocation: what was b's is not its.
+        facts.apply_change(&change(Some("inactive"), Some("c")), 7);
+        assert_eq!(facts.next_invocation().gone_roots, Vec::<i32>::new());
+    }
+
+    #[test]
+    fn pids_older_than_the_read_that_told_the_invocation_are_not_its() {
+        let mut facts = UnitFacts::default();
+        // A read tells invocation b before older signals are handled: they may be of a, or
+        // of an invocation between a and b.
+        facts.apply_snapshot(&snapshot(10, "active", "b"));
+        facts.apply_change(&pids(30, 0), 7);
+        facts.apply_change(&change(Some("inactive"), Some("x")), 8);
+        facts.apply_change(&pids(31, 0), 9);
+        assert_eq!(facts.next_invocation().gone_roots, Vec::<i32>::new());
+        // From the read on, what is said is b's.
+        facts.apply_change(&pids(32, 0), 11);
+        facts.apply_change(&pids(0, 0), 12);
+        assert_eq!(facts.next_invocation().gone_roots, [32]);
+    }
+    #[test]
+    fn what_was_known_of_an_invocation_outlives_a_lost_connection_if_it_is_named_again() {
+        let known_roots = |next_connection: &str| {
+            let mut facts = UnitFacts::default();
+            facts.apply_change(&change(Some("active"), Some("a")), 1);
+            facts.apply_change(&pids(0, 20), 2);
+            facts.apply_change(&change(Some("deactivating"), Some("a")), 3);
+            facts.apply_change(&pids(0, 0), 4);
+            facts.clear();
+            facts.clear();
+            // Serials start afresh on the next connection.
+            facts.apply_change(&change(Some("inactive"), Some(next_connection)), 1);
+            facts.next_invocation().gone_roots
+        };
+        assert_eq!(known_roots("a"), [20]);
+        assert_eq!(known_roots("b"), Vec::<i32>::new());
     }
 }

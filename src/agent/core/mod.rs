@@ -803,7 +803,10 @@ impl Core {
             return;
         }
         let cgroup = watch.control_group.to_string();
-        let next = watch.facts.next_invocation();
+        let mut next = watch.facts.next_invocation();
+        if let Some(after_ours) = &watch.after_ours {
+            next.absorb(after_ours);
+        }
         let held = watch.leftovers.iter().chain(gone).copied().collect();
         self.outputs.push_back(Output::CountLeftovers {
             key,
@@ -868,13 +871,31 @@ impl Core {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
-        if watch.stale {
-            return;
-        }
         let Some(state) = watch.facts.state() else {
             return;
         };
-        self.feed(key, ProofInput::State(state), now);
+        // What was said before a reload is no less true of the past.
+        self.note_after_ours(key, &state.invocation);
+        if self.units.get(&key).is_some_and(|watch| !watch.stale) {
+            self.feed(key, ProofInput::State(state), now);
+        }
+    }
+
+    /// Gathers what systemd says of an invocation after ours, for [`Core::count_leftovers`].
+    /// Only once the first read is in: before it, a signal sent before ours began may name an
+    /// earlier invocation; from it on, the facts only move to later ones.
+    fn note_after_ours(&mut self, key: UnitKey, invocation: &str) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let ours = watch.proof.as_ref().map(|proof| proof.invocation());
+        if ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
+            return;
+        }
+        let later = watch.facts.next_invocation();
+        if later != NextInvocation::default() {
+            watch.after_ours.get_or_insert_default().absorb(&later);
+        }
     }
 
     fn drive(&mut self, key: UnitKey, now: Instant) {

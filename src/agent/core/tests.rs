@@ -11,6 +11,7 @@ use crate::systemd::signal::{UnitChange, unit_path};
 
 const A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 const B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+const C: &str = "cccccccccccccccccccccccccccccccc";
 const CLIENT: u64 = 1;
 
 /// A core, a clock and a fake cgroup file system; synchronous outputs are answered at once,
@@ -769,6 +770,7 @@ fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
         Some(NextInvocation {
             began_us: Some(5_000_000),
             roots: vec![300],
+            gone_roots: vec![],
         })
     );
     assert_eq!(s.phase("n.service"), Phase::Proven, "none of ours left");
@@ -1297,4 +1299,47 @@ fn restarted_outside_waits_until_the_stopped_invocation_is_over() {
     let views = s.list();
     let proof = views[0].proof.as_ref().expect("a proof");
     assert_eq!(proof.cause, Cause::RestartedOutside);
+}
+
+/// After ours, the unit ran one invocation, then another. What the first of them left in the
+/// cgroup is no more ours than what the second leaves: a count is made against the earliest
+/// beginning systemd told and every session they began, though the facts keep only the
+/// current invocation's.
+#[test]
+fn leftovers_are_counted_against_every_invocation_after_ours() {
+    let mut s = watching("l.service", "active");
+    let cgroup = "/app.slice/l.service";
+    s.leftovers.insert(cgroup.into(), vec![41]);
+    s.changed("l.service", "inactive", A);
+    let begins = |invocation: &str, began_us: u64, main_pid: u32| UnitChange {
+        active_state: Some("activating".into()),
+        invocation: Some(invocation.into()),
+        inactive_exit_us: Some(began_us),
+        main_pid: Some(main_pid),
+        ..UnitChange::default()
+    };
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("l.service"),
+        change: begins(B, 5_000_000, 300),
+    });
+    s.changed("l.service", "inactive", B);
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("l.service"),
+        change: begins(C, 9_000_000, 400),
+    });
+    // A count is made again once a process it held exits.
+    s.leftovers.insert(cgroup.into(), vec![42]);
+    s.input(Input::LeftoverExited {
+        key: UnitKey(0),
+        pid: 41,
+    });
+    assert_eq!(
+        s.counted_against,
+        Some(NextInvocation {
+            began_us: Some(5_000_000),
+            roots: vec![400],
+            gone_roots: vec![300],
+        })
+    );
+    assert_eq!(s.phase("l.service"), Phase::Watching, "pid 42 may be ours");
 }

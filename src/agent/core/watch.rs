@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::control_group::ControlGroup;
 use super::event::{ProofEvent, WatchView};
 use super::facts::UnitFacts;
-use super::{ReplyTo, StopKind, UnitKey};
+use super::{NextInvocation, ReplyTo, StopKind, UnitKey};
 use crate::cgroup::CgroupReading;
 use crate::control::protocol::WatchSpec;
 use crate::memory::shrink_when_sparse;
@@ -130,6 +130,10 @@ pub(super) struct Watch {
     /// Processes in the cgroup that may be ours, followed until they exit, while a new
     /// invocation runs beside them.
     pub leftovers: BTreeSet<i32>,
+    /// What systemd said of the invocations after ours, gathered as they came: the facts keep
+    /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
+    /// most watches never see one.
+    pub after_ours: Option<Box<NextInvocation>>,
     /// A proof waiting for its exit record before it is told.
     pub proof_pending: Option<Box<Proof>>,
     pub event: Option<Box<ProofEvent>>,
@@ -162,6 +166,7 @@ impl Watch {
             timer: None,
             terminal_at: None,
             leftovers: BTreeSet::new(),
+            after_ours: None,
             proof_pending: None,
             event: None,
             release: spec

@@ -82,6 +82,12 @@ pub(crate) struct Sim {
     /// Invocations of each unit the agent has been told are over: a message naming them sent
     /// after they ended in the world.
     told_over: BTreeMap<usize, BTreeSet<Inv>>,
+    /// MainPIDs and ControlPIDs of each unit the agent has been told of in this life: the
+    /// sessions an agent can know to be another invocation's.
+    pub told_roots: BTreeMap<usize, BTreeSet<Pid>>,
+    /// Units a read was answered of in this life: what the agent is told of a unit before is
+    /// of no invocation it can place before or after its own.
+    read_units: BTreeSet<usize>,
     /// Keys that sent a stop of their own invocation (requested) in this life of the agent.
     stopped_ours: BTreeSet<UnitKey>,
     /// Outputs of the drain under way, for the launch-file rule.
@@ -170,6 +176,8 @@ impl Sim {
             connected: false,
             seen: BTreeMap::new(),
             told_over: BTreeMap::new(),
+            told_roots: BTreeMap::new(),
+            read_units: BTreeSet::new(),
             stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
             deaths_at_saves: true,
@@ -264,6 +272,8 @@ impl Sim {
         self.key_invs.clear();
         self.seen.clear();
         self.told_over.clear();
+        self.told_roots.clear();
+        self.read_units.clear();
         self.stopped_ours.clear();
         self.connected = false;
         self.tenant.agent_died();
@@ -698,15 +708,32 @@ impl Sim {
                     && let Some(u) = self.unit_by_path(path)
                 {
                     self.seen.entry(u).or_default().insert(parse_inv(inv));
-                    if over != 0 {
+                    // Told only by what shows it: its own end (auto-restart still names it,
+                    // and a stop cancels the restart), or another invocation.
+                    let shown = parse_inv(inv) != over
+                        || change.active_state.as_deref().is_some_and(terminal);
+                    if over != 0 && shown {
                         self.told_over.entry(u).or_default().insert(over);
                     }
+                }
+                if let SystemdSignal::UnitChanged { path, change } = &signal
+                    && let Some(u) = self.unit_by_path(path)
+                {
+                    self.tell_roots(u, [change.main_pid, change.control_pid]);
                 }
                 self.input(Input::Signal { serial, signal });
             }
             Msg::SystemdLeft => self.bus_lost("systemd left the bus (NameOwnerChanged)"),
         }
         true
+    }
+
+    fn tell_roots(&mut self, u: usize, pids: [Option<u32>; 2]) {
+        if !self.read_units.contains(&u) {
+            return;
+        }
+        let told = self.told_roots.entry(u).or_default();
+        told.extend(pids.into_iter().flatten().filter(|pid| *pid > 0));
     }
 
     fn unit_by_path(&self, path: &str) -> Option<usize> {
@@ -751,7 +778,11 @@ impl Sim {
                 {
                     let inv = parse_inv(&snapshot.invocation);
                     self.seen.entry(u).or_default().insert(inv);
-                    if over {
+                    self.read_units.insert(u);
+                    if let Some(((main, control), _)) = snapshot.current.pids {
+                        self.tell_roots(u, [Some(main), Some(control)]);
+                    }
+                    if over && terminal(&snapshot.active_state) {
                         self.told_over.entry(u).or_default().insert(inv);
                     }
                 }
@@ -961,6 +992,10 @@ fn property(name: &str, part: &Snapshot) -> Property {
     }
 }
 
+fn terminal(active_state: &str) -> bool {
+    matches!(active_state, "inactive" | "failed")
+}
+
 fn short_hex(hex: &str) -> &str {
     if hex.is_empty() { "-" } else { &hex[..6] }
 }
@@ -985,6 +1020,10 @@ fn show_input(input: &Input) -> String {
                     .result
                     .as_deref()
                     .map_or(String::new(), |r| format!("result {r}"))
+                    + &[("main", change.main_pid), ("control", change.control_pid)]
+                        .iter()
+                        .filter_map(|(name, pid)| pid.map(|pid| format!(" {name} {pid}")))
+                        .collect::<String>()
             }
             other => format!("signal #{serial} {other:?}"),
         },

@@ -126,7 +126,11 @@ fn kind(violation: &str) -> String {
     } else if violation.starts_with("NO RELEASE") {
         "NO RELEASE of a launch file within the liveness bound after its proof".into()
     } else if violation.starts_with("NO PROOF") {
-        if violation.contains("other invocations' processes live") {
+        if violation.contains("orphans of sessions it was never told of") {
+            "NO PROOF within the liveness bound, orphans of another invocation's untold sessions \
+             alive"
+                .into()
+        } else if violation.contains("other invocations' processes live") {
             "NO PROOF within the liveness bound, another invocation's leftovers alive".into()
         } else {
             "NO PROOF within the liveness bound".into()
@@ -339,7 +343,9 @@ fn run(seed: u64, how: RunAs) -> Outcome {
         sim.end_turn();
         // Without faults, every owed proof is due within the liveness bound, workload or not.
         if phase != Phase::Chaos {
-            sim.oracle.quiet_step(&sim.world, phase == Phase::Heal);
+            let under_load = phase == Phase::Heal;
+            sim.oracle
+                .quiet_step(&sim.world, &sim.told_roots, under_load);
         }
         tape.push(Draws {
             sim: sim.rng.take_recorded(),
@@ -386,13 +392,13 @@ const KNOWN_DEFECTS: &[(&str, &str)] = &[
     (
         "StopUnit (Requested) hits the invocation started after ours was over",
         "issue 23 (3), what is left of it: a requested stop while the agent's facts still say \
-         ours runs, though the platform had named the newer invocation in a request (2 of \
-         2,000 seeds)",
+         ours runs (5 of 14,000 seeds, none of the first 2,000), not yet diagnosed",
     ),
     (
         "NO PROOF within the liveness bound, another invocation's leftovers alive",
-        "issue 23 (4), what is left of it: a leftover of the foreign invocation the agent \
-         stopped is counted as possibly ours (a control process's child, reparented; seed 0)",
+        "issue 23 (4), what is left of it: 2 of 14,000 seeds (3823: the leader was told only \
+         in a Service change no InvocationID followed before the bus was lost; 5764: not yet \
+         diagnosed)",
     ),
     (
         "NO PROOF within the liveness bound$",
@@ -400,6 +406,14 @@ const KNOWN_DEFECTS: &[(&str, &str)] = &[
          signalled inactive with the NEW InvocationID (service_start) is never proven",
     ),
 ];
+
+/// Kinds no agent can avoid without risking a false proof, tolerated even by
+/// `EXITPROOF_SIM_STRICT=1`. An orphan in a session whose leader is gone, when the agent was
+/// never told that leader as a MainPID or ControlPID, may be another invocation's, or a child
+/// our own leftover forked after the next invocation began: the agent counts it as possibly
+/// ours and waits for it (README, "What a proof means").
+const LIMITS: &[&str] =
+    &["NO PROOF within the liveness bound, orphans of another invocation's untold sessions alive"];
 
 /// The seeds a run tries: `EXITPROOF_SIM_SEED_BASE` (a number, or `random`) moves the first
 /// one, so CI can try new seeds each run; the base is printed to replay with
@@ -522,11 +536,16 @@ fn simulation() {
                 Some(exact) => k == exact,
                 None => k.starts_with(pattern),
             });
-        let tag = known.map_or("NEW", |(_, defect)| defect);
+        let limit = LIMITS.contains(&k.as_str());
+        let tag = match known {
+            _ if limit => "a limit no agent can avoid",
+            Some((_, defect)) => defect,
+            None => "NEW",
+        };
         println!("{} seeds: {k} [{tag}]: {}", seeds.len(), list.join(" "));
         let (seed, step, v) = &seeds[0];
         println!("    e.g. seed {seed} step {step}: {v}");
-        if known.is_none() || strict {
+        if !limit && (known.is_none() || strict) {
             unknown.push(format!("{k:?} (seeds {})", list.join(" ")));
         }
     }

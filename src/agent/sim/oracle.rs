@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::kernel::Inv;
+use super::kernel::{Inv, Pid, Proc};
 use super::world::{World, short};
 use crate::control::wire::Cause;
 
@@ -273,7 +273,15 @@ impl Oracle {
     /// closer to its deadline. Under load no operator kills what an older invocation of the
     /// unit left (KillMode=process), and the agent cannot tell such an orphan forked while ours
     /// ran from one of ours: no proof is due while one lives.
-    pub(crate) fn quiet_step(&mut self, w: &World, under_load: bool) {
+    /// `told_roots`: the MainPIDs and ControlPIDs of each unit the agent was told of. Another
+    /// invocation's orphan in a session none of them began cannot be told from an orphaned
+    /// child of our own leftover: the agent must wait for it, and the line says so.
+    pub(crate) fn quiet_step(
+        &mut self,
+        w: &World,
+        told_roots: &BTreeMap<usize, BTreeSet<Pid>>,
+        under_load: bool,
+    ) {
         let mut late = Vec::new();
         for ((u, inv), owed) in self.owed.iter_mut() {
             if !w.over(*inv) || under_load && w.older_leftovers(*u, *inv) {
@@ -284,17 +292,34 @@ impl Oracle {
             *n += 1;
             if *n == LIVENESS_STEPS {
                 let unit = &w.units[*u];
-                let others: Vec<String> = w
+                let others: Vec<&Proc> = w
                     .kernel
                     .procs
                     .values()
                     .filter(|p| p.unit == *u && p.invocation != *inv)
-                    .map(|p| format!("{} of {}", p.pid, short(p.invocation)))
                     .collect();
+                let untold = |p: &&Proc| {
+                    let leader_gone = w
+                        .kernel
+                        .procs
+                        .get(&p.session)
+                        .is_none_or(|leader| leader.session != p.session);
+                    p.session != p.pid
+                        && leader_gone
+                        && !told_roots
+                            .get(u)
+                            .is_some_and(|told| told.contains(&p.session))
+                };
                 let why = if others.is_empty() {
                     "nothing of another invocation is left".to_owned()
+                } else if others.iter().any(untold) {
+                    let untold: Vec<&Proc> = others.iter().copied().filter(untold).collect();
+                    format!(
+                        "other invocations' orphans of sessions it was never told of: {}",
+                        describe(&untold)
+                    )
                 } else {
-                    format!("other invocations' processes live: {}", others.join(", "))
+                    format!("other invocations' processes live: {}", describe(&others))
                 };
                 late.push(format!(
                     "NO PROOF of {} inv {}: over for {LIVENESS_STEPS} quiet steps ({}/{}, {why})",
@@ -322,6 +347,14 @@ impl Oracle {
         }
         self.violations.extend(late);
     }
+}
+
+fn describe(procs: &[&Proc]) -> String {
+    let each: Vec<String> = procs
+        .iter()
+        .map(|p| format!("{} of {}", p.pid, short(p.invocation)))
+        .collect();
+    each.join(", ")
 }
 
 #[cfg(test)]
@@ -360,7 +393,7 @@ mod tests {
         }
         assert!(w.over(inv));
         for _ in 0..LIVENESS_STEPS {
-            oracle.quiet_step(&w, false);
+            oracle.quiet_step(&w, &BTreeMap::new(), false);
         }
         assert_eq!(oracle.violations.len(), 1, "{:?}", oracle.violations);
         oracle.on_proof(&w, 0, inv, Cause::Exited, false);

@@ -93,6 +93,33 @@ pub(crate) struct NextInvocation {
     pub began_us: Option<u64>,
     /// Its MainPID and ControlPID, if known (non-zero).
     pub roots: Vec<i32>,
+    /// Every other MainPID and ControlPID systemd named for it before (an ExecStartPre=, an
+    /// ExecStart= that has exited): each began a session of its own, which its orphans keep.
+    pub gone_roots: Vec<i32>,
+}
+
+/// How many gone roots a [`NextInvocation`] keeps; the oldest go first, and a session
+/// forgotten only makes its orphans wait.
+const MAX_GONE_ROOTS: usize = 16;
+
+impl NextInvocation {
+    /// Adds what is known of another invocation after the one counted for: a process that
+    /// began after the earliest of them began, or in a session one of them began, is not the
+    /// counted one's either.
+    pub(crate) fn absorb(&mut self, later: &NextInvocation) {
+        self.began_us = match (self.began_us, later.began_us) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        for pid in later.roots.iter().chain(&later.gone_roots) {
+            if !self.roots.contains(pid) && !self.gone_roots.contains(pid) {
+                if self.gone_roots.len() == MAX_GONE_ROOTS {
+                    self.gone_roots.remove(0);
+                }
+                self.gone_roots.push(*pid);
+            }
+        }
+    }
 }
 
 /// How far up the parent chain a process is followed to a root of the current invocation.
@@ -104,13 +131,17 @@ const MAX_ANCESTRY: usize = 64;
 /// orphaned. So, for each process, the first that applies:
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
-/// 2. it or an ancestor was held before, or it is in the session of a process held before or
-///    started before `next` began: earlier;
-/// 3. an ancestor started before `next` began (the child of a leftover is a leftover): earlier;
-/// 4. it is in a session whose leader is gone (not one it began itself): earlier, an orphan
-///    of a session that is not known to be `next`'s (if it is, `next` has lost the process
-///    that began it, and systemd is about to end `next` too: the wait is short);
-/// 5. earlier unless it started certainly at or after `next` began.
+/// 2. an ancestor within the census was held before or started before `next` began (the
+///    child of a leftover is a leftover): earlier;
+/// 3. it is a member of the session of one of `next`'s gone roots: `next`'s, even if held
+///    before for want of knowing that root. The kernel does not hand out a pid still in use as
+///    a session id, so the session is the one that root began, or one begun after that root
+///    was gone, which is after `next` began;
+/// 4. it was held before, or it is in the session of a process held before or started before
+///    `next` began: earlier;
+/// 5. it is in a session whose leader is gone (not one it began itself): earlier, an orphan
+///    of a session that is not known to be `next`'s;
+/// 6. earlier unless it started certainly at or after `next` began.
 ///
 /// An uncertain start counts as earlier: this errs toward waiting. What it cannot see: a child
 /// that a leftover of ours forks after `next` began and that starts a session of its own,
@@ -165,10 +196,19 @@ pub(crate) fn earlier_processes<'a>(
             return false;
         }
         let chain = lineage(process);
-        chain.iter().any(|p| held.contains(&p.pid))
+        let ancestors = &chain[1..];
+        if ancestors
+            .iter()
+            .any(|p| held.contains(&p.pid) || !began_after(p))
+        {
+            return true;
+        }
+        if next.gone_roots.contains(&process.session) && process.session != process.pid {
+            return false;
+        }
+        held.contains(&process.pid)
             || held_sessions.contains(&process.session)
             || earlier_sessions.contains(&process.session)
-            || chain.iter().skip(1).any(|p| !began_after(p))
             || (process.session != process.pid && !by_pid.contains_key(&process.session))
             || !began_after(process)
     };

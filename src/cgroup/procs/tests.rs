@@ -928,3 +928,104 @@ fn list_processes_reads_threaded_subtrees_through_their_domain() {
         other => panic!("a threaded unit cgroup gave {other:?}"),
     }
 }
+
+/// A process of a census: `pid`, its parent, its session, and its start in ticks (100 a
+/// second, so tick 500 is 5 s).
+fn process(pid: i32, ppid: i32, session: i32, start_ticks: u64) -> ProcessInfo {
+    ProcessInfo {
+        pid,
+        ppid,
+        session,
+        start_ticks,
+        comm: b"sleep".to_vec(),
+        state: 'S',
+        cgroup: std::path::PathBuf::new(),
+    }
+}
+
+fn earlier_pids(census: &[ProcessInfo], next: &NextInvocation, held: &[i32]) -> Vec<i32> {
+    let basis = ClockBasis {
+        clk_tck: 100,
+        boot_minus_mono_ns: 0,
+    };
+    earlier_processes(census, next, &basis, held)
+        .into_iter()
+        .map(|p| p.pid)
+        .collect()
+}
+
+/// The next invocation began at 5 s; its ExecStartPre= (pid 50, gone now) began session 50.
+fn next_with_gone_root() -> NextInvocation {
+    NextInvocation {
+        began_us: Some(5_000_000),
+        roots: vec![],
+        gone_roots: vec![50],
+    }
+}
+
+#[test]
+fn an_orphan_in_the_session_of_a_gone_root_of_the_next_invocation_is_not_ours() {
+    // Orphaned (parent 1), its session's leader gone: without the gone root it would be
+    // counted as possibly ours, an orphaned child of a leftover of ours.
+    let orphan = process(60, 1, 50, 600);
+    let next = next_with_gone_root();
+    assert_eq!(
+        earlier_pids(std::slice::from_ref(&orphan), &next, &[]),
+        Vec::<i32>::new()
+    );
+    let unknown = NextInvocation {
+        gone_roots: vec![],
+        ..next_with_gone_root()
+    };
+    assert_eq!(earlier_pids(&[orphan], &unknown, &[]), [60]);
+}
+
+#[test]
+fn a_gone_root_frees_what_an_earlier_count_held_for_want_of_it() {
+    let orphan = process(60, 1, 50, 600);
+    assert_eq!(
+        earlier_pids(&[orphan], &next_with_gone_root(), &[60]),
+        Vec::<i32>::new()
+    );
+}
+
+#[test]
+fn a_gone_roots_session_does_not_outweigh_an_older_parent() {
+    // Pid 70 started at 1 s, before the next invocation: what it forks is a leftover too,
+    // whatever session it is in.
+    let census = [process(70, 1, 70, 100), process(71, 70, 50, 600)];
+    assert_eq!(earlier_pids(&census, &next_with_gone_root(), &[]), [70, 71]);
+}
+
+#[test]
+fn a_process_whose_pid_was_a_gone_root_is_not_taken_for_it() {
+    // Pid 50 was reused and began a session of its own: it is not the gone root, and it
+    // started before the next invocation.
+    let reused = process(50, 1, 50, 100);
+    assert_eq!(earlier_pids(&[reused], &next_with_gone_root(), &[]), [50]);
+}
+
+#[test]
+fn what_is_known_of_later_invocations_adds_up() {
+    let mut next = NextInvocation {
+        began_us: Some(9_000_000),
+        roots: vec![90],
+        gone_roots: vec![],
+    };
+    next.absorb(&NextInvocation {
+        began_us: Some(5_000_000),
+        roots: vec![50],
+        gone_roots: vec![51, 90],
+    });
+    assert_eq!(
+        next,
+        NextInvocation {
+            began_us: Some(5_000_000),
+            roots: vec![90],
+            gone_roots: vec![50, 51],
+        },
+        "the earliest beginning; every other root, once"
+    );
+    next.absorb(&NextInvocation::default());
+    assert_eq!(next.began_us, Some(5_000_000));
+}
