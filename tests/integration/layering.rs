@@ -1,10 +1,12 @@
 //! The layering ARCHITECTURE.md declares ("Architecture invariants"), checked on the source
-//! text of `src/`: the pure cores import no driver module and no crate that does I/O, and the
-//! top-level modules import one another without cycles.
+//! text of `src/`: the pure cores import no driver module and no crate that does I/O, the
+//! top-level modules import one another without cycles, and no two files import each other.
 //!
 //! Every path a file names is read: `use` trees (groups expanded) and paths in code, with
 //! `super::` and `self::` resolved against the file's module. Test code (`tests.rs`, modules
-//! under `#[cfg(test)]`) is left out: it may use anything.
+//! under `#[cfg(test)]`) is left out of the module checks: it may use anything. The file check
+//! reads every file, test code included: two files that import each other are one module split
+//! in two, whatever they are for.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -175,6 +177,199 @@ fn the_check_sees_the_imports_that_are_there() {
     }
 }
 
+/// No two files of `src/` import each other: of two files that need each other, neither can
+/// be read, tested or changed alone. A file imports another when it names a path into the
+/// module that file is (`use crate::a::b`, `use super::x`, `super::x::f()`, a child `x::f()`).
+/// A module and the file of a child it declares are one module tree, whose child sees the
+/// parent's private items by design: they may.
+#[test]
+fn no_two_source_files_import_each_other() {
+    let imports = file_imports();
+    let mut pairs = Vec::new();
+    for (from, tos) in &imports {
+        for (to, place) in tos {
+            let back = imports.get(to).and_then(|edges| edges.get(from));
+            if let Some(back) = back
+                && from < to
+                && !parent_and_child(from, to)
+            {
+                pairs.push(format!(
+                    "  {} <-> {} ({place}; {back})",
+                    from.display(),
+                    to.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        pairs.is_empty(),
+        "files import each other (move what both need into the lower one):\n{}",
+        pairs.join("\n")
+    );
+}
+
+/// The file check reads what it should: a child named without `crate::`, `super::` in a file of
+/// tests, and `super::*` in an inline test module (the file's own module, not its parent).
+#[test]
+fn the_file_check_sees_the_imports_that_are_there() {
+    let imports = file_imports();
+    let edge = |from: &str, to: &str| {
+        imports
+            .get(Path::new(from))
+            .is_some_and(|edges| edges.contains_key(Path::new(to)))
+    };
+    for (from, to) in [
+        ("src/agent/sim/mod.rs", "src/agent/sim/harness.rs"),
+        ("src/agent/sim/world_tests.rs", "src/agent/sim/bus.rs"),
+        ("src/agent/mod.rs", "src/agent/core/mod.rs"),
+    ] {
+        assert!(edge(from, to), "{from} -> {to} not seen");
+    }
+    assert!(
+        !edge("src/agent/sim/kernel.rs", "src/agent/sim/mod.rs"),
+        "the inline test module's `super::*` is kernel.rs itself"
+    );
+}
+
+/// Whether one of two files is a module and the other a child module it declares.
+fn parent_and_child(a: &Path, b: &Path) -> bool {
+    let (a, b) = (crate_and_module(a), crate_and_module(b));
+    let child_of = |child: &(String, Vec<String>), parent: &(String, Vec<String>)| {
+        child.0 == parent.0 && child.1.len() == parent.1.len() + 1 && child.1.starts_with(&parent.1)
+    };
+    child_of(&a, &b) || child_of(&b, &a)
+}
+
+/// Which file of `src/` imports which, each edge with one place it is made (`file:line`).
+fn file_imports() -> BTreeMap<PathBuf, BTreeMap<PathBuf, String>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    every_rs_file(&root.join("src"), &mut files);
+    // Each crate's modules that have a file: (crate, module path) -> file.
+    let modules: BTreeMap<(String, Vec<String>), PathBuf> = files
+        .iter()
+        .map(|file| {
+            let path = file.strip_prefix(root).unwrap_or(file).to_owned();
+            (crate_and_module(&path), path)
+        })
+        .collect();
+    let mut imports: BTreeMap<PathBuf, BTreeMap<PathBuf, String>> = BTreeMap::new();
+    for ((krate, module), path) in &modules {
+        let text = fs::read_to_string(root.join(path))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let code = code_only(&text);
+        let inline = inline_modules(&code);
+        for (line, named) in paths_named(&code) {
+            let mut within = module.clone();
+            within.extend(inline[line - 1].iter().cloned());
+            let Some(to) = file_named(&modules, krate, &within, &named) else {
+                continue;
+            };
+            if to != path {
+                let place = format!("{}:{line}", path.display());
+                imports
+                    .entry(path.clone())
+                    .or_default()
+                    .entry(to.clone())
+                    .or_insert(place);
+            }
+        }
+    }
+    imports
+}
+
+fn every_rs_file(dir: &Path, files: &mut Vec<PathBuf>) {
+    let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            every_rs_file(&path, files);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+}
+
+/// The crate a file of `src/` belongs to (`lib`, `main`, or `bin/NAME`), and its module there.
+fn crate_and_module(path: &Path) -> (String, Vec<String>) {
+    let parts: Vec<String> = path
+        .with_extension("")
+        .iter()
+        .skip(1)
+        .map(|part| part.to_string_lossy().into_owned())
+        .collect();
+    match parts.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        ["main"] => ("main".to_owned(), Vec::new()),
+        ["bin", name, ..] => (format!("bin/{name}"), Vec::new()),
+        _ => {
+            let mut module = parts;
+            if module
+                .last()
+                .is_some_and(|last| last == "mod" || last == "lib")
+            {
+                module.pop();
+            }
+            ("lib".to_owned(), module)
+        }
+    }
+}
+
+/// For each line of `code` (see [`code_only`]), the inline modules (`mod tests { … }`) it is in.
+fn inline_modules(code: &str) -> Vec<Vec<String>> {
+    let mut open: Vec<(String, usize)> = Vec::new();
+    let mut depth = 0;
+    let mut lines = Vec::new();
+    for line in code.lines() {
+        if let Some(name) = module_declared(line.trim())
+            && line.contains('{')
+        {
+            open.push((name, depth + 1));
+        }
+        lines.push(open.iter().map(|(name, _)| name.clone()).collect());
+        for c in line.chars() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        open.retain(|(_, body_depth)| *body_depth <= depth);
+    }
+    // A last line with no newline still has its entry; `lines()` gives one per line.
+    lines.push(Vec::new());
+    lines
+}
+
+/// The file a path names, as module `module` of crate `krate` means it: the file of the longest
+/// leading part of it that is a module with a file. `None` for another crate's path.
+fn file_named<'a>(
+    modules: &'a BTreeMap<(String, Vec<String>), PathBuf>,
+    krate: &str,
+    module: &[String],
+    named: &str,
+) -> Option<&'a PathBuf> {
+    let segments: Vec<String> = named.split("::").map(str::to_owned).collect();
+    let (krate, absolute) = match resolve(module, named, 0) {
+        Some(resolved) if resolved.ours => (krate, resolved.path),
+        // The binaries name the library by its crate's name.
+        _ if krate != "lib" && segments[0] == "exitproof" => ("lib", segments[1..].to_vec()),
+        // A path that begins with a child module of this one (`use harness::Sim;`).
+        _ => {
+            let mut child = module.to_vec();
+            child.push(segments[0].clone());
+            if !modules.contains_key(&(krate.to_owned(), child)) {
+                return None;
+            }
+            let mut absolute = module.to_vec();
+            absolute.extend(segments);
+            (krate, absolute)
+        }
+    };
+    (0..=absolute.len())
+        .rev()
+        .find_map(|len| modules.get(&(krate.to_owned(), absolute[..len].to_vec())))
+}
+
 /// Why `named` is no core's to import, if it is not.
 fn forbidden(named: &Named) -> Option<&'static str> {
     let path: Vec<&str> = named.path.iter().map(String::as_str).collect();
@@ -257,7 +452,7 @@ fn library() -> Vec<Source> {
 /// Reads `file` (module `module`) and, through its `mod` declarations, its children.
 fn visit(src: &Path, file: &Path, module: Vec<String>, sources: &mut Vec<Source>) {
     let text = fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    let code = without_comments(&text);
+    let code = code_only(&text);
     let (code, test_children) = without_test_code(&code);
     // `a.rs` and `a/mod.rs` keep their children in `a/`; `lib.rs` in `src/`.
     let dir = if file
@@ -293,17 +488,85 @@ fn visit(src: &Path, file: &Path, module: Vec<String>, sources: &mut Vec<Source>
     });
 }
 
-/// `text` with its comments blanked (lines kept, so line numbers still hold).
-fn without_comments(text: &str) -> String {
-    text.lines()
-        .map(|line| match line.find("//") {
-            // A `//` inside a string literal ends the scan of that line early, which can only
-            // hide a path, never invent one.
-            Some(at) => &line[..at],
-            None => line,
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
+/// `text` with its comments, string literals and character literals blanked (newlines kept, so
+/// line numbers still hold): what is left is code, whose braces balance and whose paths are
+/// paths.
+fn code_only(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut i = 0;
+    while i < chars.len() {
+        let end = literal_end(&chars, i);
+        if end > i {
+            out.extend(
+                chars[i..end]
+                    .iter()
+                    .map(|c| if *c == '\n' { '\n' } else { ' ' }),
+            );
+            i = end;
+        } else {
+            out.push(chars[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Where the comment or literal that begins at `i` ends (`i` itself if none begins there).
+fn literal_end(chars: &[char], i: usize) -> usize {
+    let at = |k: usize| chars.get(k).copied().unwrap_or('\0');
+    let after = |from: usize, end: &[char]| {
+        (from..chars.len())
+            .find(|k| chars[*k..].starts_with(end))
+            .map_or(chars.len(), |k| k + end.len())
+    };
+    // A raw string whose `#`s begin at `k`; a raw identifier (`r#type`) is none.
+    let raw = |k: usize| {
+        let hashes = chars[k..].iter().take_while(|c| **c == '#').count();
+        if at(k + hashes) != '"' {
+            return i;
+        }
+        let mut end = vec!['"'];
+        end.extend(std::iter::repeat_n('#', hashes));
+        after(k + hashes + 1, &end)
+    };
+    let word_start = i == 0 || !is_ident(chars[i - 1]);
+    match (at(i), at(i + 1)) {
+        ('/', '/') => (i..chars.len())
+            .find(|k| chars[*k] == '\n')
+            .unwrap_or(chars.len()),
+        ('/', '*') => {
+            let (mut depth, mut k) = (0, i);
+            while k < chars.len() {
+                if chars[k..].starts_with(&['/', '*']) {
+                    depth += 1;
+                    k += 2;
+                } else if chars[k..].starts_with(&['*', '/']) {
+                    depth -= 1;
+                    k += 2;
+                    if depth == 0 {
+                        return k;
+                    }
+                } else {
+                    k += 1;
+                }
+            }
+            chars.len()
+        }
+        ('"', _) => {
+            let mut k = i + 1;
+            while k < chars.len() && chars[k] != '"' {
+                k += if chars[k] == '\\' { 2 } else { 1 };
+            }
+            k + 1
+        }
+        ('r', '"' | '#') if word_start => raw(i + 1),
+        ('b', 'r') if word_start && matches!(at(i + 2), '"' | '#') => raw(i + 2),
+        ('\'', '\\') => after(i + 2, &['\'']),
+        // A character literal, not a lifetime (`'a`).
+        ('\'', _) if at(i + 2) == '\'' => i + 3,
+        _ => i,
+    }
 }
 
 /// `code` without its inline `#[cfg(test)] mod … { … }` (cut to the end: test modules come
@@ -355,10 +618,17 @@ fn module_declared(line: &str) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-/// Every path `source` names: its `use` trees expanded, and the paths in its code.
+/// Every path `source` names, made absolute.
 fn names(source: &Source) -> Vec<Named> {
+    paths_named(&source.code)
+        .into_iter()
+        .filter_map(|(line, path)| resolve(&source.module, &path, line))
+        .collect()
+}
+
+/// Every path `code` names, with its line: its `use` trees expanded, and the paths in its code.
+fn paths_named(code: &str) -> Vec<(usize, String)> {
     let mut named = Vec::new();
-    let code = &source.code;
     let mut rest_of_code = String::with_capacity(code.len());
     let mut at = 0;
     // `use` statements first, as their groups need expanding; the rest is scanned for paths.
@@ -370,18 +640,14 @@ fn names(source: &Source) -> Vec<Named> {
             .chars()
             .filter(|c| !c.is_whitespace())
             .collect();
-        for path in expand(&tree) {
-            named.extend(resolve(&source.module, &path, line));
-        }
+        named.extend(expand(&tree).into_iter().map(|path| (line, path)));
         // Keep the lines so later line numbers hold.
         rest_of_code.push_str(&"\n".repeat(code[found..end].matches('\n').count()));
         at = end;
     }
     rest_of_code.push_str(&code[at..]);
     for (i, line) in rest_of_code.lines().enumerate() {
-        for path in paths_in(line) {
-            named.extend(resolve(&source.module, &path, i + 1));
-        }
+        named.extend(paths_in(line).into_iter().map(|path| (i + 1, path)));
     }
     named
 }

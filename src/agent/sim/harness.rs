@@ -20,7 +20,7 @@ use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, ReadKind, Sna
 use super::kernel::{Inv, Pid, Reading, TICK_US, within};
 use super::oracle::{Oracle, StopSent, StopWhy, parse_inv};
 use super::rng::Rng;
-use super::tenant::Tenant;
+use super::tenant::{Request, Tenant};
 use super::world::{Swarm, World};
 use crate::agent::core::{
     AgentState, Answer, Core, CoreConfig, Input, Output, StateSave, StopKind, UnitKey,
@@ -28,7 +28,7 @@ use crate::agent::core::{
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
-use crate::control::protocol::RequestId;
+use crate::control::protocol::{RequestId, parse_request};
 use crate::proof::StopReason;
 use crate::systemd::signal::{SystemdSignal, unit_path};
 use crate::systemd::snapshot::{
@@ -36,7 +36,6 @@ use crate::systemd::snapshot::{
     UNIT_PROPERTIES, UnitSnapshot, properties_asked,
 };
 
-/// What one simulated run is made of.
 /// What a call in flight is for.
 #[derive(Clone, Copy, Debug)]
 enum CallFor {
@@ -45,6 +44,7 @@ enum CallFor {
     Stop(StopKind),
 }
 
+/// What one simulated run is made of.
 pub(crate) struct Sim {
     pub rng: Rng,
     pub world: World,
@@ -68,13 +68,13 @@ pub(crate) struct Sim {
     /// first read (`None` until that read).
     key_invs: BTreeMap<UnitKey, Option<Inv>>,
     /// The watch request being handed in: a new key read now is for it (name, invocation).
-    pub asking: Option<(String, Option<Inv>)>,
+    asking: Option<(String, Option<Inv>)>,
     /// The state the running agent was started from.
     restored: AgentState,
     /// The last watch-creating request of each name in this life of the agent.
-    pub asked_names: BTreeMap<String, Option<Inv>>,
+    asked_names: BTreeMap<String, Option<Inv>>,
     /// Requests the agent answered with an error during the request being handed in.
-    pub refused: BTreeSet<u64>,
+    refused: BTreeSet<u64>,
     /// The driver has fed BusUp since the last BusLost.
     pub connected: bool,
     /// Invocations of each unit the agent has been told of (in a signal or a read).
@@ -96,6 +96,9 @@ pub(crate) struct Sim {
     drained: Vec<Output>,
     /// Whether the agent may die at a save (a failed save, or a SIGKILL right after one).
     pub deaths_at_saves: bool,
+    /// The faults have stopped (the healing phase): every read of the kernel answers and
+    /// every inotify watch is added.
+    pub healed: bool,
     /// The agent dies at the save just carried out (before or after it was durable): nothing
     /// after that save is carried out.
     dies_at_save: bool,
@@ -181,6 +184,7 @@ impl Sim {
             stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
             deaths_at_saves: true,
+            healed: false,
             dies_at_save: false,
             restarts: 0,
             reads_asked_again: 0,
@@ -220,6 +224,42 @@ impl Sim {
             core.save_snapshot(now);
         }
         self.drain();
+    }
+
+    /// A new connection of the platform, subscribed to proofs.
+    fn subscribe(&mut self) {
+        let request = self.tenant.subscribe();
+        self.request(request);
+    }
+
+    /// The platform does one thing.
+    pub(crate) fn tenant_step(&mut self) {
+        let request = self
+            .tenant
+            .act(&mut self.rng, &self.world, &mut self.oracle);
+        self.request(request);
+    }
+
+    /// Hands a request of the platform to the agent: a key read for the first time meanwhile
+    /// is for the watch it asks for.
+    fn request(&mut self, request: Request) {
+        let Request { id, client, json } = request;
+        let parsed = parse_request(json.to_string().as_bytes()).expect("a valid request");
+        let unit = json["unit"].as_str().map(str::to_owned);
+        let inv = json["invocation"].as_str().map(parse_inv);
+        self.asking = unit.clone().map(|u| (u, inv));
+        self.input(Input::Request {
+            client,
+            request: parsed,
+        });
+        self.asking = None;
+        // A request refused at once (say, a watch with other options) made no watch: the key
+        // read later (after a reconnection) under its name is the existing one.
+        if let Some(unit) = unit
+            && !std::mem::take(&mut self.refused).contains(&id)
+        {
+            self.asked_names.insert(unit, inv);
+        }
     }
 
     /// SIGKILL: everything in flight is lost; only the saved state survives.
@@ -354,7 +394,7 @@ impl Sim {
                 if let Some(old) = self.watches.insert(key, cgroup.clone()) {
                     self.world.kernel.unwatch(&old);
                 }
-                let result = if self.rng.percent(3) {
+                let result = if !self.healed && self.rng.percent(3) {
                     self.watches.remove(&key);
                     Err("inotify watch limit reached".to_owned())
                 } else {
@@ -379,7 +419,7 @@ impl Sim {
                 self.answer(Input::Leftovers { key, result }, now);
             }
             Output::ReadCgroup { key, cgroup } => {
-                let reading = if self.rng.percent(2) {
+                let reading = if !self.healed && self.rng.percent(2) {
                     CgroupReading::Unreadable(format!("{cgroup}: EIO"))
                 } else {
                     match self.world.kernel.read(&cgroup) {
@@ -484,7 +524,7 @@ impl Sim {
         next: &NextInvocation,
         held: &[i32],
     ) -> Result<Vec<i32>, String> {
-        if self.rng.percent(2) {
+        if !self.healed && self.rng.percent(2) {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
         }
         let census = census(&self.world, cgroup);
@@ -522,7 +562,7 @@ impl Sim {
             self.counts_holding_current += 1;
         }
         self.leftovers.remove(&key);
-        if self.rng.percent(1) {
+        if !self.healed && self.rng.percent(1) {
             return Err("cannot open a pidfd: EMFILE".into());
         }
         let procs = &self.world.kernel.procs;

@@ -4,8 +4,8 @@
 //! start one under X, and for a cause the world's history bears out; a launch file is removed
 //! at most once and only with its proof; a StopUnit never hits an invocation the watch does
 //! not own, unless the watch saw it and decided on a foreign stop.
-//! Liveness: once X is over and the world is quiet, its proof comes within a bounded number of
-//! steps.
+//! Liveness: once X is over and faults have stopped, its proof comes within a bounded number of
+//! steps, and so does the removal of the launch file of its generation once it is proven.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -55,6 +55,9 @@ pub(crate) struct Oracle {
     owed: BTreeMap<(usize, Inv), Owed>,
     proven: BTreeSet<(usize, Inv)>,
     removed: BTreeSet<String>,
+    /// Launch files of acknowledged watches, with the (unit, invocation) whose proof releases
+    /// them (unless it is replaced after a stop) and the steps without faults since that proof.
+    launch_files: BTreeMap<String, ((usize, Inv), Option<u32>)>,
     /// Invocations of each unit a watch judged foreign (it sent a foreign stop knowing them).
     foreign: BTreeMap<usize, BTreeSet<Inv>>,
     /// StopUnits that hit an invocation the agent had not heard of yet: a race no agent can
@@ -92,6 +95,15 @@ impl Oracle {
     /// The watch was dropped by its client: nothing is owed any more.
     pub(crate) fn forgive(&mut self, u: usize, inv: Inv) {
         self.owed.remove(&(u, inv));
+        self.launch_files.retain(|_, (of, _)| *of != (u, inv));
+    }
+
+    /// The acknowledged watch of `inv` of unit `u` has launch file `path`: its proof owes the
+    /// file's removal too.
+    pub(crate) fn owe_launch_file(&mut self, path: &str, u: usize, inv: Inv) {
+        if inv != 0 && !self.proven.contains(&(u, inv)) {
+            self.launch_files.insert(path.to_owned(), ((u, inv), None));
+        }
     }
 
     /// A proof of `inv` of unit `u` (named `name`) was broadcast.
@@ -106,6 +118,10 @@ impl Oracle {
         self.proofs += 1;
         self.owed.remove(&(u, inv));
         self.proven.insert((u, inv));
+        // A generation replaced after our stop keeps its files: the new invocation runs in it.
+        if cause == Cause::ReplacedAfterStop {
+            self.launch_files.retain(|_, (of, _)| *of != (u, inv));
+        }
         let name = &w.units[u].name;
         if inv == 0 {
             return;
@@ -253,15 +269,22 @@ impl Oracle {
         }
     }
 
-    /// One quiet step passed: every owed proof of an invocation that is over gets closer to
-    /// its deadline.
+    /// One step without faults passed: every owed proof of an invocation that is over gets
+    /// closer to its deadline. Under load no operator kills what an older invocation of the
+    /// unit left (KillMode=process), and the agent cannot tell such an orphan forked while ours
+    /// ran from one of ours: no proof is due while one lives.
     /// `told_roots`: the MainPIDs and ControlPIDs of each unit the agent was told of. Another
     /// invocation's orphan in a session none of them began cannot be told from an orphaned
     /// child of our own leftover: the agent must wait for it, and the line says so.
-    pub(crate) fn quiet_step(&mut self, w: &World, told_roots: &BTreeMap<usize, BTreeSet<Pid>>) {
+    pub(crate) fn quiet_step(
+        &mut self,
+        w: &World,
+        told_roots: &BTreeMap<usize, BTreeSet<Pid>>,
+        under_load: bool,
+    ) {
         let mut late = Vec::new();
         for ((u, inv), owed) in self.owed.iter_mut() {
-            if !w.over(*inv) {
+            if !w.over(*inv) || under_load && w.older_leftovers(*u, *inv) {
                 owed.over_for = None;
                 continue;
             }
@@ -307,6 +330,21 @@ impl Oracle {
                 ));
             }
         }
+        for (path, ((u, inv), since)) in self.launch_files.iter_mut() {
+            if !self.proven.contains(&(*u, *inv)) || self.removed.contains(path) {
+                continue;
+            }
+            let n = since.get_or_insert(0);
+            *n += 1;
+            if *n == LIVENESS_STEPS {
+                late.push(format!(
+                    "NO RELEASE of launch file {path}: still there {LIVENESS_STEPS} steps \
+                     without faults after the proof of {} inv {}",
+                    w.units[*u].name,
+                    short(*inv)
+                ));
+            }
+        }
         self.violations.extend(late);
     }
 }
@@ -322,8 +360,8 @@ fn describe(procs: &[&Proc]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::sim::service::UnitConfig;
-    use crate::agent::sim::world::Action;
+    use crate::agent::sim::step::Action;
+    use crate::agent::sim::unit::UnitConfig;
 
     #[test]
     fn a_proof_while_exec_stop_may_run_is_false_and_a_late_proof_is_caught() {
@@ -355,7 +393,7 @@ mod tests {
         }
         assert!(w.over(inv));
         for _ in 0..LIVENESS_STEPS {
-            oracle.quiet_step(&w, &BTreeMap::new());
+            oracle.quiet_step(&w, &BTreeMap::new(), false);
         }
         assert_eq!(oracle.violations.len(), 1, "{:?}", oracle.violations);
         oracle.on_proof(&w, 0, inv, Cause::Exited, false);

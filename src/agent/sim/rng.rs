@@ -1,9 +1,48 @@
 //! The simulator's draws, on the crate's seeded generator (`crate::rng`), so a run replays
-//! exactly from its seed.
+//! exactly from its seed. Each draw is recorded, so a failing run can be shrunk: a step replayed
+//! alone gets back the draws it made in the whole run (see `shrink.rs`).
 
-pub(crate) use crate::rng::Rng;
+use std::collections::VecDeque;
+
+/// The crate's generator, with the record of its draws and the draws to give back first.
+#[derive(Debug)]
+pub(crate) struct Rng {
+    generator: crate::rng::Rng,
+    /// Every draw since the last `take_recorded`.
+    recorded: Vec<u64>,
+    /// Draws of a recorded step, given back before the generator's own.
+    replayed: VecDeque<u64>,
+}
 
 impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng {
+            generator: crate::rng::Rng::new(seed),
+            recorded: Vec::new(),
+            replayed: VecDeque::new(),
+        }
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        let draw = self
+            .replayed
+            .pop_front()
+            .unwrap_or_else(|| self.generator.next_u64());
+        self.recorded.push(draw);
+        draw
+    }
+
+    /// The draws made since the last call.
+    pub(crate) fn take_recorded(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.recorded)
+    }
+
+    /// The next draws are `draws` (what a step drew in the recorded run), then the generator's;
+    /// what the previous step left of its own is dropped.
+    pub(crate) fn replay(&mut self, draws: &[u64]) {
+        self.replayed = draws.iter().copied().collect();
+    }
+
     /// A number in `0..n` (`n` > 0); the modulo bias is irrelevant at these sizes.
     pub(crate) fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n.max(1) as u64) as usize

@@ -1,18 +1,18 @@
 //! The platform, as a client of the agent: it watches the units it launched (by name or by
 //! alias, with or without the invocation, a generation and a launch file), stops, waits,
 //! unwatches and lists; and it remembers what the agent acknowledged, which is what the agent
-//! then owes it.
+//! then owes it. The harness hands each request it makes to the agent.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::harness::Sim;
 use super::kernel::Inv;
 use super::oracle::{Oracle, parse_inv};
-use super::service::SvcState;
+use super::rng::Rng;
+use super::unit::SvcState;
 use super::world::{World, hex};
-use crate::agent::core::{Answer, Input, ReplyTo};
+use crate::agent::core::{Answer, ReplyTo};
 use crate::control::ClientId;
-use crate::control::protocol::{RequestId, parse_request};
+use crate::control::protocol::RequestId;
 
 /// A watch the platform asked for.
 #[derive(Clone, Debug)]
@@ -28,6 +28,13 @@ struct Asked {
 struct Held {
     unit: usize,
     inv: Inv,
+}
+
+/// A request of the platform's, numbered, on its current connection.
+pub(crate) struct Request {
+    pub id: u64,
+    pub client: ClientId,
+    pub json: serde_json::Value,
 }
 
 #[derive(Debug, Default)]
@@ -94,8 +101,8 @@ impl Tenant {
             return;
         };
         let inv = parse_inv(inv);
-        if let Some(path) = asked.launch_file {
-            self.launch_files.insert(path, Some((unit, inv)));
+        if let Some(path) = &asked.launch_file {
+            self.launch_files.insert(path.clone(), Some((unit, inv)));
         }
         if asked.unwatched {
             return;
@@ -103,103 +110,89 @@ impl Tenant {
         self.held.insert(asked.name, Held { unit, inv });
         if view.proof.is_none() {
             oracle.owe(unit, inv);
+            if let Some(path) = &asked.launch_file {
+                oracle.owe_launch_file(path, unit, inv);
+            }
         }
     }
-}
 
-impl Sim {
-    fn request(&mut self, json: serde_json::Value) -> u64 {
-        self.tenant.next_id += 1;
-        let id = self.tenant.next_id;
-        let mut json = json;
-        json["id"] = id.into();
-        let request = parse_request(json.to_string().as_bytes()).expect("a valid request");
-        let client = ClientId::for_test(self.tenant.client);
-        let unit = json["unit"].as_str().map(str::to_owned);
-        let inv = json["invocation"].as_str().map(parse_inv);
-        self.asking = unit.clone().map(|u| (u, inv));
-        self.input(Input::Request { client, request });
-        self.asking = None;
-        // A request refused at once (say, a watch with other options) made no watch: the key
-        // read later (after a reconnection) under its name is the existing one.
-        if let Some(unit) = unit
-            && !std::mem::take(&mut self.refused).contains(&id)
-        {
-            self.asked_names.insert(unit, inv);
+    /// `json` numbered as the platform's next request on its current connection.
+    fn numbered(&mut self, mut json: serde_json::Value) -> Request {
+        self.next_id += 1;
+        json["id"] = self.next_id.into();
+        Request {
+            id: self.next_id,
+            client: ClientId::for_test(self.client),
+            json,
         }
-        id
     }
 
     /// A new connection of the platform, subscribed to proofs.
-    pub(crate) fn subscribe(&mut self) {
-        self.tenant.client += 1;
-        self.request(serde_json::json!({"cmd": "events"}));
+    pub(crate) fn subscribe(&mut self) -> Request {
+        self.client += 1;
+        self.numbered(serde_json::json!({"cmd": "events"}))
     }
 
-    /// The platform does one thing.
-    pub(crate) fn tenant_step(&mut self) {
-        let names: Vec<String> = self.tenant.held.keys().cloned().collect();
-        let pick = |sim: &mut Sim| names[sim.rng.below(names.len())].clone();
-        match self.rng.weighted(&[12, 4, 2, 2, 1]) {
-            Some(0) => self.watch(),
+    /// The platform does one thing: the request it sends.
+    pub(crate) fn act(&mut self, rng: &mut Rng, world: &World, oracle: &mut Oracle) -> Request {
+        let names: Vec<String> = self.held.keys().cloned().collect();
+        let pick = |rng: &mut Rng| names[rng.below(names.len())].clone();
+        let json = match rng.weighted(&[12, 4, 2, 2, 1]) {
+            Some(0) => return self.watch(rng, world),
             Some(1) if !names.is_empty() => {
-                let name = pick(self);
-                self.tenant.stops.insert(name.clone());
-                let timeout = 1000 * (1 + self.rng.below(30));
-                self.request(
-                    serde_json::json!({"cmd": "stop", "unit": name, "timeout_ms": timeout}),
-                );
+                let name = pick(rng);
+                self.stops.insert(name.clone());
+                let timeout = 1000 * (1 + rng.below(30));
+                serde_json::json!({"cmd": "stop", "unit": name, "timeout_ms": timeout})
             }
             Some(2) if !names.is_empty() => {
-                let name = pick(self);
-                self.request(serde_json::json!({"cmd": "wait", "unit": name, "timeout_ms": 5000}));
+                let name = pick(rng);
+                serde_json::json!({"cmd": "wait", "unit": name, "timeout_ms": 5000})
             }
             Some(3) if !names.is_empty() => {
-                let name = pick(self);
-                if let Some(held) = self.tenant.held.remove(&name) {
-                    self.oracle.forgive(held.unit, held.inv);
+                let name = pick(rng);
+                if let Some(held) = self.held.remove(&name) {
+                    oracle.forgive(held.unit, held.inv);
                 }
-                for asked in self.tenant.asked.values_mut() {
+                for asked in self.asked.values_mut() {
                     asked.unwatched |= asked.name == name;
                 }
-                self.request(serde_json::json!({"cmd": "unwatch", "unit": name}));
+                serde_json::json!({"cmd": "unwatch", "unit": name})
             }
-            _ => {
-                self.request(serde_json::json!({"cmd": "list"}));
-            }
-        }
+            _ => serde_json::json!({"cmd": "list"}),
+        };
+        self.numbered(json)
     }
 
     /// Watches a unit as a platform would: right after launching it, with the invocation it
     /// read, or late (an older invocation), or adopting whatever runs.
-    fn watch(&mut self) {
-        let mut u = self.rng.below(self.world.units.len());
+    fn watch(&mut self, rng: &mut Rng, world: &World) -> Request {
+        let mut u = rng.below(world.units.len());
         // Some seeds' platform often watches late: a unit that already runs, or already
         // exited and remains (RemainAfterExit), its cgroup pruned.
-        let late: Vec<usize> = (0..self.world.units.len())
+        let late: Vec<usize> = (0..world.units.len())
             .filter(|i| {
-                let unit = &self.world.units[*i];
+                let unit = &world.units[*i];
                 unit.loaded && matches!(unit.state, SvcState::Exited | SvcState::Running)
             })
             .collect();
-        if self.world.swarm.late_watches && self.rng.percent(60) {
-            u = self.rng.pick(&late).unwrap_or(u);
+        if world.swarm.late_watches && rng.percent(60) {
+            u = rng.pick(&late).unwrap_or(u);
         }
-        let unit = &self.world.units[u];
+        let unit = &world.units[u];
         let name = match unit.aliases.first() {
-            Some(alias) if self.rng.percent(50) => alias.clone(),
+            Some(alias) if rng.percent(50) => alias.clone(),
             _ => unit.name.clone(),
         };
-        let older: Vec<Inv> = self
-            .world
+        let older: Vec<Inv> = world
             .history
             .iter()
             .filter(|(_, r)| r.unit == u)
             .map(|(inv, _)| *inv)
             .collect();
-        let inv = match self.rng.below(10) {
+        let inv = match rng.below(10) {
             0 | 1 => None,
-            2 => self.rng.pick(&older),
+            2 => rng.pick(&older),
             _ => Some(unit.invocation).filter(|i| *i != 0),
         };
         let mut json = serde_json::json!({"cmd": "watch", "unit": name});
@@ -207,25 +200,25 @@ impl Sim {
             json["invocation"] = hex(inv).into();
         }
         let mut launch_file = None;
-        if self.rng.percent(60) {
-            self.tenant.next_gen += 1;
-            json["gen"] = self.tenant.next_gen.into();
-            if self.rng.percent(60) {
-                let path = format!("/run/launch/{name}.{}", self.tenant.next_gen);
+        if rng.percent(60) {
+            self.next_gen += 1;
+            json["gen"] = self.next_gen.into();
+            if rng.percent(60) {
+                let path = format!("/run/launch/{name}.{}", self.next_gen);
                 json["launch_file"] = path.clone().into();
-                self.tenant.launch_files.insert(path.clone(), None);
+                self.launch_files.insert(path.clone(), None);
                 launch_file = Some(path);
             }
         }
-        let id = self.tenant.next_id + 1;
-        self.tenant.asked.insert(
-            id,
+        let request = self.numbered(json);
+        self.asked.insert(
+            request.id,
             Asked {
                 name,
                 launch_file,
                 unwatched: false,
             },
         );
-        self.request(json);
+        request
     }
 }

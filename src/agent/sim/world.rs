@@ -1,22 +1,24 @@
-//! The world the agent lives in: systemd's units and jobs, over the kernel and the bus models.
+//! The world the agent lives in: systemd's units (`unit.rs`) and what became of each invocation,
+//! over the kernel and the bus models; the signals and read answers systemd sends about its
+//! units, and what the oracle asks of the world. A unit is moved on by its state machine
+//! (`service.rs`); what the world does in one step is `step.rs`.
 //!
 //! A unit follows systemd's service state machine closely enough to produce every sequence of
 //! states the agent can see: activating, active/running, active/exited (RemainAfterExit),
 //! deactivating through ExecStop= and ExecStopPost= (under the invocation being stopped),
 //! inactive or failed (the InvocationID stays), auto-restart (through failed/inactive, then a
 //! new invocation), garbage collection (unloaded: no invocation, GetUnit says NoSuchUnit).
-//! One world step is one turn of systemd's event loop: the PropertiesChanged signals of every
-//! unit that changed go out at its end, so what happened inside one turn is merged. Each
-//! carries every property systemd marks emits-change, as systemd sends them: first the Service
+//! The PropertiesChanged signals of every unit that changed go out at the end of systemd's loop
+//! turn (`flush`), so what happened inside one turn is merged. Each carries every property systemd marks emits-change, as systemd sends them: first the Service
 //! interface's (Result, ExecMain*, MainPID, ControlPID), then the Unit interface's (states,
 //! InvocationID, InactiveExitTimestampMonotonic).
 
 use std::collections::BTreeMap;
 
-use super::bus::{Answer, Bus, CallKind, NO_SUCH_UNIT, Snapshot};
-use super::kernel::{Inv, Kernel, Pid, Role};
+use super::bus::{Bus, Snapshot};
+use super::kernel::{Inv, Kernel, Pid};
 use super::rng::Rng;
-use super::service::{Job, Restart, SvcState, Unit, UnitConfig};
+use super::unit::{SvcState, Unit, UnitConfig};
 use crate::systemd::signal::{SystemdSignal, UnitChange, unit_path};
 
 /// One seed's draw of fault rates and unit settings (swarm testing: each seed its own mix,
@@ -44,6 +46,9 @@ pub(crate) struct Swarm {
     pub max_reads_in_flight: usize,
     /// Weight of the platform's watches made late (of what runs now).
     pub late_watches: bool,
+    /// After the chaos phase the faults stop but the workload goes on: the platform and
+    /// outsiders keep acting while every owed proof is due within the liveness bound.
+    pub heals_under_load: bool,
 }
 
 impl Swarm {
@@ -68,6 +73,7 @@ impl Swarm {
             spare_unwatched: r.percent(50),
             max_reads_in_flight: if r.percent(20) { 1 + r.below(3) } else { 32 },
             late_watches: r.percent(40),
+            heals_under_load: false,
         };
         // The rare combination is only worth its seeds if the platform watches late.
         swarm.late_watches |= swarm.rare_combo;
@@ -85,33 +91,6 @@ pub(crate) struct InvRecord {
     pub next: Option<Inv>,
 }
 
-/// One thing the world can do in a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum Action {
-    /// systemd moves a unit on (a job, a process it waited for, a timer).
-    Progress(usize),
-    /// systemd reads its next method calls and answers them.
-    ProcessCalls(usize),
-    MainExits(usize, bool),
-    /// A main process, or a child of one, forks.
-    Fork(Pid),
-    ChildExits(Pid),
-    Start(usize),
-    Stop(usize),
-    Restart(usize),
-    ResetFailed(usize),
-    /// `systemctl reload`: ExecReload= runs.
-    ReloadUnit(usize),
-    Gc(usize),
-    Reload,
-    Reexec,
-    SystemdBack,
-    BusDown,
-    BusBack,
-    Overflow,
-    LoseWatch(String),
-}
-
 pub(crate) struct World {
     pub now_us: u64,
     pub units: Vec<Unit>,
@@ -124,7 +103,7 @@ pub(crate) struct World {
     /// stopped, except these.
     pub(crate) operator_spares: std::collections::BTreeSet<Inv>,
     /// systemd is in a daemon-reload (`MANAGER_IS_RELOADING`): no pending change goes out.
-    reloading: bool,
+    pub(crate) reloading: bool,
 }
 
 pub(crate) fn hex(inv: Inv) -> String {
@@ -145,69 +124,6 @@ pub(crate) fn short(inv: Inv) -> String {
 }
 
 impl World {
-    /// A world of a few units of random kinds, some running, from `seed`, with the seed's own
-    /// swarm of fault rates and unit settings.
-    pub(crate) fn new(seed: u64) -> World {
-        let mut world = World::empty(seed);
-        let swarm = Swarm::draw(&mut world.rng);
-        world.swarm = swarm;
-        world.bus.lose_percent = swarm.signal_loss;
-        world.bus.error_percent = swarm.method_errors;
-        if swarm.high_serials {
-            world.bus.start_serials_near_max(&mut world.rng);
-        }
-        world.kernel.pid_max = swarm.pid_max;
-        let n = 2 + world.rng.below(4);
-        for i in 0..n {
-            let r = &mut world.rng;
-            // A rare combination, on purpose: a RemainAfterExit unit with ExecStop= whose
-            // leftovers survive, the kind a late watch finds active/exited.
-            let rare = swarm.rare_combo && r.percent(80);
-            let oneshot = rare || r.percent(25);
-            let restart = match r.below(10) {
-                0..=5 => Restart::No,
-                6 | 7 => Restart::OnFailure,
-                8 => Restart::OnSuccess,
-                _ => Restart::Always,
-            };
-            let cfg = UnitConfig {
-                oneshot,
-                exec_start_pre: r.percent(30),
-                remain_after_exit: rare || (oneshot && r.percent(70)) || r.percent(10),
-                kill_process: rare || r.percent(swarm.kill_process),
-                exec_stop: rare || r.percent(40),
-                exec_stop_post: r.percent(40),
-                restart: if rare { Restart::No } else { restart },
-                delegate: r.percent(30),
-                exec_reload: r.percent(swarm.exec_reload),
-                no_sigkill: r.percent(swarm.no_sigkill),
-            };
-            // Transient units (systemd-run) have no unit file to alias.
-            let transient = r.percent(50);
-            let (name, aliases) = if transient {
-                (format!("run-u{i}.service"), Vec::new())
-            } else if r.percent(50) {
-                (format!("s{i}.service"), vec![format!("nick{i}.service")])
-            } else {
-                (format!("s{i}.service"), Vec::new())
-            };
-            world.add_unit(&name, aliases, cfg);
-            if world.rng.percent(if rare { 95 } else { 70 }) {
-                world.start(i);
-                while !oneshot
-                    && matches!(world.units[i].state, SvcState::StartPre | SvcState::Start)
-                {
-                    world.progress(i);
-                }
-                if rare && world.units[i].state == SvcState::Start {
-                    world.main_exits(i, true);
-                }
-            }
-        }
-        world.flush();
-        world
-    }
-
     /// A world with no units yet, for tests that build their own.
     pub(crate) fn empty(seed: u64) -> World {
         World {
@@ -299,7 +215,7 @@ impl World {
         }
     }
 
-    fn emit(&mut self, signal: SystemdSignal) {
+    pub(crate) fn emit(&mut self, signal: SystemdSignal) {
         self.emit_about(signal, 0);
     }
 
@@ -325,32 +241,19 @@ impl World {
         out
     }
 
+    /// Whether a process of unit `u` lives that was started under an invocation older than
+    /// `inv` (neither `inv` nor one started after it).
+    pub(crate) fn older_leftovers(&self, u: usize, inv: Inv) -> bool {
+        let later = self.later(inv);
+        let mut procs = self.kernel.procs.values();
+        procs.any(|p| p.unit == u && p.invocation != inv && !later.contains(&p.invocation))
+    }
+
     /// Whether invocation `inv` has ended in the world.
     pub(crate) fn ended(&self, inv: Inv) -> bool {
         self.history.get(&inv).is_some_and(|r| r.ended)
     }
 
-    /// An error systemd (or the bus daemon) may answer a call with, other than NoSuchUnit.
-    fn method_error(&mut self, stop: bool) -> Option<String> {
-        if self.bus.error_percent == 0 || !self.rng.percent(self.bus.error_percent) {
-            return None;
-        }
-        let errors: &[&str] = if stop {
-            &[
-                "org.freedesktop.DBus.Error.AccessDenied",
-                "org.freedesktop.DBus.Error.LimitsExceeded",
-                "org.freedesktop.systemd1.TransactionIsDestructive",
-            ]
-        } else {
-            &[
-                "org.freedesktop.DBus.Error.AccessDenied",
-                "org.freedesktop.DBus.Error.LimitsExceeded",
-            ]
-        };
-        Some(errors[self.rng.below(errors.len())].to_owned())
-    }
-
-    /// `bus_unit_send_pending_change_signal`: sends the unit's queued change now, unless it
     /// was never announced and `including_new` is false, or systemd is reloading.
     pub(crate) fn send_pending(&mut self, u: usize, including_new: bool) {
         let unit = &self.units[u];
@@ -458,357 +361,5 @@ impl World {
             control_pid: unit.control_pid.unwrap_or(0),
             ended: self.ended(unit.invocation),
         }
-    }
-
-    /// The actions possible now, with their weights; `chaos` allows faults and outsiders.
-    pub(crate) fn candidates(&self, chaos: bool) -> Vec<(u32, Action)> {
-        let mut out = Vec::new();
-        let mut add = |w: u32, a: Action| out.push((w, a));
-        for (u, unit) in self.units.iter().enumerate() {
-            if self.can_progress(u) {
-                add(12, Action::Progress(u));
-            }
-            if !chaos {
-                continue;
-            }
-            if unit.main_pid.is_some() && matches!(unit.state, SvcState::Running | SvcState::Start)
-            {
-                add(3, Action::MainExits(u, true));
-                add(3, Action::MainExits(u, false));
-            }
-            if let Some(main) = unit.main_pid {
-                add(5, Action::Fork(main));
-            }
-            // ExecStop=, ExecStopPost=, ExecReload= fork too, and with KillMode=process (or
-            // SendSIGKILL=no) what they fork outlives them.
-            if let Some(control) = unit.control_pid {
-                add(
-                    if self.swarm.rare_combo { 12 } else { 4 },
-                    Action::Fork(control),
-                );
-            }
-            if unit.cfg.exec_reload
-                && unit.job.is_none()
-                && matches!(unit.state, SvcState::Running | SvcState::Exited)
-            {
-                add(2, Action::ReloadUnit(u));
-            }
-            if !unit.state.running() || !unit.loaded {
-                add(4, Action::Start(u));
-            }
-            if unit.loaded && unit.state.running() {
-                add(2, Action::Stop(u));
-                add(2, Action::Restart(u));
-            }
-            if unit.loaded && unit.state == SvcState::Failed {
-                add(2, Action::ResetFailed(u));
-            }
-            if self.collectable(u) {
-                add(4, Action::Gc(u));
-            }
-        }
-        if chaos {
-            for p in self.kernel.procs.values() {
-                if p.role == Role::Child {
-                    add(3, Action::ChildExits(p.pid));
-                    // A child forks too, left over or not; a unit's processes stay few.
-                    let cgroup = &self.units[p.unit].cgroup;
-                    if self.kernel.pids_in(cgroup).len() < 6 {
-                        add(1, Action::Fork(p.pid));
-                    }
-                }
-            }
-        }
-        if self.bus.systemd_on && !self.bus.calls.is_empty() {
-            add(15, Action::ProcessCalls(1 + self.calls_batch()));
-        }
-        if !self.bus.systemd_on && self.bus.daemon_up {
-            add(6, Action::SystemdBack);
-        }
-        if !self.bus.daemon_up {
-            add(6, Action::BusBack);
-        }
-        if chaos {
-            if self.bus.systemd_on {
-                add(1, Action::Reload);
-                add(1, Action::Reexec);
-                add(1, Action::BusDown);
-            }
-            add(1, Action::Overflow);
-            for path in self.kernel.watched_paths() {
-                add(1, Action::LoseWatch(path));
-            }
-        }
-        out
-    }
-
-    fn calls_batch(&self) -> usize {
-        self.bus.calls.len().min(3) - 1
-    }
-
-    /// Picks one action by weight and does it; `None` if the world has nothing to do.
-    pub(crate) fn random_step(&mut self, chaos: bool) -> Option<String> {
-        let candidates = self.candidates(chaos);
-        let weights: Vec<u32> = candidates.iter().map(|(w, _)| *w).collect();
-        let i = self.rng.weighted(&weights)?;
-        Some(self.apply(candidates[i].1.clone()))
-    }
-
-    fn can_progress(&self, u: usize) -> bool {
-        let unit = &self.units[u];
-        unit.loaded
-            && (unit.job.is_some()
-                || matches!(
-                    unit.state,
-                    SvcState::StartPre
-                        | SvcState::Start
-                        | SvcState::Stop
-                        | SvcState::StopSigterm
-                        | SvcState::StopPost
-                        | SvcState::FinalSigterm
-                        | SvcState::AutoRestart
-                        | SvcState::Reload
-                )
-                || (!unit.state.running()
-                    && unit.cgroup_known
-                    && !self.kernel.populated(&unit.cgroup)))
-    }
-
-    fn collectable(&self, u: usize) -> bool {
-        let unit = &self.units[u];
-        unit.loaded
-            && unit.state == SvcState::Dead
-            && unit.job.is_none()
-            && !self.kernel.populated(&unit.cgroup)
-    }
-
-    /// Does `action` as one turn of systemd's loop and says what happened.
-    pub(crate) fn apply(&mut self, action: Action) -> String {
-        let line = match action {
-            Action::Progress(u) => self.progress(u),
-            Action::ProcessCalls(n) => self.process_calls(n),
-            Action::MainExits(u, ok) => self.main_exits(u, ok),
-            Action::Fork(pid) => self.fork(pid),
-            Action::ChildExits(pid) => {
-                self.kernel.kill(pid);
-                format!("child {pid} exits")
-            }
-            Action::Start(u) => self.request(u, Job::Start),
-            Action::Stop(u) => self.request(u, Job::Stop),
-            Action::Restart(u) => self.request(u, Job::Restart),
-            Action::ResetFailed(u) => {
-                // `service_reset_failed`: failed enters dead.
-                self.units[u].result = "success";
-                self.set_state(u, SvcState::Dead);
-                format!("{}: reset-failed", self.units[u].name)
-            }
-            Action::ReloadUnit(u) => self.reload_unit(u),
-            Action::Gc(u) => self.gc(u),
-            Action::Reload => self.reload(false),
-            Action::Reexec => self.reload(true),
-            Action::SystemdBack => {
-                self.bus.systemd_back();
-                "systemd is back on the bus (new connection, serials restart)".into()
-            }
-            Action::BusDown => {
-                self.bus.daemon_down();
-                "the bus daemon goes away".into()
-            }
-            Action::BusBack => {
-                self.bus.daemon_back();
-                "the bus daemon is back, systemd on it".into()
-            }
-            Action::Overflow => {
-                self.kernel.overflow_now();
-                "inotify queue overflows".into()
-            }
-            Action::LoseWatch(path) => {
-                self.kernel.lose_watch(&path);
-                format!("inotify drops the watch of {path}")
-            }
-        };
-        self.flush();
-        line
-    }
-
-    /// `unit_gc_sweep` → `unit_free`: UnitRemoved, and the cgroup released.
-    fn gc(&mut self, u: usize) -> String {
-        self.flush();
-        self.prune_cgroup(u);
-        self.units[u].cgroup_known = false;
-        let unit = &mut self.units[u];
-        unit.loaded = false;
-        let (inv, name) = (unit.invocation, unit.name.clone());
-        unit.invocation = 0;
-        if let Some(record) = self.history.get_mut(&inv) {
-            record.ended = true;
-        }
-        self.emit(SystemdSignal::UnitRemoved { unit: name.clone() });
-        format!("{name}: garbage-collected (UnitRemoved)")
-    }
-
-    /// daemon-reload, or daemon-reexec (which ends with systemd leaving the bus):
-    /// `manager_reload` sends Reloading true, UnitRemoved for every unit as it is serialized,
-    /// UnitNew alone for every unit loaded again (`sent_dbus_new_signal` starts false; no
-    /// PropertiesChanged while `MANAGER_IS_RELOADING`), then Reloading false. A unit whose
-    /// cgroup systemd does not hold may come back with another Slice= (`unit_set_slice` is
-    /// refused only while the cgroup is realized): its next invocation runs elsewhere.
-    fn reload(&mut self, reexec: bool) -> String {
-        self.flush();
-        self.emit(SystemdSignal::Reloading(true));
-        let loaded: Vec<usize> = (0..self.units.len())
-            .filter(|u| self.units[*u].loaded)
-            .collect();
-        for &u in &loaded {
-            let unit = self.units[u].name.clone();
-            self.emit(SystemdSignal::UnitRemoved { unit });
-        }
-        if reexec {
-            self.bus.systemd_leaves();
-            return format!("daemon-reexec: {} units re-serialized", loaded.len());
-        }
-        self.reloading = true;
-        let mut moved = Vec::new();
-        for &u in &loaded {
-            self.units[u].new_sent = false;
-            self.units[u].dirty = true;
-            let unit = &self.units[u];
-            if !unit.cgroup_known && !unit.state.running() && self.rng.percent(10) {
-                let slice = if unit.cgroup.starts_with("/app.slice/") {
-                    "/other.slice"
-                } else {
-                    "/app.slice"
-                };
-                let cgroup = format!("{slice}/{}", unit.name);
-                moved.push(format!("{} now in {cgroup}", unit.name));
-                self.units[u].cgroup = cgroup;
-            }
-        }
-        self.flush();
-        self.reloading = false;
-        self.emit(SystemdSignal::Reloading(false));
-        format!("daemon-reload: {} units {}", loaded.len(), moved.join(", "))
-    }
-
-    fn process_calls(&mut self, n: usize) -> String {
-        let mut done = Vec::new();
-        for _ in 0..n {
-            if !self.bus.systemd_on {
-                break;
-            }
-            let Some(mut call) = self.bus.calls.pop_front() else {
-                break;
-            };
-            let error = self.method_error(call.kind == CallKind::Stop);
-            let answer = match (call.kind, error) {
-                (CallKind::Read(_), Some(error)) => {
-                    self.bus.next_serial(0);
-                    Answer::Read(Err(error))
-                }
-                (CallKind::Stop, Some(error)) => {
-                    self.bus.next_serial(0);
-                    Answer::Stop(Err(error))
-                }
-                (CallKind::Read(kind), None) => {
-                    // systemd answers a few of the read's messages now; anything may happen
-                    // before it answers the rest.
-                    let mut burst = 1 + self.rng.below(kind.parts() - call.parts.len());
-                    let mut unloaded = false;
-                    while burst > 0 && !unloaded {
-                        let part = self.snapshot(&call.unit);
-                        unloaded = kind.get_unit && call.parts.is_empty() && !part.loaded;
-                        call.parts.push(part);
-                        burst -= 1;
-                    }
-                    if !unloaded && call.parts.len() < kind.parts() {
-                        // The driver sends the next message once this one is answered.
-                        done.push(format!(
-                            "Read {} #{} ({} of {})",
-                            call.unit,
-                            call.id,
-                            call.parts.len(),
-                            kind.parts()
-                        ));
-                        self.bus.calls.push_back(call);
-                        continue;
-                    }
-                    Answer::Read(Ok(std::mem::take(&mut call.parts)))
-                }
-                (CallKind::Stop, None) => match self.resolve(&call.unit) {
-                    Some(u) if self.units[u].loaded => {
-                        self.bus.next_serial(0);
-                        self.units[u].job = Some(Job::Stop);
-                        Answer::Stop(Ok(()))
-                    }
-                    _ => {
-                        self.bus.next_serial(0);
-                        Answer::Stop(Err(NO_SUCH_UNIT.into()))
-                    }
-                },
-            };
-            let dropped = if self.bus.wanted(&call) {
-                ""
-            } else {
-                " (nobody waits)"
-            };
-            let kind = match call.kind {
-                CallKind::Read(_) => "Read",
-                CallKind::Stop => "Stop",
-            };
-            done.push(format!("{kind} {} #{}{dropped}", call.unit, call.id));
-            self.bus.reply(&call, answer);
-        }
-        format!("systemd answers {}", done.join(", "))
-    }
-
-    /// One quiet turn: systemd moves every unit on and answers every call; no outsider acts.
-    /// With `wind_down`, an operator stops everything and kills what stops leave behind.
-    pub(crate) fn settle(&mut self, wind_down: bool) -> Vec<String> {
-        let mut lines = Vec::new();
-        if !self.bus.daemon_up {
-            lines.push(self.apply(Action::BusBack));
-        } else if !self.bus.systemd_on {
-            lines.push(self.apply(Action::SystemdBack));
-        }
-        for u in 0..self.units.len() {
-            let unit = &self.units[u];
-            if wind_down && unit.loaded && unit.state.running() && unit.job != Some(Job::Stop) {
-                lines.push(self.apply(Action::Stop(u)));
-            }
-            if wind_down && !self.units[u].state.running() {
-                let cgroup = self.units[u].cgroup.clone();
-                let killed = if self.operator_spares.is_empty() {
-                    self.kernel.kill_all(&cgroup)
-                } else {
-                    let pids: Vec<Pid> = self
-                        .kernel
-                        .procs
-                        .values()
-                        .filter(|p| p.unit == u && !self.operator_spares.contains(&p.invocation))
-                        .map(|p| p.pid)
-                        .collect();
-                    pids.into_iter().filter(|p| self.kernel.kill(*p)).count()
-                };
-                if killed > 0 {
-                    lines.push(format!(
-                        "{}: operator kills what is left",
-                        self.units[u].name
-                    ));
-                }
-            }
-            if self.can_progress(u) {
-                lines.push(self.apply(Action::Progress(u)));
-            }
-        }
-        if !self.bus.calls.is_empty() {
-            let n = self.bus.calls.len();
-            lines.push(self.apply(Action::ProcessCalls(n)));
-        }
-        lines
-    }
-
-    /// Nothing more will happen without an outsider.
-    pub(crate) fn settled(&self) -> bool {
-        (0..self.units.len()).all(|u| !self.can_progress(u)) && self.bus.calls.is_empty()
     }
 }

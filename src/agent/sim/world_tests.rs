@@ -2,8 +2,9 @@
 
 use super::bus::{Answer, CallKind, Msg, ReadKind};
 use super::kernel::Reading;
-use super::service::{SvcState, UnitConfig};
-use super::world::{Action, World};
+use super::step::{Acting, Action};
+use super::unit::{SvcState, UnitConfig};
+use super::world::World;
 use crate::systemd::signal::{SystemdSignal, unit_path};
 
 /// A world with one unit of `cfg` and a subscribed agent.
@@ -185,7 +186,7 @@ fn garbage_collection_unloads_and_get_unit_says_no_such_unit() {
         "cgroup removed"
     );
     signals(&mut w);
-    assert!(w.candidates(true).contains(&(4, Action::Gc(0))));
+    assert!(w.candidates(Acting::Chaos).contains(&(4, Action::Gc(0))));
     w.apply(Action::Gc(0));
     let got = signals(&mut w);
     assert!(matches!(&got[..], [(_, SystemdSignal::UnitRemoved { unit })] if unit == "x.service"));
@@ -217,7 +218,7 @@ fn an_automatic_restart_passes_through_failed_with_the_old_invocation() {
     for seed in 0..20 {
         let mut w = World::empty(seed);
         let cfg = UnitConfig {
-            restart: super::service::Restart::OnFailure,
+            restart: super::unit::Restart::OnFailure,
             ..UnitConfig::default()
         };
         w.add_unit("x.service", vec![], cfg);
@@ -338,7 +339,12 @@ fn over_is_final_and_serials_grow_in_random_runs() {
         let mut last_serial = 0;
         for step in 0..300 {
             let chaos = step < 200;
-            if w.random_step(chaos).is_none() && !chaos {
+            let acting = if chaos {
+                Acting::Chaos
+            } else {
+                Acting::Systemd
+            };
+            if w.random_step(acting).is_none() && !chaos {
                 w.settle(true);
             }
             if w.bus.agent.is_none() || w.rng.percent(10) {
