@@ -387,14 +387,30 @@ fn env_u64(name: &str) -> Option<u64> {
 /// faithful enough to find: the default run lists the seeds that show them and fails only on
 /// anything else, so the branch stays mergeable while the core is fixed. Take an entry out once
 /// its defect is fixed; `EXITPROOF_SIM_STRICT=1` fails on these too.
-/// An entry matches the kinds it begins.
-const KNOWN_DEFECTS: &[(&str, &str)] = &[(
-    "NO PROOF within the liveness bound, another invocation's leftovers alive",
-    "issue 23 (4), what is left of it: 1 of 14,000 seeds (5764): the signals naming an \
-     invocation after ours and its ControlPID came after the first read told a later one, so \
-     the facts dropped them as older; they could be placed by the Service change's serial being \
-     the Unit change's minus one (`send_changed_signal`)",
-)];
+/// An entry names one kind exactly.
+const KNOWN_DEFECTS: &[(&str, &str)] = &[
+    (
+        "NO PROOF within the liveness bound, another invocation's leftovers alive",
+        "issue 23 (4), what is left of it: 1 of 14,000 seeds without healing (5764): the \
+         signals naming an invocation after ours and its ControlPID came after the first read \
+         told a later one, so the facts dropped them as older; they could be placed by the \
+         Service change's serial being the Unit change's minus one (`send_changed_signal`). \
+         In healing mode (`h`), 6 of 2,000 seeds, not yet diagnosed",
+    ),
+    (
+        "NO PROOF within the liveness bound",
+        "found by the healing mode, not yet diagnosed (2 of 2,000 seeds, e.g. 627: a \
+         RemainAfterExit unit restarted outside again and again, whose cgroup the watch never \
+         learned, each read of it overtaken by the next start)",
+    ),
+    (
+        "NO RELEASE of a launch file within the liveness bound after its proof",
+        "a defect, not yet fixed (about 1 in 7,000 seeds, e.g. 106639): an agent killed after \
+         saving a proof and before removing the launch file never removes it; a restored \
+         proven watch does not resume its release (at most once by design, `Core::on_proof`, \
+         since the path may belong to the next generation by then)",
+    ),
+];
 
 /// Kinds no agent can avoid without risking a false proof, tolerated even by
 /// `EXITPROOF_SIM_STRICT=1`. An orphan in a session whose leader is gone, when the agent was
@@ -519,9 +535,7 @@ fn simulation() {
                 false => s.to_string(),
             })
             .collect();
-        let known = KNOWN_DEFECTS
-            .iter()
-            .find(|(pattern, _)| k.starts_with(pattern));
+        let known = KNOWN_DEFECTS.iter().find(|(named, _)| k == named);
         let limit = LIMITS.contains(&k.as_str());
         let tag = match known {
             _ if limit => "a limit no agent can avoid",

@@ -284,7 +284,10 @@ impl Oracle {
     ) {
         let mut late = Vec::new();
         for ((u, inv), owed) in self.owed.iter_mut() {
-            if !w.over(*inv) || under_load && w.older_leftovers(*u, *inv) {
+            // A unit systemd still says runs `inv` (RemainAfterExit=, active/exited) is not
+            // over for a proof, which needs a terminal state, however empty its cgroup.
+            let still_runs = w.running_invocation(*u) == Some(*inv);
+            if !w.over(*inv) || still_runs || under_load && w.older_leftovers(*u, *inv) {
                 owed.over_for = None;
                 continue;
             }
