@@ -84,12 +84,13 @@ pub(crate) struct Sim {
     told_over: BTreeMap<usize, BTreeSet<Inv>>,
     /// MainPIDs and ControlPIDs of each unit the agent has been told of in this life: the
     /// sessions an agent can know to be another invocation's.
-    pub told_roots: BTreeMap<usize, BTreeSet<Pid>>,
+    pub told_roots: BTreeMap<(usize, Inv), BTreeSet<Pid>>,
     /// The pids of each unit's last Service change that no Unit change followed yet.
     unplaced_roots: BTreeMap<usize, [Option<u32>; 2]>,
-    /// Units a read was answered of in this life: what the agent is told of a unit before is
-    /// of no invocation it can place before or after its own.
-    read_units: BTreeSet<usize>,
+    /// The serial of the first read answered for each watch (unit, its invocation) in this
+    /// life: what the watch is told in an older message is of no invocation it can place
+    /// before or after its own.
+    read_units: BTreeMap<(usize, Inv), u32>,
     /// Keys that sent a stop of their own invocation (requested) in this life of the agent.
     stopped_ours: BTreeSet<UnitKey>,
     /// Outputs of the drain under way, for the launch-file rule.
@@ -179,7 +180,7 @@ impl Sim {
             seen: BTreeMap::new(),
             told_over: BTreeMap::new(),
             told_roots: BTreeMap::new(),
-            read_units: BTreeSet::new(),
+            read_units: BTreeMap::new(),
             unplaced_roots: BTreeMap::new(),
             stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
@@ -725,8 +726,8 @@ impl Sim {
                     let pids = [change.main_pid, change.control_pid];
                     if change.invocation.is_some() {
                         let before = self.unplaced_roots.remove(&u).unwrap_or_default();
-                        self.tell_roots(u, before);
-                        self.tell_roots(u, pids);
+                        self.tell_roots(u, before, serial);
+                        self.tell_roots(u, pids, serial);
                     } else {
                         self.unplaced_roots.insert(u, pids);
                     }
@@ -738,12 +739,17 @@ impl Sim {
         true
     }
 
-    fn tell_roots(&mut self, u: usize, pids: [Option<u32>; 2]) {
-        if !self.read_units.contains(&u) {
-            return;
+    fn tell_roots(&mut self, u: usize, pids: [Option<u32>; 2], serial: u32) {
+        let placed_for: Vec<(usize, Inv)> = self
+            .read_units
+            .iter()
+            .filter(|((unit, _), first)| *unit == u && serial.wrapping_sub(**first) as i32 >= 0)
+            .map(|(watch, _)| *watch)
+            .collect();
+        for watch in placed_for {
+            let told = self.told_roots.entry(watch).or_default();
+            told.extend(pids.into_iter().flatten().filter(|pid| *pid > 0));
         }
-        let told = self.told_roots.entry(u).or_default();
-        told.extend(pids.into_iter().flatten().filter(|pid| *pid > 0));
     }
 
     fn unit_by_path(&self, path: &str) -> Option<usize> {
@@ -788,9 +794,11 @@ impl Sim {
                 {
                     let inv = parse_inv(&snapshot.invocation);
                     self.seen.entry(u).or_default().insert(inv);
-                    self.read_units.insert(u);
+                    // A watch made without an invocation adopts the one its first read says.
+                    let ours = self.key_invs.get(&key).copied().flatten().unwrap_or(inv);
+                    self.read_units.entry((u, ours)).or_insert(snapshot.serial);
                     if let Some(((main, control), _)) = snapshot.current.pids {
-                        self.tell_roots(u, [Some(main), Some(control)]);
+                        self.tell_roots(u, [Some(main), Some(control)], snapshot.serial);
                     }
                     if over {
                         self.told_over.entry(u).or_default().insert(inv);

@@ -273,13 +273,13 @@ impl Oracle {
     /// closer to its deadline. Under load no operator kills what an older invocation of the
     /// unit left (KillMode=process), and the agent cannot tell such an orphan forked while ours
     /// ran from one of ours: no proof is due while one lives.
-    /// `told_roots`: the MainPIDs and ControlPIDs of each unit the agent was told of. Another
-    /// invocation's orphan in a session none of them began cannot be told from an orphaned
-    /// child of our own leftover: the agent must wait for it, and the line says so.
+    /// `told_roots`: the MainPIDs and ControlPIDs each watch (unit, invocation) was told of.
+    /// Another invocation's orphan in a session none of them began cannot be told from an
+    /// orphaned child of our own leftover: the agent must wait for it, and the line says so.
     pub(crate) fn quiet_step(
         &mut self,
         w: &World,
-        told_roots: &BTreeMap<usize, BTreeSet<Pid>>,
+        told_roots: &BTreeMap<(usize, Inv), BTreeSet<Pid>>,
         under_load: bool,
     ) {
         let mut late = Vec::new();
@@ -310,7 +310,7 @@ impl Oracle {
                     p.session != p.pid
                         && leader_gone
                         && !told_roots
-                            .get(u)
+                            .get(&(*u, *inv))
                             .is_some_and(|told| told.contains(&p.session))
                 };
                 let why = if others.is_empty() {
