@@ -60,16 +60,33 @@ pub(crate) enum Reading {
     Gone,
 }
 
+/// The agent's watches of one cgroup, as the real driver makes them (`cgroup/watcher.rs`):
+/// `IN_MODIFY` on its `cgroup.events`, and `IN_CREATE|IN_DELETE` on its parent directory.
+#[derive(Debug)]
+struct Watched {
+    /// How many of the agent's watches name the cgroup.
+    users: u32,
+    /// The inode of the cgroup when the agent watched it (`None`: it did not exist, so only
+    /// the parent is watched).
+    dir: Option<u64>,
+    /// The inode of its parent then (`None`: a directory the model does not make, which
+    /// stays).
+    parent: Option<u64>,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Kernel {
     pub procs: BTreeMap<Pid, Proc>,
-    dirs: BTreeSet<String>,
+    /// Each cgroup directory with its inode number, new at every mkdir: an inotify watch is on
+    /// an inode, not on a path (`fsnotify_add_mark` marks the inode).
+    dirs: BTreeMap<String, u64>,
+    next_inode: u64,
     next_pid: Pid,
     /// Pids wrap past this (`/proc/sys/kernel/pid_max`) and are reused.
     pub pid_max: Pid,
     spawned: u64,
-    /// cgroups the agent watches, with how many of its watches name each.
-    watched: BTreeMap<String, u32>,
+    /// cgroups the agent watches, with what each watch is on.
+    watched: BTreeMap<String, Watched>,
     /// Watched cgroups with a notification not yet read: a set, because the kernel merges.
     pending: BTreeSet<String>,
     /// Watches the kernel dropped, not yet reported.
@@ -93,7 +110,16 @@ impl Kernel {
     }
 
     pub(crate) fn exists(&self, path: &str) -> bool {
-        self.dirs.contains(path)
+        self.dirs.contains_key(path)
+    }
+
+    fn inode(&self, path: &str) -> Option<u64> {
+        self.dirs.get(path).copied()
+    }
+
+    fn parent_inode(&self, path: &str) -> Option<u64> {
+        path.rsplit_once('/')
+            .and_then(|(parent, _)| self.inode(parent))
     }
 
     pub(crate) fn read(&self, path: &str) -> Reading {
@@ -105,16 +131,35 @@ impl Kernel {
     }
 
     /// Applies `change`, then queues a notification for every watched cgroup whose
-    /// `cgroup.events` (or existence, seen by the watch on its parent) it changed.
+    /// `cgroup.events` it changed (`kernfs_notify`, to the watch on that file's inode), or
+    /// which it created or removed (`fsnotify_create`, `fsnotify_delete`, to the watch on the
+    /// parent directory's inode). Removing a cgroup sends nothing to the watch on its own file
+    /// (no `IN_IGNORED`, seen on Linux 6.18): that watch is dead, and one made before a cgroup
+    /// of the same path was created again never hears of the new one.
     fn notifying(&mut self, change: impl FnOnce(&mut Kernel)) {
-        let before: Vec<(String, Reading)> = self
+        let before: Vec<(String, Reading, Option<u64>)> = self
             .watched
             .keys()
-            .map(|p| (p.clone(), self.read(p)))
+            .map(|p| (p.clone(), self.read(p), self.parent_inode(p)))
             .collect();
         change(self);
-        for (path, was) in before {
-            if self.read(&path) != was {
+        for (path, was, parent_before) in before {
+            let now = self.read(&path);
+            let Some(watch) = self.watched.get(&path) else {
+                continue;
+            };
+            let heard = if (was == Reading::Gone) != (now == Reading::Gone) {
+                // A removal reaches the parent before the parent itself may go.
+                let parent = if now == Reading::Gone {
+                    parent_before
+                } else {
+                    self.parent_inode(&path)
+                };
+                watch.parent == parent
+            } else {
+                now != was && watch.dir.is_some() && watch.dir == self.inode(&path)
+            };
+            if heard {
                 self.pending.insert(path);
             }
         }
@@ -123,8 +168,10 @@ impl Kernel {
     pub(crate) fn mkdir(&mut self, path: &str) {
         if !self.exists(path) {
             let path = path.to_owned();
+            self.next_inode += 1;
+            let inode = self.next_inode;
             self.notifying(|k| {
-                k.dirs.insert(path);
+                k.dirs.insert(path, inode);
             });
         }
     }
@@ -135,7 +182,7 @@ impl Kernel {
         if !self.exists(path) || self.populated(path) {
             return false;
         }
-        self.notifying(|k| k.dirs.retain(|d| !within(d, path)));
+        self.notifying(|k| k.dirs.retain(|d, _| !within(d, path)));
         true
     }
 
@@ -237,14 +284,24 @@ impl Kernel {
 
     /// The agent adds a watch; it never fails in this model unless `fail` says so (the
     /// inotify watch limit).
+    /// Watching again puts the watches on the inodes there now, for every user of the path
+    /// (one descriptor an inode, shared).
     pub(crate) fn watch(&mut self, path: &str) {
-        *self.watched.entry(path.to_owned()).or_default() += 1;
+        let (dir, parent) = (self.inode(path), self.parent_inode(path));
+        let watch = self.watched.entry(path.to_owned()).or_insert(Watched {
+            users: 0,
+            dir,
+            parent,
+        });
+        watch.users += 1;
+        watch.dir = dir;
+        watch.parent = parent;
     }
 
     pub(crate) fn unwatch(&mut self, path: &str) {
-        if let Some(n) = self.watched.get_mut(path) {
-            *n -= 1;
-            if *n == 0 {
+        if let Some(watch) = self.watched.get_mut(path) {
+            watch.users -= 1;
+            if watch.users == 0 {
                 self.watched.remove(path);
                 self.pending.remove(path);
             }
@@ -336,6 +393,8 @@ mod tests {
         // Creation and populating: one pending notification, not two.
         assert_eq!(k.pending_paths(), vec!["/a.service".to_owned()]);
         assert!(k.take_pending("/a.service"));
+        // Watched before it existed, only its parent was: the agent watches it again.
+        k.watch("/a.service");
         k.kill(p2);
         assert_eq!(k.procs[&p1].ppid, MANAGER, "the orphan goes to the manager");
         assert!(!k.take_pending("/a.service"), "still populated: no change");
@@ -348,5 +407,36 @@ mod tests {
         assert!(k.rmdir("/a.service"));
         assert_eq!(k.read("/a.service"), Reading::Gone);
         assert!(!k.exists("/a.service/payload"));
+    }
+    #[test]
+    fn a_watch_is_on_an_inode_and_a_cgroup_made_again_is_a_new_one() {
+        let mut k = Kernel::new();
+        k.mkdir("/s.slice");
+        k.mkdir("/s.slice/a.service");
+        k.watch("/s.slice/a.service");
+        assert!(k.rmdir("/s.slice/a.service"));
+        assert!(
+            k.take_pending("/s.slice/a.service"),
+            "the parent hears it go"
+        );
+        k.mkdir("/s.slice/a.service");
+        assert!(
+            k.take_pending("/s.slice/a.service"),
+            "the parent hears it come"
+        );
+        let pid = k.spawn("/s.slice/a.service", 7, 0, Role::Main, MANAGER, 1);
+        assert!(
+            !k.take_pending("/s.slice/a.service"),
+            "the old watch is on the removed inode's cgroup.events"
+        );
+        k.watch("/s.slice/a.service");
+        k.kill(pid);
+        assert!(k.take_pending("/s.slice/a.service"), "watched again: heard");
+        // A slice made again: the watch on its old inode hears nothing of what is below.
+        assert!(k.rmdir("/s.slice"));
+        assert!(k.take_pending("/s.slice/a.service"));
+        k.mkdir("/s.slice");
+        k.mkdir("/s.slice/a.service");
+        assert!(!k.take_pending("/s.slice/a.service"));
     }
 }
