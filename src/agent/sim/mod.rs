@@ -391,17 +391,14 @@ fn env_u64(name: &str) -> Option<u64> {
 const KNOWN_DEFECTS: &[(&str, &str)] = &[
     (
         "NO PROOF within the liveness bound, another invocation's leftovers alive",
-        "issue 23 (4), what is left of it: 1 of 14,000 seeds without healing (5764): the \
-         signals naming an invocation after ours and its ControlPID came after the first read \
-         told a later one, so the facts dropped them as older; they could be placed by the \
-         Service change's serial being the Unit change's minus one (`send_changed_signal`). \
-         In healing mode (`h`), 6 of 2,000 seeds, not yet diagnosed",
+        "issue 23 (4), what is left of it: 36 of 40,000 random seeds, most in healing mode \
+         (`h`), not yet diagnosed; none of seeds 0..14,000 without healing",
     ),
     (
         "NO PROOF within the liveness bound",
-        "found by the healing mode, not yet diagnosed (2 of 2,000 seeds, e.g. 627: a \
+        "found by the healing mode, not yet diagnosed (27 of 40,000 random seeds; e.g. 627: a \
          RemainAfterExit unit restarted outside again and again, whose cgroup the watch never \
-         learned, each read of it overtaken by the next start)",
+         learned, each read of it overtaken by the next start or reload)",
     ),
     (
         "StopUnit (Requested) hits the invocation started after ours was over",
@@ -411,7 +408,7 @@ const KNOWN_DEFECTS: &[(&str, &str)] = &[
     ),
     (
         "NO RELEASE of a launch file within the liveness bound after its proof",
-        "a defect, not yet fixed (about 1 in 7,000 seeds, e.g. 106639): an agent killed after \
+        "a defect, not yet fixed (5 of 40,000 random seeds, e.g. 106639): an agent killed after \
          saving a proof and before removing the launch file never removes it; a restored \
          proven watch does not resume its release (at most once by design, `Core::on_proof`, \
          since the path may belong to the next generation by then)",
