@@ -43,6 +43,10 @@ pub const TESTS: &[Test] = &[
         a_stop_requested_after_our_invocation_ended_spares_the_next_invocation,
     ),
     (
+        "a_stop_requested_while_ours_waits_to_restart_spares_the_restart",
+        a_stop_requested_while_ours_waits_to_restart_spares_the_restart,
+    ),
+    (
         "a_proven_generations_final_stop_spares_another_invocation_of_the_unit",
         a_proven_generations_final_stop_spares_another_invocation_of_the_unit,
     ),
@@ -509,6 +513,68 @@ fn a_stop_requested_after_our_invocation_ended_spares_the_next_invocation() {
         &sandbox,
         &agent,
         "late.service",
+        &second,
+        "after our invocation's proof",
+    );
+}
+
+/// Defect 3, a stop requested during `activating (auto-restart)`: our main process exited 1,
+/// systemd said `failed` and waits `RestartSec=` to start the unit again, with a new
+/// InvocationID. Ours is over (a `KillMode=process` leftover keeps its proof open), so a stop
+/// asked for now is not sent: a StopUnit could reach the restarted invocation, and would
+/// cancel the restart, which is not ours to cancel.
+///
+/// Failed before the agent counted `auto-restart` as ours ended: the StopUnit cancelled the
+/// restart (the unit stayed inactive with our InvocationID).
+fn a_stop_requested_while_ours_waits_to_restart_spares_the_restart() {
+    let sandbox = Sandbox::start("stoprestart");
+    sandbox.install_unit(
+        "again.service",
+        "[Service]\nKillMode=process\nRestart=always\nRestartSec=3s\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/again.first ]; then exec sleep 1000; fi; \
+         touch /run/again.first; sleep 1000 & sleep 1; exit 1'\n",
+    );
+    sandbox.systemctl_ok(&["start", "again.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("again.service", "InvocationID");
+    agent.one(&["watch", "again.service"]);
+    sandbox.wait_until(
+        "our main process failed; the restart waits",
+        PATIENCE,
+        || sandbox.show("again.service", "SubState") == "auto-restart",
+    );
+    agent.barrier();
+    let entry = agent.entry("again.service").expect("watched");
+    assert_eq!(entry["sub_state"], "auto-restart", "{entry}");
+    let out = agent.cli(&["stop", "again.service", "--timeout", "1s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "our leftover still lives, so no proof yet: {out:?}"
+    );
+    let second = wait_for_new_invocation(&sandbox, "again.service", &ours);
+    sandbox.wait_until("the restart runs", PATIENCE, || {
+        sandbox.show("again.service", "ActiveState") == "active"
+    });
+    let log = agent.log_text();
+    let stops = lines_with(&log, "again.service: stopping (requested)");
+    assert!(
+        stops.is_empty(),
+        "a StopUnit went out while ours waited to restart: {stops:?}"
+    );
+    let cgroup = sandbox.show("again.service", "ControlGroup");
+    let leftovers: Vec<i32> = sleepers(&sandbox, &cgroup)
+        .into_iter()
+        .filter(|pid| sandbox.show("again.service", "MainPID") != pid.to_string())
+        .collect();
+    assert_eq!(leftovers.len(), 1, "setup: our leftover beside {second}");
+    kill_pids(&leftovers);
+    let event = agent.one(&["wait", "again.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_stays_active(
+        &sandbox,
+        &agent,
+        "again.service",
         &second,
         "after our invocation's proof",
     );
