@@ -1403,3 +1403,95 @@ fn a_reload_never_heard_to_end_ends_at_the_next_relist() {
     );
     assert_eq!(s.phase("r.service"), Phase::Proven);
 }
+
+/// How many replies of each kind `outputs` holds: (events, still running).
+fn answered(outputs: &[Output]) -> (usize, usize) {
+    let count = |pick: fn(&Answer) -> bool| {
+        outputs
+            .iter()
+            .filter(|o| matches!(o, Output::Reply { answer, .. } if pick(answer)))
+            .count()
+    };
+    (
+        count(|a| matches!(a, Answer::Event(_))),
+        count(|a| matches!(a, Answer::Error(ErrorKind::StillRunning, _))),
+    )
+}
+
+/// `wait` and `stop` with a timeout answer "still running" only once their time is up, and a
+/// waiter that gives up leaves the others of the unit to the proof.
+#[test]
+fn a_timeout_answers_only_its_own_request_and_only_when_due() {
+    let mut s = watching("w.service", "active");
+    s.request(r#"{"cmd":"wait","unit":"w.service","timeout_ms":10000}"#);
+    s.request(r#"{"cmd":"stop","unit":"w.service","timeout_ms":20000}"#);
+    s.request(r#"{"cmd":"wait","unit":"w.service"}"#);
+    s.take();
+    s.pass(Duration::from_secs(1));
+    assert_eq!(answered(&s.take()), (0, 0), "no time is up after 1 s");
+    s.pass(Duration::from_secs(10));
+    assert_eq!(answered(&s.take()), (0, 1), "the wait's 10 s are up");
+    s.pass(Duration::from_secs(10));
+    assert_eq!(answered(&s.take()), (0, 1), "the stop's 20 s are up");
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Gone);
+    s.changed("w.service", "inactive", A);
+    assert_eq!(
+        answered(&s.take()),
+        (1, 0),
+        "the proof answers the waiter with no timeout"
+    );
+}
+
+/// A generation proven after the agent restarted gets its final stop unless a stop of ours
+/// succeeded before the restart: the state file carries that, since the control side's files
+/// go only with a StopUnit of the unit.
+#[test]
+fn a_generations_final_stop_after_a_restart_depends_on_a_stop_that_succeeded_before() {
+    for stopped_before in [false, true] {
+        let mut s = Script::watching_generation_3();
+        if stopped_before {
+            s.request(r#"{"cmd":"stop","unit":"g.service"}"#);
+            s.take();
+            s.input(Input::StopDone {
+                key: UnitKey(0),
+                kind: StopKind::Proof(StopReason::Requested),
+                succeeded: true,
+            });
+        }
+        let saved = s.save();
+        let mut s = Script::restored(saved, "boot-1");
+        s.input(Input::BusUp);
+        s.cgroups
+            .insert("/app.slice/g.service".into(), CgroupReading::Gone);
+        s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/g.service")));
+        assert_eq!(s.phase("g.service"), Phase::Proven);
+        s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/g.service")));
+        let expected = if stopped_before {
+            vec![]
+        } else {
+            vec![("g.service".to_owned(), StopKind::FinalGeneration)]
+        };
+        assert_eq!(s.stops(), expected, "stopped before: {stopped_before}");
+    }
+}
+
+/// A read sent before a reload and answered after it may hold what systemd said before:
+/// it proves nothing, and the unit is read again.
+#[test]
+fn a_read_that_spans_a_reload_proves_nothing() {
+    let mut s = watching("span.service", "active");
+    let cgroup = "/app.slice/span.service";
+    s.signal(SystemdSignal::UnitNew {
+        unit: "span.service".into(),
+    });
+    s.signal(SystemdSignal::Reloading(true));
+    s.signal(SystemdSignal::Reloading(false));
+    s.cgroups.insert(cgroup.into(), CgroupReading::Gone);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "inactive", A, cgroup)));
+    assert_eq!(read, ["span.service"], "the read sent before the reload");
+    assert_eq!(s.phase("span.service"), Phase::Watching);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "inactive", A, cgroup)));
+    assert_eq!(read, ["span.service"], "read again after the reload");
+    assert_eq!(s.phase("span.service"), Phase::Proven);
+}
