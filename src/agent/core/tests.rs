@@ -1495,3 +1495,93 @@ fn a_read_that_spans_a_reload_proves_nothing() {
     assert_eq!(read, ["span.service"], "read again after the reload");
     assert_eq!(s.phase("span.service"), Phase::Proven);
 }
+
+/// How many `watch` answers and refusals `outputs` holds: (answers, refusals).
+fn watch_answers(outputs: &[Output]) -> (usize, usize) {
+    let answers = outputs
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Output::Reply {
+                    answer: Answer::Watch(_),
+                    ..
+                }
+            )
+        })
+        .count();
+    let refusals = outputs
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                Output::Reply {
+                    answer: Answer::Error(ErrorKind::BadRequest, _),
+                    ..
+                }
+            )
+        })
+        .count();
+    (answers, refusals)
+}
+
+/// A unit watched with options is watched again with the same options or none; other
+/// options are refused. A `watch` that finds the unit's watch not yet read (made by `wait`)
+/// is answered with the first read, not before.
+#[test]
+fn a_watch_again_joins_with_the_same_options_or_none_and_waits_for_the_first_read() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/o.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"wait","unit":"o.service"}"#);
+    s.request(r#"{"cmd":"watch","unit":"o.service"}"#);
+    s.save();
+    assert_eq!(
+        watch_answers(&s.outputs),
+        (0, 0),
+        "not before the first read"
+    );
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, cgroup)));
+    s.save();
+    assert_eq!(watch_answers(&s.take()), (1, 0));
+
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"o.service","run_dir":"/run/o"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, cgroup)));
+    s.save();
+    s.take();
+    s.request(r#"{"cmd":"watch","unit":"o.service","run_dir":"/run/o"}"#);
+    s.request(r#"{"cmd":"watch","unit":"o.service"}"#);
+    s.save();
+    assert_eq!(
+        watch_answers(&s.take()),
+        (2, 0),
+        "the same options, or none"
+    );
+    s.request(r#"{"cmd":"watch","unit":"o.service","run_dir":"/run/other"}"#);
+    assert_eq!(watch_answers(&s.take()), (0, 1), "other options");
+}
+
+/// Watching a proven unit again with another invocation watches that invocation; it does
+/// not answer with the old proof.
+#[test]
+fn a_proven_unit_watched_with_another_invocation_is_watched_afresh() {
+    let mut s = watching("p.service", "active");
+    s.cgroups
+        .insert("/app.slice/p.service".into(), CgroupReading::Gone);
+    s.changed("p.service", "inactive", A);
+    assert_eq!(s.phase("p.service"), Phase::Proven);
+    s.cgroups
+        .insert("/app.slice/p.service".into(), CgroupReading::Populated);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"p.service","invocation":"{B}"}}"#
+    ));
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/p.service")));
+    let views = s.list();
+    assert_eq!(views.len(), 1);
+    assert_eq!(views[0].invocation.as_deref(), Some(B));
+    assert_eq!(views[0].phase, Phase::Watching);
+}
