@@ -1585,3 +1585,27 @@ fn a_proven_unit_watched_with_another_invocation_is_watched_afresh() {
     assert_eq!(views[0].invocation.as_deref(), Some(B));
     assert_eq!(views[0].phase, Phase::Watching);
 }
+
+/// A stop asked for in this life of the agent is saved as asked for, and after a restart a
+/// new invocation is then our stop's replacement, not an invocation started outside.
+#[test]
+fn a_stop_asked_for_is_saved_and_outlives_a_restart() {
+    let mut s = watching("k.service", "active");
+    s.request(r#"{"cmd":"stop","unit":"k.service"}"#);
+    let saved = s.save();
+    assert!(saved.watches[0].stop_requested);
+    let mut s = Script::restored(saved, "boot-1");
+    assert!(
+        s.list()[0].stop_requested,
+        "listed so before the first read"
+    );
+    s.input(Input::BusUp);
+    s.cgroups
+        .insert("/app.slice/k.service".into(), CgroupReading::Gone);
+    s.answer_reads(|u| Ok(snapshot(u, "activating", B, "/app.slice/k.service")));
+    assert_eq!(s.stops(), [], "no foreign stop of our stop's replacement");
+    let views = s.list();
+    let proof = views[0].proof.as_ref().expect("proven");
+    assert_eq!(proof.cause, Cause::ReplacedAfterStop);
+    assert!(proof.stop_requested);
+}
