@@ -15,7 +15,8 @@ use crate::record_name::RecordName;
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
 /// `control_group` and `stop_unsent`; version 3 the `journal` that follows the snapshot;
 /// version 4 saves a proof as [`SavedProof`], the state's own shape (its names are the ones
-/// versions 1 to 3 saved, so their proofs still load).
+/// versions 1 to 3 saved, so their proofs still load); a watch's `release_unfinished`, written
+/// only when set, came later within version 4.
 pub(crate) const STATE_VERSION: u32 = 4;
 
 /// The oldest version of a journal this agent still replays: a journal follows a snapshot of
@@ -221,6 +222,11 @@ pub(crate) struct SavedWatch {
     /// restart if the unit still runs our invocation.
     #[serde(default)]
     pub stop_unsent: bool,
+    /// Proven, and the generation's release (its launch file, its final stop) is not over:
+    /// an agent restarted from this carries it out. Written only when set, so a file an
+    /// earlier agent of the same version wrote reads the same.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub release_unfinished: bool,
 }
 
 #[cfg(test)]
@@ -239,6 +245,7 @@ impl SavedWatch {
             proof: None,
             control_group: None,
             stop_unsent: false,
+            release_unfinished: false,
         }
     }
 }

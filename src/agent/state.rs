@@ -451,6 +451,7 @@ mod tests {
             proof: None,
             control_group: Some("/app.slice/app@1.service".to_owned()),
             stop_unsent: true,
+            release_unfinished: false,
         };
         let proven = SavedWatch {
             proof: Some(
@@ -459,6 +460,7 @@ mod tests {
                 )
                 .expect("encode"),
             ),
+            release_unfinished: true,
             ..watch("backup.service")
         };
         AgentState {

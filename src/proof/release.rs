@@ -73,6 +73,14 @@ impl Release {
         self.stop_succeeded
     }
 
+    /// Whether the proof was handed in and the release is not over: what it asks for is not
+    /// yet taken, or the final decision waits for a stop of ours in flight. The agent saves
+    /// this with the proof, so one killed in between carries the release out after its restart.
+    pub fn unfinished(&self) -> bool {
+        self.proven
+            && (!self.outputs.is_empty() || !self.final_stop_decided || self.stops_in_flight > 0)
+    }
+
     /// Takes in one fact; what it makes the driver do is in [`Release::take_outputs`].
     pub fn handle(&mut self, input: ReleaseInput) {
         match input {

@@ -14,6 +14,7 @@
 //! unit's invocation in this boot is not ours to stop).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::Instant;
 
@@ -21,7 +22,8 @@ use super::watch::{UnsentStop, Watch};
 use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
 use crate::agent::saved::{ProofJson, SavedWatch};
 use crate::control::protocol::WatchSpec;
-use crate::proof::release::Release;
+use crate::control::wire;
+use crate::proof::release::{Release, ReleaseInput};
 use crate::proof::{Input as ProofInput, Resumed, StopReason, UnitProof};
 use crate::unit_name;
 
@@ -119,7 +121,23 @@ impl Core {
                 .into_iter()
                 .partition(|r| r.proof.is_some());
         let counts = (watching.len(), proven.len());
+        // A launch file named by two watches is left where it is by a release resumed here:
+        // it may be the other generation's by now.
+        let mut launch_files: BTreeMap<&PathBuf, usize> = BTreeMap::new();
+        for path in proven
+            .iter()
+            .chain(&watching)
+            .filter_map(|r| r.launch_file.as_ref())
+        {
+            *launch_files.entry(path).or_default() += 1;
+        }
+        let shared_launch_files: BTreeSet<PathBuf> = launch_files
+            .into_iter()
+            .filter(|(_, n)| *n > 1)
+            .map(|(path, _)| path.clone())
+            .collect();
         let mut to_prove = Vec::new();
+        let mut to_release = Vec::new();
         for record in proven.into_iter().chain(watching) {
             let Ok(unit) = unit_name::validate(&record.unit) else {
                 self.log(
@@ -134,7 +152,10 @@ impl Core {
                 generation: record.generation,
                 launch_file: record.launch_file,
             };
-            let has_launch_file = spec.launch_file.is_some();
+            let has_launch_file = spec
+                .launch_file
+                .as_ref()
+                .is_some_and(|path| !shared_launch_files.contains(path));
             let mut watch = Watch::new(&unit, Some(record.invocation.clone()), spec);
             watch.restored = true;
             if let Some(cgroup) = &record.control_group {
@@ -151,6 +172,13 @@ impl Core {
                     Ok(event) => {
                         let key = self.new_key();
                         self.by_name.insert(Rc::clone(&watch.unit), key);
+                        if record.release_unfinished {
+                            // Killed between the proof's save and the end of its release,
+                            // whose final stop hears the unit's signals until it is decided.
+                            self.by_id.insert(&watch.id, key);
+                            to_release
+                                .push((key, rebooted || event.cause == wire::Cause::Rebooted));
+                        }
                         watch.event = Some(Box::new(event));
                         self.units.insert(key, watch);
                         self.proven_order.push_back((now, key));
@@ -183,6 +211,17 @@ impl Core {
         // Proven once every watch is back: a proof's save (before its release) must hold all.
         for key in to_prove {
             self.prove_rebooted(key, now);
+        }
+        // Released at least once: the launch file again (gone already, or this generation's
+        // alone), the final stop only after a read shows the unit runs nothing (`stop`), and
+        // none in another boot.
+        for (key, after_reboot) in to_release {
+            let input = if after_reboot {
+                ReleaseInput::ProvenAfterReboot
+            } else {
+                ReleaseInput::Proven
+            };
+            self.release(key, input);
         }
         if counts != (0, 0) {
             self.log(
@@ -272,5 +311,11 @@ fn saved_watch_of(watch: &Watch) -> Option<SavedWatch> {
             .as_ref()
             .is_some_and(|s| s.kind == StopKind::Proof(StopReason::Requested))
             || (watch.pending_stop && watch.proof.is_none()),
+        release_unfinished: watch.event.is_some()
+            && (watch.release.as_deref().is_some_and(Release::unfinished)
+                || watch
+                    .unsent_stop
+                    .as_ref()
+                    .is_some_and(|s| s.kind == StopKind::FinalGeneration)),
     })
 }

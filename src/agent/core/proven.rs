@@ -81,24 +81,28 @@ impl Core {
             event.systemd = systemd.as_ref().map(SanitizedRecord::from);
             event.record = record.as_ref().map(SanitizedRecord::from);
         }
-        // The proof is saved before any file of the generation is released, so an agent
-        // killed in between does not prove it again after its restart and release twice (a
-        // launch file of the same path may by then belong to the next generation).
-        if let Some(watch) = self.units.get_mut(&key) {
-            watch.event = Some(Box::new(event.clone()));
-            self.unsaved.unit(&watch.unit);
-            if watch.release.is_some() {
-                self.save_now(now);
-            }
-        }
         // A generation's files go only on the proofs that read the cgroup (and after a
         // reboot, its launch file): a replaced-after-stop proof leaves them, since a final
         // StopUnit then would stop the new invocation.
-        match proof.cause {
-            Cause::Exited | Cause::RestartedOutside => self.release(key, ReleaseInput::Proven),
-            Cause::Rebooted => self.release(key, ReleaseInput::ProvenAfterReboot),
-            Cause::ReplacedAfterStop => {}
+        let release_input = match proof.cause {
+            Cause::Exited | Cause::RestartedOutside => Some(ReleaseInput::Proven),
+            Cause::Rebooted => Some(ReleaseInput::ProvenAfterReboot),
+            Cause::ReplacedAfterStop => None,
+        };
+        // The proof is saved, with its release unfinished, before any file of the generation
+        // is released: an agent killed in between neither proves it again after its restart
+        // nor forgets the release, which it then carries out (`restore`).
+        if let Some(watch) = self.units.get_mut(&key) {
+            watch.event = Some(Box::new(event.clone()));
+            self.unsaved.unit(&watch.unit);
+            if let Some(release) = watch.release.as_mut() {
+                if let Some(input) = release_input {
+                    release.handle(input);
+                }
+                self.save_now(now);
+            }
         }
+        self.carry_out_release(key);
         // Released before anyone is told: a caller that hears "proven" finds the launch file
         // gone.
         self.tell_proven(key, event, to_log_level(level), now);
@@ -113,6 +117,21 @@ impl Core {
             return;
         };
         release.handle(input);
+        self.carry_out_release(key);
+    }
+
+    /// Carries out what a generation's release asks for now. A proven watch's saved record
+    /// changes with it: whether its release is over.
+    pub(super) fn carry_out_release(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let Some(release) = watch.release.as_mut() else {
+            return;
+        };
+        if watch.event.is_some() {
+            self.unsaved.unit(&watch.unit);
+        }
         for output in release.take_outputs() {
             match output {
                 ReleaseOutput::RemoveLaunchFile => {

@@ -1,6 +1,7 @@
 //! Scripted tests of the core's rules, in virtual time: each names the rule it guards.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use super::*;
@@ -1608,4 +1609,99 @@ fn a_stop_asked_for_is_saved_and_outlives_a_restart() {
     let proof = views[0].proof.as_ref().expect("proven");
     assert_eq!(proof.cause, Cause::ReplacedAfterStop);
     assert!(proof.stop_requested);
+}
+
+/// Generation 3 of `g.service` proven; the saved state as an agent killed right after the
+/// proof's own save (the first save of that turn) left it, and the script that went on.
+fn proven_generation_3_killed_after_its_save() -> (AgentState, Script) {
+    let mut s = Script::watching_generation_3();
+    let mut saved = s.save();
+    s.take();
+    s.cgroups
+        .insert("/app.slice/g.service".into(), CgroupReading::Gone);
+    s.changed("g.service", "inactive", A);
+    assert_eq!(s.phase("g.service"), Phase::Proven);
+    let proof_save = s
+        .outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::Save(save) => Some(save.clone()),
+            _ => None,
+        })
+        .expect("the proof is saved");
+    match *proof_save {
+        StateSave::Changes(changes) => saved.apply([&changes]),
+        StateSave::Snapshot(state) => saved = state,
+    }
+    (saved, s)
+}
+
+/// An agent killed after a generation's proof was saved and before its release ended carries
+/// the release out after its restart: the launch file is removed (again at worst, when it was
+/// this generation's alone) and the final stop goes out once a read shows the unit runs
+/// nothing. A release that ended is not done again.
+#[test]
+fn a_release_cut_short_by_a_kill_is_carried_out_after_the_restart() {
+    let launch_file = PathBuf::from("/run/g/launch-3");
+    for killed in [true, false] {
+        let (mut saved, mut s) = proven_generation_3_killed_after_its_save();
+        assert!(saved.watches[0].release_unfinished);
+        if !killed {
+            s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/g.service")));
+            assert_eq!(
+                s.stops(),
+                [("g.service".to_owned(), StopKind::FinalGeneration)]
+            );
+            s.input(Input::StopDone {
+                key: UnitKey(0),
+                kind: StopKind::FinalGeneration,
+                succeeded: true,
+            });
+            saved = s.save();
+            assert!(!saved.watches[0].release_unfinished);
+        }
+        let mut s = Script::restored(saved, "boot-1");
+        let removed = s
+            .take()
+            .iter()
+            .filter(|o| matches!(o, Output::RemoveLaunchFile { path, .. } if *path == launch_file))
+            .count();
+        assert_eq!(removed, usize::from(killed), "killed: {killed}");
+        s.input(Input::BusUp);
+        s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "/app.slice/g.service")));
+        let expected = if killed {
+            vec![("g.service".to_owned(), StopKind::FinalGeneration)]
+        } else {
+            vec![]
+        };
+        assert_eq!(s.stops(), expected, "killed: {killed}");
+    }
+}
+
+/// A release resumed after a restart hears the unit's signals while its final stop waits for
+/// a read: a read older than a signal that the unit began another invocation sends nothing.
+#[test]
+fn a_resumed_release_hears_the_units_signals_before_its_final_stop() {
+    let (saved, _) = proven_generation_3_killed_after_its_save();
+    let mut s = Script::restored(saved, "boot-1");
+    s.input(Input::BusUp);
+    let key = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::ReadUnit { key, .. } => Some(key),
+            _ => None,
+        })
+        .expect("the unit is read for its final stop");
+    let read_serial = s.next_serial();
+    s.changed("g.service", "activating", B);
+    let read = UnitSnapshot {
+        serial: read_serial,
+        ..snapshot("g.service", "inactive", "", "")
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    assert_eq!(s.stops(), [], "the unit runs another invocation now");
 }

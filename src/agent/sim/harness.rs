@@ -14,6 +14,7 @@
 //! released.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, ReadKind, Snapshot};
@@ -696,9 +697,16 @@ impl Sim {
                 _ => false,
             });
             let inv = self.tenant.launch_file_invocation(&path);
-            let proven = in_drain || self.tenant.launch_file_proven(&path, &self.oracle);
+            // Or a release resumed after a restart: the saved proof that names the file was
+            // judged when the agent started from it (`saved_proofs`).
+            let saved_proof =
+                self.restored.watches.iter().any(|w| {
+                    w.proof.is_some() && w.launch_file.as_deref() == Some(Path::new(&path))
+                });
+            let proven =
+                in_drain || saved_proof || self.tenant.launch_file_proven(&path, &self.oracle);
             self.oracle
-                .on_remove_launch_file(&self.world, &path, inv, proven);
+                .on_remove_launch_file(&self.world, &path, inv, proven, self.restarts);
         }
     }
 

@@ -426,14 +426,6 @@ const KNOWN_DEFECTS: &[Tolerated] = &[
          fixed before, a stop during auto-restart, is not it",
         per_10k: 3,
     },
-    Tolerated {
-        kind: "NO RELEASE of a launch file within the liveness bound after its proof",
-        why: "a defect, not yet fixed (5 of 40,000 random seeds, e.g. 106639): an agent killed after \
-         saving a proof and before removing the launch file never removes it; a restored \
-         proven watch does not resume its release (at most once by design, `Core::on_proof`, \
-         since the path may belong to the next generation by then)",
-        per_10k: 4,
-    },
 ];
 
 /// Kinds no agent can avoid without risking a false proof, tolerated even by

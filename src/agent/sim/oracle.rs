@@ -54,7 +54,8 @@ pub(crate) struct Oracle {
     pub violations: Vec<String>,
     owed: BTreeMap<(usize, Inv), Owed>,
     proven: BTreeSet<(usize, Inv)>,
-    removed: BTreeSet<String>,
+    /// Each launch file removed, with the agent's life (its restarts so far) that removed it.
+    removed: BTreeMap<String, u32>,
     /// Launch files of acknowledged watches, with the (unit, invocation) whose proof releases
     /// them (unless it is replaced after a stop) and the steps without faults since that proof.
     launch_files: BTreeMap<String, ((usize, Inv), Option<u32>)>,
@@ -254,8 +255,17 @@ impl Oracle {
 
     /// A launch file is removed; `inv` is its generation's invocation, `proven` whether the
     /// proof of it is out (or goes out in the same turn).
-    pub(crate) fn on_remove_launch_file(&mut self, w: &World, path: &str, inv: Inv, proven: bool) {
-        if !self.removed.insert(path.to_owned()) {
+    pub(crate) fn on_remove_launch_file(
+        &mut self,
+        w: &World,
+        path: &str,
+        inv: Inv,
+        proven: bool,
+        life: u32,
+    ) {
+        // Again in a later life of the agent is a release resumed after a kill that cut it
+        // short: harmless, as every generation's launch file has a path of its own here.
+        if self.removed.insert(path.to_owned(), life) == Some(life) {
             self.fail(format!("launch file {path} removed twice"));
         }
         if !proven {
@@ -334,7 +344,7 @@ impl Oracle {
             }
         }
         for (path, ((u, inv), since)) in self.launch_files.iter_mut() {
-            if !self.proven.contains(&(*u, *inv)) || self.removed.contains(path) {
+            if !self.proven.contains(&(*u, *inv)) || self.removed.contains_key(path) {
                 continue;
             }
             let n = since.get_or_insert(0);
