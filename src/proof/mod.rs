@@ -14,7 +14,7 @@
 //! | `stop`, not terminal, invocation foreign or empty | read the cgroup; if populated, count the processes not certainly the new invocation's (stricter than the replaced design, which proved at once) |
 //! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
 //! | terminal, or foreign and stopped by us | read the cgroup |
-//! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside once systemd says the foreign invocation is over too (stricter than the replaced design: that invocation may run in another cgroup) |
+//! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside once the foreign invocation we stopped is over too: systemd says so, or runs yet another invocation (stricter than the replaced design: that invocation may run in another cgroup) |
 //! | ... none of ours left (replaced after stop, or the foreign invocation we stopped is over) | proven: replaced after stop, or restarted outside (the replaced design also waited for the other invocation's leftovers: a proof lost while they live) |
 //! | ... `populated 1`, replaced after stop or the foreign invocation we stopped is over | count the processes not certainly the newer invocation's |
 //! | ... `populated 1`, otherwise | log "processes remain", at most once per 2 s |
@@ -309,7 +309,8 @@ struct Verdict {
 pub struct UnitProof {
     invocation: String,
     stop_requested: bool,
-    foreign_stopped: bool,
+    /// The foreign invocation we stopped, once we did (`""` if the state named none).
+    foreign_stopped: Option<Box<str>>,
     state: Option<Seen>,
     last_reading: Option<CgroupReading>,
     proof: Option<Proof>,
@@ -323,7 +324,7 @@ impl UnitProof {
         UnitProof {
             invocation,
             stop_requested: false,
-            foreign_stopped: false,
+            foreign_stopped: None,
             state: None,
             last_reading: None,
             proof: None,
@@ -474,27 +475,36 @@ impl UnitProof {
         self.stop_requested && !v.terminal && (v.foreign || v.no_invocation)
     }
 
-    /// Whether the foreign invocation we stopped is over: what remains in the cgroup is then
-    /// ours only if it began before that invocation (its own `KillMode=process` leftovers are
-    /// not ours to wait for).
+    /// Whether the foreign invocation we stopped is over: systemd says so, or it runs another
+    /// invocation since (an InvocationID is never used again, and a unit runs one at a time).
+    /// What remains in the cgroup is then ours only if it began before that invocation (its
+    /// own `KillMode=process` leftovers are not ours to wait for).
     fn stopped_foreign_over(&self, v: Verdict) -> bool {
-        !self.stop_requested && self.foreign_stopped && v.foreign_over
+        let Some(stopped) = &self.foreign_stopped else {
+            return false;
+        };
+        let runs_another = match self.state.as_ref().map(|s| &s.invocation) {
+            Some(SeenInvocation::Foreign(theirs)) => theirs != stopped,
+            _ => false,
+        };
+        !self.stop_requested && v.foreign && (v.foreign_over || runs_another)
     }
 
     /// Whether the state alone leaves the cgroup to decide.
     fn needs_cgroup(&self, v: Verdict) -> bool {
-        v.terminal || (v.foreign && self.foreign_stopped) || self.replaced(v)
+        v.terminal || (v.foreign && self.foreign_stopped.is_some()) || self.replaced(v)
     }
 
     fn on_state(&mut self) {
         let Some(v) = self.verdict() else {
             return;
         };
-        if v.foreign && !self.foreign_stopped && !self.stop_requested {
-            let theirs = match self.state.as_ref().map(|s| &s.invocation) {
+        if v.foreign && self.foreign_stopped.is_none() && !self.stop_requested {
+            let theirs: &str = match self.state.as_ref().map(|s| &s.invocation) {
                 Some(SeenInvocation::Foreign(theirs)) => theirs,
                 _ => "",
             };
+            let stopped = theirs.into();
             let line = format!(
                 "unit restarted outside the activator (invocation {theirs}, ours {}); stopping it",
                 display_invocation(&self.invocation)
@@ -502,7 +512,7 @@ impl UnitProof {
             self.outputs.push_back(Output::Log(Level::Warn, line));
             self.outputs
                 .push_back(Output::StopUnit(StopReason::Foreign));
-            self.foreign_stopped = true;
+            self.foreign_stopped = Some(stopped);
         }
         if self.needs_cgroup(v) {
             self.outputs.push_back(Output::ReadCgroup);
@@ -529,7 +539,7 @@ impl UnitProof {
                         Level::Warn,
                         REPLACED_AFTER_STOP.into(),
                     );
-                } else if v.foreign_over {
+                } else if self.stopped_foreign_over(v) {
                     self.prove(
                         Cause::RestartedOutside,
                         Level::Warn,
@@ -537,7 +547,8 @@ impl UnitProof {
                     );
                 }
                 // Else the foreign invocation we stopped still runs, maybe in a cgroup of its
-                // own (a Slice= change): a writer of the unit until systemd says it is over.
+                // own (a Slice= change): a writer of the unit until systemd says it is over,
+                // or runs another.
             }
             CgroupReading::Populated if self.replaced(v) || self.stopped_foreign_over(v) => {
                 // systemd starts a new invocation only once the stop job of ours completed, but

@@ -9,6 +9,7 @@ use super::*;
 
 const OURS: &str = "0123456789abcdef0123456789abcdef";
 const THEIRS: &str = "fedcba9876543210fedcba9876543210";
+const NEWEST: &str = "00112233445566778899aabbccddeeff";
 
 /// One step of a script: a fact, or time passing.
 #[derive(Clone, Debug)]
@@ -268,6 +269,44 @@ fn a_foreign_invocation_is_stopped_once_then_proven_restarted_outside() {
              0ms log Warn: processes remain after active; not releasing
              0ms read-cgroup
              0ms read-cgroup
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+        ),
+    );
+}
+
+/// The foreign invocation we stopped is over once systemd runs yet another one (whose end we
+/// may never hear of: a `RemainAfterExit=` unit stays `active`): the cgroup decides then, gone
+/// proving ours restarted outside, populated counting what is not certainly the newest's.
+#[test]
+fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
+    check(
+        &[
+            st("active", OURS),
+            st("active", THEIRS),
+            st("active", NEWEST),
+            cg(CgroupReading::Gone),
+        ],
+        &format!(
+            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+             0ms stop-unit foreign
+             0ms read-cgroup
+             0ms read-cgroup
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+        ),
+    );
+    check(
+        &[
+            st("active", THEIRS),
+            st("active", NEWEST),
+            cg(CgroupReading::Populated),
+            leftovers(0),
+        ],
+        &format!(
+            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+             0ms stop-unit foreign
+             0ms read-cgroup
+             0ms read-cgroup
+             0ms count-leftovers
              0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
         ),
     );

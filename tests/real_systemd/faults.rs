@@ -80,15 +80,9 @@ fn assert_unproven(agent: &Agent, unit: &str) {
 /// dbus-daemon was killed (its default method timeout).
 const MANAGER_STALL: Duration = Duration::from_secs(90);
 
-fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
-    let sandbox = Sandbox::start("dbuskill");
-    let agent = Agent::start(&sandbox);
-    sleeper(&sandbox, "alive.service");
-    sleeper(&sandbox, "doomed.service");
-    one(&agent, &["watch", "alive.service"]);
-    one(&agent, &["watch", "doomed.service"]);
-    let doomed = sandbox.unit_cgroup_dir("doomed.service");
-
+/// SIGKILLs the sandbox's session bus (`dbus-daemon`): the agent loses its connection, and
+/// every signal until it is back. systemd socket-activates the bus again on the next connect.
+pub(super) fn kill_the_bus(sandbox: &Sandbox) {
     let bus_pid: i32 = sandbox
         .show("dbus.service", "MainPID")
         .parse()
@@ -99,8 +93,10 @@ fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
         nix::sys::signal::Signal::SIGKILL,
     )
     .expect("kill dbus-daemon");
-    // While the bus is down, a unit dies: no signal can tell the agent.
-    cgroup_kill(&doomed);
+}
+
+/// Waits until the agent noticed the bus was gone and is back on it.
+pub(super) fn wait_back_on_the_bus(sandbox: &Sandbox, agent: &Agent) {
     sandbox.wait_until("the agent notices the bus is gone", PATIENCE, || {
         agent.log_text().contains("every unit's state is unknown")
     });
@@ -108,10 +104,10 @@ fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
     // dbus-daemon's death can wait in the socket's backlog, unactivated, until something else
     // wakes the manager, however often the agent connects again (about one run in three). A
     // request over the manager's private socket (systemctl) is such a wake; the agent's own
-    // reconnect attempts go on meanwhile, and the rest of the test is unchanged. In about one
-    // run in six the manager itself does not answer that request for 90 s (systemctl then
-    // fails with "Transport endpoint is not connected"), so a failed wake is only retried, and
-    // this wait outlasts the manager's stall.
+    // reconnect attempts go on meanwhile. In about one run in six the manager itself does not
+    // answer that request for 90 s (systemctl then fails with "Transport endpoint is not
+    // connected"), so a failed wake is only retried, and this wait outlasts the manager's
+    // stall.
     sandbox.wait_until(
         "the agent is back on the bus",
         MANAGER_STALL + PATIENCE,
@@ -120,6 +116,21 @@ fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
             agent.log_text().contains("back on the bus")
         },
     );
+}
+
+fn a_killed_dbus_daemon_loses_no_proof_and_makes_none_early() {
+    let sandbox = Sandbox::start("dbuskill");
+    let agent = Agent::start(&sandbox);
+    sleeper(&sandbox, "alive.service");
+    sleeper(&sandbox, "doomed.service");
+    one(&agent, &["watch", "alive.service"]);
+    one(&agent, &["watch", "doomed.service"]);
+    let doomed = sandbox.unit_cgroup_dir("doomed.service");
+
+    kill_the_bus(&sandbox);
+    // While the bus is down, a unit dies: no signal can tell the agent.
+    cgroup_kill(&doomed);
+    wait_back_on_the_bus(&sandbox, &agent);
     // The bus comes back when something connects to its socket (systemd socket-activates it),
     // and the agent's reconnect is such a thing.
     let event = one(

@@ -15,6 +15,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 use super::dynamics::{lines_with, until, wait_for_new_invocation};
+use super::faults::{kill_the_bus, wait_back_on_the_bus};
 use crate::Test;
 use crate::support::Sandbox;
 use crate::support::agent::Agent;
@@ -53,6 +54,10 @@ pub const TESTS: &[Test] = &[
     (
         "a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof",
         a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof,
+    ),
+    (
+        "a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another",
+        a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another,
     ),
     (
         "an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof",
@@ -723,6 +728,73 @@ fn a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof() {
     assert_eq!(event["cause"], "restarted-outside", "{event}");
     assert_still_in(&sandbox, &cgroup, &theirs);
     kill_pids(&theirs);
+}
+
+/// A unit restarted outside twice. The agent stops the first foreign invocation, loses the
+/// bus before it ends, and reads next a third invocation that stays `active (exited)`
+/// (`RemainAfterExit=yes`): the invocation it stopped is over, since systemd runs another, so
+/// ours is proven `restarted-outside` once the cgroup is empty.
+///
+/// Failed before: the proof waited for systemd to say the invocation it stopped was over, and
+/// judged that by the invocation running now, which never ends: no proof at all. Found by the
+/// simulator's healing mode (seed 22385760234613).
+fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
+    let sandbox = Sandbox::start("foreigntwice");
+    // Its main process ignores SIGTERM, so a stop takes TimeoutStopSec=; once the marker is
+    // there it exits at once and the unit stays `active (exited)`.
+    sandbox.install_unit(
+        "twice.service",
+        "[Service]\nRemainAfterExit=yes\nTimeoutStopSec=3s\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/twice.exits ]; then exit 0; fi; \
+         trap \"\" TERM; exec sleep 1000'\n",
+    );
+    sandbox.systemctl_ok(&["start", "twice.service"]);
+    let mut agent = Agent::start(&sandbox);
+    let ours = sandbox.show("twice.service", "InvocationID");
+    agent.one(&["watch", "twice.service"]);
+    // Restarted while the agent is down: the agent, started again, first reads the second
+    // invocation running (not the `inactive` it is announced with), and stops it.
+    agent.kill_hard();
+    sandbox.systemctl_ok(&["restart", "twice.service"]);
+    let second = wait_for_new_invocation(&sandbox, "twice.service", &ours);
+    let agent = Agent::start(&sandbox);
+    sandbox.wait_until("the agent stops the foreign invocation", PATIENCE, || {
+        sandbox.show("twice.service", "ActiveState") == "deactivating"
+    });
+    {
+        // Paused, the agent cannot reconnect (which would start the bus again) before the
+        // third invocation runs: it hears nothing of the second one's end.
+        let _paused = agent.pause();
+        kill_the_bus(&sandbox);
+        sandbox.wait_until("the stopped invocation is over", PATIENCE, || {
+            matches!(
+                sandbox.show("twice.service", "ActiveState").as_str(),
+                "inactive" | "failed"
+            )
+        });
+        touch(&sandbox, "/run/twice.exits");
+        sandbox.systemctl_ok(&["start", "twice.service"]);
+        let third = wait_for_new_invocation(&sandbox, "twice.service", &second);
+        assert_eq!(
+            sandbox.show("twice.service", "SubState"),
+            "exited",
+            "{third}"
+        );
+    }
+    wait_back_on_the_bus(&sandbox, &agent);
+    // 20 s, not the usual 30: without the proof (as before the fix) the test still ends
+    // within about half a minute.
+    let out = agent.cli(&["--json", "wait", "twice.service", "--timeout", "20s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "no proof of our invocation {ours}, though the invocation {second} the agent stopped \
+         is over and the third stays active (exited) with an empty cgroup: {out:?}\n{}",
+        agent.log_text()
+    );
+    let event: Value = serde_json::from_slice(&out.stdout).expect("a proof event");
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "restarted-outside", "{event}");
 }
 
 /// Defect 4, an orphan: the invocation started outside the agent has an `ExecStartPre=`

@@ -408,16 +408,9 @@ impl Tolerated {
 const KNOWN_DEFECTS: &[Tolerated] = &[
     Tolerated {
         kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
-        why: "issue 23 (4), what is left of it: 36 of 40,000 random seeds, most in healing mode \
+        why: "issue 23 (4), what is left of it: 23 of 40,000 random seeds, most in healing mode \
          (`h`), not yet diagnosed; none of seeds 0..14,000 without healing",
         per_10k: 20,
-    },
-    Tolerated {
-        kind: "NO PROOF within the liveness bound",
-        why: "found by the healing mode, not yet diagnosed (27 of 40,000 random seeds; e.g. 627: a \
-         RemainAfterExit unit restarted outside again and again, whose cgroup the watch never \
-         learned, each read of it overtaken by the next start or reload)",
-        per_10k: 15,
     },
     Tolerated {
         kind: "StopUnit (Requested) hits the invocation started after ours was over",
