@@ -11,6 +11,7 @@ mod bus;
 pub(crate) mod core;
 pub(crate) mod dirs;
 mod journal;
+mod lock;
 mod metrics;
 mod remaining;
 pub(crate) mod saved;
@@ -55,6 +56,7 @@ use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use crate::systemd::snapshot::UnitSnapshot;
 use dirs::DirError;
+use lock::{LockError, StateLock};
 use saved::{AgentState, StateSave};
 use state::StateError;
 use stats::DriverCounters;
@@ -154,6 +156,10 @@ pub enum AgentError {
     /// A missing directory of the socket or the state could not be created.
     #[error("{0}")]
     Dir(DirError),
+    /// The state directory could not be locked: another agent holds it, or its lock file
+    /// could not be opened.
+    #[error("{0}")]
+    Lock(LockError),
     /// The metrics file could not be set up.
     #[error("{0}")]
     Metrics(String),
@@ -236,6 +242,8 @@ struct Agent {
     signals: SignalFd,
     /// Where the watch set is kept across restarts; `None` keeps it in memory only.
     state_store: Option<StateStore>,
+    /// The state directory's lock, held as long as the agent runs.
+    _state_lock: Option<StateLock>,
     /// A save that failed. The outputs after it (answers and releases that promise it is
     /// durable) are never carried out; the loop stops with it.
     save_failed: Option<StateError>,
@@ -253,9 +261,15 @@ impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
         // First: it changes the environment, which only a process with one thread may do.
         let activated = crate::activation::take_listener().map_err(AgentError::Activation)?;
-        if let Some(dir) = &config.state_dir {
-            dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
-        }
+        // Before anything else is touched, the socket included: a second agent on this state
+        // directory must leave the first's files alone.
+        let state_lock = match &config.state_dir {
+            Some(dir) => {
+                dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
+                Some(lock::lock(dir).map_err(AgentError::Lock)?)
+            }
+            None => None,
+        };
         if activated.is_none()
             && let Some(dir) = config.socket.parent()
         {
@@ -370,6 +384,7 @@ impl Agent {
             server,
             signals,
             state_store,
+            _state_lock: state_lock,
             save_failed: None,
             notifier: Notifier::from_env(),
             next_ping: None,
