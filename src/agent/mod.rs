@@ -8,6 +8,7 @@
 //! runtime's own timers, a reconnect or a watchdog keep-alive.
 
 mod bus;
+mod cgroup_view;
 pub(crate) mod core;
 pub(crate) mod dirs;
 mod journal;
@@ -49,12 +50,12 @@ use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
 use crate::record_name::RecordName;
 use crate::service::Notifier;
-use crate::systemd::ConnectError;
 use crate::systemd::manager::{self, ManagerError, Subscription};
 use crate::systemd::read;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use crate::systemd::snapshot::UnitSnapshot;
+use cgroup_view::ViewError;
 use dirs::DirError;
 use lock::{LockError, StateLock};
 use saved::{AgentState, StateSave};
@@ -141,6 +142,9 @@ pub enum AgentError {
     /// The cgroup v2 mount or the inotify watcher could not be set up.
     #[error("{0}")]
     Cgroup(CgroupError),
+    /// The cgroup v2 mount could not be proven to be systemd's view of the hierarchy.
+    #[error("{0}")]
+    CgroupView(ViewError),
     /// The control socket could not be set up.
     #[error("{0}")]
     Control(ControlError),
@@ -190,7 +194,7 @@ enum Completion {
     /// A reconnect attempt finished.
     Connected {
         epoch: u64,
-        result: Result<Box<(Connection, Subscription)>, ConnectError>,
+        result: Result<Box<(Connection, Subscription)>, bus::ReconnectError>,
     },
     Read {
         epoch: u64,
@@ -305,6 +309,14 @@ impl Agent {
         let completions: Completions = Arc::default();
 
         let root = cgroup2_mount().map_err(AgentError::Cgroup)?;
+        // Before any unit is read: another view would make every cgroup read as gone.
+        runtime
+            .block_on(
+                &mut poll,
+                cgroup_view::prove(&conn, &subscription.systemd, &root),
+            )
+            .map_err(io_error("run the bus connection"))?
+            .map_err(AgentError::CgroupView)?;
         let cgroups = CgroupWatcher::new(root.clone()).map_err(AgentError::Cgroup)?;
         poll.registry()
             .register(

@@ -3,9 +3,10 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::process::Output;
+use std::time::Duration;
 
 use crate::Test;
-use crate::agent::run_unit;
+use crate::agent::{PATIENCE, PATIENCE_ARG, run_unit};
 use crate::support::Sandbox;
 use crate::support::agent::{Agent, STATE_DIR, binary_in_sandbox};
 
@@ -17,6 +18,10 @@ pub const TESTS: &[Test] = &[
     (
         "the_state_directory_is_free_once_its_agent_exits_or_is_killed",
         the_state_directory_is_free_once_its_agent_exits_or_is_killed,
+    ),
+    (
+        "an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing",
+        an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing,
     ),
 ];
 
@@ -130,4 +135,91 @@ fn the_state_directory_is_free_once_its_agent_exits_or_is_killed() {
         "{out:?}"
     );
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "kept.service"]);
+}
+
+/// Runs its arguments as a container would run them: in a cgroup of its own below `$1` (the
+/// sandbox's cgroup), then in a new cgroup namespace rooted there and a new mount namespace,
+/// with cgroup2 mounted over a tmpfs at /sys/fs/cgroup (the hierarchy's own mount cannot be
+/// mounted again on itself). The cgroup goes with the sandbox's.
+const PRIVATE_CGROUP_NAMESPACE: &str = r#"set -eu
+cg=/sys/fs/cgroup$1/agent-cgns
+shift
+mkdir -p "$cg"
+echo $$ > "$cg/cgroup.procs"
+exec unshare --cgroup --mount sh -c \
+    'mount -t tmpfs tmpfs /sys/fs/cgroup && mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec "$@"' \
+    sh "$@"
+"#;
+
+fn an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing() {
+    let sandbox = Sandbox::start("cgns");
+    // A unit whose leftover still runs: only its main process is killed.
+    sandbox.install_unit(
+        "leftover.service",
+        "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 1000 & exec sleep 1000'\n",
+    );
+    sandbox.systemctl_ok(&["start", "leftover.service"]);
+    sandbox.systemctl_ok(&["kill", "--kill-whom=main", "-s", "KILL", "leftover.service"]);
+    sandbox.wait_until("the main process is dead", PATIENCE, || {
+        matches!(
+            sandbox.show("leftover.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        )
+    });
+    let cgroup = sandbox.unit_cgroup_dir("leftover.service");
+    let procs =
+        std::fs::read_to_string(cgroup.join("cgroup.procs")).expect("the leftover's cgroup");
+    assert!(!procs.trim().is_empty(), "the leftover runs on");
+
+    std::fs::write(sandbox.host_path("/run/cgns.sh"), PRIVATE_CGROUP_NAMESPACE)
+        .expect("write the script");
+    let socket = "/run/exitproof-cgns.sock";
+    let mut command = sandbox.command("sh");
+    command.args([
+        "/run/cgns.sh",
+        &sandbox.cgroup(),
+        &binary_in_sandbox(),
+        "agent",
+        "--user",
+        "--socket",
+        socket,
+        "--state-dir",
+        "/run/exitproof-cgns-state",
+    ]);
+    match Agent::try_spawn(&sandbox, command, socket) {
+        Ok(agent) => {
+            let out = agent.cli(&["wait", "leftover.service", "--timeout", "10s"]);
+            panic!(
+                "an agent in a private cgroup namespace started; asked to wait for a unit whose \
+                 leftover still runs, it answered (exit {:?}): {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        Err((status, log)) => {
+            assert_eq!(status.code(), Some(1), "{log}");
+            let last = log.lines().last().unwrap_or_default();
+            let expected = format!(
+                "exitproof: the cgroup2 mount at /sys/fs/cgroup is not systemd's view: systemd \
+                 says its manager (pid {pid}) is in {cgroup}/init.scope, but \
+                 /sys/fs/cgroup{cgroup}/init.scope/cgroup.procs does not exist; run the agent \
+                 in the host's cgroup and pid namespaces, with the host's cgroup2 mounted",
+                pid = sandbox.pid(),
+                cgroup = sandbox.cgroup(),
+            );
+            assert_eq!(last, expected, "{log}");
+        }
+    }
+
+    // An agent in systemd's view starts, and waits for the leftover.
+    let agent = Agent::start(&sandbox);
+    agent.one(&["watch", "leftover.service"]);
+    agent.assert_unproven_for(
+        "leftover.service",
+        Duration::from_secs(2),
+        "its leftover runs",
+    );
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "leftover.service"]);
+    let event = agent.one(&["wait", "leftover.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["cause"], "exited", "{event}");
 }

@@ -82,7 +82,20 @@ impl Agent {
 
     /// Runs `command`, an agent inside `sandbox` that listens on `socket` (a path inside it),
     /// with its log kept, and waits until it answers.
-    pub fn spawn(sandbox: &Sandbox, mut command: Command, socket: &str) -> Agent {
+    pub fn spawn(sandbox: &Sandbox, command: Command, socket: &str) -> Agent {
+        match Agent::try_spawn(sandbox, command, socket) {
+            Ok(agent) => agent,
+            Err((status, log)) => panic!("the agent exited at start ({status}); its log:\n{log}"),
+        }
+    }
+
+    /// As [`Agent::spawn`], but an agent that exits before it answers is no failure: its exit
+    /// status and its log (stderr) are returned instead.
+    pub fn try_spawn(
+        sandbox: &Sandbox,
+        mut command: Command,
+        socket: &str,
+    ) -> Result<Agent, (std::process::ExitStatus, String)> {
         static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = sandbox.host_path(&format!(
@@ -104,11 +117,9 @@ impl Agent {
         };
         let deadline = Instant::now() + START_TIMEOUT;
         while UnixStream::connect(&agent.socket).is_err() {
-            assert!(
-                agent.is_running(),
-                "the agent exited at start; its log:\n{}",
-                agent.log_text()
-            );
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                return Err((status, agent.log_text()));
+            }
             assert!(
                 Instant::now() < deadline,
                 "the agent did not listen within {START_TIMEOUT:?}; its log:\n{}",
@@ -116,7 +127,7 @@ impl Agent {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        agent
+        Ok(agent)
     }
 
     /// The socket, as the test (outside the sandbox) reaches it.
