@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::Test;
 use crate::agent::{PATIENCE, PATIENCE_ARG, run_unit};
 use crate::support::Sandbox;
-use crate::support::agent::{Agent, STATE_DIR, binary_in_sandbox};
+use crate::support::agent::{Agent, STATE_DIR, agent_args, binary_in_sandbox};
 
 pub const TESTS: &[Test] = &[
     (
@@ -29,18 +29,10 @@ pub const TESTS: &[Test] = &[
 /// start; `timeout` ends it, should it start after all, so the test fails rather than hangs.
 fn run_refused_agent(sandbox: &Sandbox, socket: &str, state_dir: &str) -> Output {
     let binary = binary_in_sandbox();
+    let timeout = ["60", binary.as_str()];
     sandbox.run(
         "timeout",
-        &[
-            "60",
-            &binary,
-            "agent",
-            "--user",
-            "--socket",
-            socket,
-            "--state-dir",
-            state_dir,
-        ],
+        &[&timeout[..], &agent_args(socket, state_dir)].concat(),
     )
 }
 
@@ -175,17 +167,9 @@ fn an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing() 
         .expect("write the script");
     let socket = "/run/exitproof-cgns.sock";
     let mut command = sandbox.command("sh");
-    command.args([
-        "/run/cgns.sh",
-        &sandbox.cgroup(),
-        &binary_in_sandbox(),
-        "agent",
-        "--user",
-        "--socket",
-        socket,
-        "--state-dir",
-        "/run/exitproof-cgns-state",
-    ]);
+    command
+        .args(["/run/cgns.sh", &sandbox.cgroup(), &binary_in_sandbox()])
+        .args(agent_args(socket, "/run/exitproof-cgns-state"));
     match Agent::try_spawn(&sandbox, command, socket) {
         Ok(agent) => {
             let out = agent.cli(&["wait", "leftover.service", "--timeout", "10s"]);

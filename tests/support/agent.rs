@@ -41,6 +41,19 @@ pub fn binary_in_sandbox() -> String {
     format!("/proc/{}/root{}", std::process::id(), binary())
 }
 
+/// The arguments that run the agent on the sandbox's session bus, with its socket at `socket`
+/// and its state in `state_dir` (paths inside the sandbox).
+pub fn agent_args<'a>(socket: &'a str, state_dir: &'a str) -> [&'a str; 6] {
+    [
+        "agent",
+        "--user",
+        "--socket",
+        socket,
+        "--state-dir",
+        state_dir,
+    ]
+}
+
 impl Agent {
     /// Starts the agent inside `sandbox` on its session bus and waits until it answers.
     pub fn start(sandbox: &Sandbox) -> Agent {
@@ -67,16 +80,7 @@ impl Agent {
         env: &[String],
     ) -> Agent {
         let mut command = sandbox.command_with_env(&binary_in_sandbox(), env);
-        command
-            .args([
-                "agent",
-                "--user",
-                "--socket",
-                socket,
-                "--state-dir",
-                state_dir,
-            ])
-            .args(extra);
+        command.args(agent_args(socket, state_dir)).args(extra);
         Agent::spawn(sandbox, command, socket)
     }
 
