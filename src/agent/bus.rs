@@ -12,11 +12,23 @@ use zbus::export::futures_core::Stream;
 use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message, MessageStream};
 
+use super::cgroup_view::{self, ViewError};
 use super::core::Input;
 use super::{Agent, Completion, Completions, push};
 use crate::clock;
 use crate::systemd::ConnectError;
 use crate::systemd::manager::Subscription;
+
+/// Why a reconnect attempt was not taken into use.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ReconnectError {
+    #[error("{0}")]
+    Connect(ConnectError),
+    /// Connected, but the cgroup2 mount no longer shows systemd's view: no unit is read (and
+    /// nothing proven) until it does.
+    #[error("{0}")]
+    View(ViewError),
+}
 
 /// The first wait before reconnecting, doubled up to [`RECONNECT_MAX`].
 const RECONNECT_FIRST: Duration = Duration::from_millis(100);
@@ -76,7 +88,7 @@ impl Agent {
     pub(super) fn on_reconnect(
         &mut self,
         epoch: u64,
-        result: Result<Box<(Connection, Subscription)>, ConnectError>,
+        result: Result<Box<(Connection, Subscription)>, ReconnectError>,
     ) {
         if epoch != self.bus_epoch || self.conn.is_some() {
             return;
@@ -90,7 +102,11 @@ impl Agent {
                 let backoff = self
                     .reconnect
                     .map_or(RECONNECT_FIRST, |(_, b)| (b * 2).min(RECONNECT_MAX));
-                log::warn!("reconnect: {e}; trying again in {backoff:?}");
+                let level = match e {
+                    ReconnectError::Connect(_) => log::Level::Warn,
+                    ReconnectError::View(_) => log::Level::Error,
+                };
+                log::log!(level, "reconnect: {e}; trying again in {backoff:?}");
                 self.reconnect = Some((clock::now() + backoff, backoff));
             }
         }
@@ -114,9 +130,19 @@ impl Agent {
                 self.config.bus,
                 self.config.method_timeout,
             );
+            let mount = self.cgroup_root.clone();
             self.runtime
                 .spawn(async move {
-                    let result = connect.await.map(Box::new);
+                    let result = async {
+                        let (conn, subscription) =
+                            connect.await.map_err(ReconnectError::Connect)?;
+                        // systemd may have come back re-executed: its view is proven again.
+                        cgroup_view::prove(&conn, &subscription.systemd, &mount)
+                            .await
+                            .map_err(ReconnectError::View)?;
+                        Ok(Box::new((conn, subscription)))
+                    };
+                    let result = result.await;
                     push(&queue, Completion::Connected { epoch, result });
                 })
                 .detach();

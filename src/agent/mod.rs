@@ -8,9 +8,11 @@
 //! runtime's own timers, a reconnect or a watchdog keep-alive.
 
 mod bus;
+mod cgroup_view;
 pub(crate) mod core;
 pub(crate) mod dirs;
 mod journal;
+mod lock;
 mod metrics;
 mod remaining;
 pub(crate) mod saved;
@@ -48,13 +50,14 @@ use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
 use crate::record_name::RecordName;
 use crate::service::Notifier;
-use crate::systemd::ConnectError;
 use crate::systemd::manager::{self, ManagerError, Subscription};
 use crate::systemd::read;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
 use crate::systemd::snapshot::UnitSnapshot;
+use cgroup_view::ViewError;
 use dirs::DirError;
+use lock::{LockError, StateLock};
 use saved::{AgentState, StateSave};
 use state::StateError;
 use stats::DriverCounters;
@@ -139,6 +142,9 @@ pub enum AgentError {
     /// The cgroup v2 mount or the inotify watcher could not be set up.
     #[error("{0}")]
     Cgroup(CgroupError),
+    /// The cgroup v2 mount could not be proven to be systemd's view of the hierarchy.
+    #[error("{0}")]
+    CgroupView(ViewError),
     /// The control socket could not be set up.
     #[error("{0}")]
     Control(ControlError),
@@ -154,6 +160,10 @@ pub enum AgentError {
     /// A missing directory of the socket or the state could not be created.
     #[error("{0}")]
     Dir(DirError),
+    /// The state directory could not be locked: another agent holds it, or its lock file
+    /// could not be opened.
+    #[error("{0}")]
+    Lock(LockError),
     /// The metrics file could not be set up.
     #[error("{0}")]
     Metrics(String),
@@ -184,7 +194,7 @@ enum Completion {
     /// A reconnect attempt finished.
     Connected {
         epoch: u64,
-        result: Result<Box<(Connection, Subscription)>, ConnectError>,
+        result: Result<Box<(Connection, Subscription)>, bus::ReconnectError>,
     },
     Read {
         epoch: u64,
@@ -236,6 +246,8 @@ struct Agent {
     signals: SignalFd,
     /// Where the watch set is kept across restarts; `None` keeps it in memory only.
     state_store: Option<StateStore>,
+    /// The state directory's lock, held as long as the agent runs.
+    _state_lock: Option<StateLock>,
     /// A save that failed. The outputs after it (answers and releases that promise it is
     /// durable) are never carried out; the loop stops with it.
     save_failed: Option<StateError>,
@@ -253,9 +265,15 @@ impl Agent {
     fn start(config: AgentConfig) -> Result<Agent, AgentError> {
         // First: it changes the environment, which only a process with one thread may do.
         let activated = crate::activation::take_listener().map_err(AgentError::Activation)?;
-        if let Some(dir) = &config.state_dir {
-            dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
-        }
+        // Before anything else is touched, the socket included: a second agent on this state
+        // directory must leave the first's files alone.
+        let state_lock = match &config.state_dir {
+            Some(dir) => {
+                dirs::create_missing(dir, state::DIR_MODE, "state").map_err(AgentError::Dir)?;
+                Some(lock::lock(dir).map_err(AgentError::Lock)?)
+            }
+            None => None,
+        };
         if activated.is_none()
             && let Some(dir) = config.socket.parent()
         {
@@ -291,6 +309,14 @@ impl Agent {
         let completions: Completions = Arc::default();
 
         let root = cgroup2_mount().map_err(AgentError::Cgroup)?;
+        // Before any unit is read: another view would make every cgroup read as gone.
+        runtime
+            .block_on(
+                &mut poll,
+                cgroup_view::prove(&conn, &subscription.systemd, &root),
+            )
+            .map_err(io_error("run the bus connection"))?
+            .map_err(AgentError::CgroupView)?;
         let cgroups = CgroupWatcher::new(root.clone()).map_err(AgentError::Cgroup)?;
         poll.registry()
             .register(
@@ -370,6 +396,7 @@ impl Agent {
             server,
             signals,
             state_store,
+            _state_lock: state_lock,
             save_failed: None,
             notifier: Notifier::from_env(),
             next_ping: None,

@@ -368,7 +368,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
 
 /// Checks a cgroup string as systemd reports it and returns the unit's parent directory below `root`
 /// and the name of its cgroup directory. Nothing touches the file system with a rejected string.
-pub(super) fn locate(root: &Path, cgroup: &str) -> Result<(PathBuf, OsString), CgroupError> {
+pub(crate) fn locate(root: &Path, cgroup: &str) -> Result<(PathBuf, OsString), CgroupError> {
     let invalid = |reason| CgroupError::InvalidCgroup {
         cgroup: cgroup.to_owned(),
         reason,

@@ -256,6 +256,9 @@ impl Render for UnitStatus {
     fn human(&self) -> String {
         let mut text = self.watch.human();
         let _ = writeln!(text, "cgroup: {}", self.cgroup.as_deref().unwrap_or("-"));
+        if let Some(error) = &self.cgroup_error {
+            let _ = writeln!(text, "cgroup error: {error}");
+        }
         if !self.leftovers.is_empty() {
             let pids: Vec<String> = self.leftovers.iter().map(i32::to_string).collect();
             let _ = writeln!(text, "followed beside a new invocation: {}", pids.join(" "));
@@ -586,6 +589,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
             }]),
             remaining_total: Some(3),
             remaining_error: None,
+            cgroup_error: None,
         };
         let text = status.human();
         let lines: Vec<&str> = text.lines().collect();
@@ -611,6 +615,17 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
             2,
             "{}",
             unblocked.human()
+        );
+        let unseen = UnitStatus {
+            cgroup_error: Some("not found where systemd says (/x.service)".to_owned()),
+            ..unblocked
+        };
+        assert!(
+            unseen
+                .human()
+                .contains("\ncgroup error: not found where systemd says (/x.service)\n"),
+            "{}",
+            unseen.human()
         );
     }
 }

@@ -379,6 +379,10 @@ pub struct UnitStatus {
     /// The unit's cgroup as systemd last reported it (`null` before the first read or if it
     /// has none).
     pub cgroup: Option<String>,
+    /// Why the last reading of the cgroup is no evidence, while unproven: unreadable, or not
+    /// found where systemd says while our invocation runs. `null` otherwise.
+    #[serde(default)]
+    pub cgroup_error: Option<String>,
     /// Unproven, terminal for systemd, and its cgroup last read populated.
     pub blocked: bool,
     /// CLOCK_MONOTONIC, in nanoseconds, when the agent learned our invocation is terminal;

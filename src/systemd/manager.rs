@@ -180,6 +180,66 @@ pub(crate) async fn stop_unit(
     }
 }
 
+/// The interface of a scope unit, whose `ControlGroup` the manager's own unit has.
+const SCOPE_INTERFACE: &str = "org.freedesktop.systemd1.Scope";
+
+/// systemd's own process, and the control group systemd says it is in.
+#[derive(Debug)]
+pub(crate) struct ManagerProcess {
+    /// The pid of `systemd` (a bus name) as the bus knows it.
+    pub pid: u32,
+    /// The ControlGroup of the unit systemd answers for that pid: `init.scope`, since systemd's
+    /// `manager_get_unit_by_pid` (`src/core/cgroup.c`) answers with it for its own pid, and
+    /// `manager_setup_cgroup` puts the manager there.
+    pub control_group: String,
+}
+
+/// Asks where systemd's own process is: its pid from the bus (`GetConnectionUnixProcessID`),
+/// then the ControlGroup of the unit systemd says holds that pid (`GetUnitByPID`).
+pub(crate) async fn manager_process(
+    conn: &Connection,
+    systemd: &str,
+) -> Result<ManagerProcess, ManagerError> {
+    let reply = conn
+        .call_method(
+            Some("org.freedesktop.DBus"),
+            "/org/freedesktop/DBus",
+            Some("org.freedesktop.DBus"),
+            "GetConnectionUnixProcessID",
+            &(systemd,),
+        )
+        .await
+        .map_err(ManagerError::new("ask the bus for systemd's pid"))?;
+    let pid = reply
+        .body()
+        .deserialize::<u32>()
+        .map_err(ManagerError::new("ask the bus for systemd's pid"))?;
+    let what = || format!("ask systemd for the unit of its own pid {pid}");
+    let unit = call_manager(conn, systemd, "GetUnitByPID", &(pid,))
+        .await
+        .map_err(ManagerError::new(what()))?
+        .body()
+        .deserialize::<zbus::OwnedObjectPath>()
+        .map_err(ManagerError::new(what()))?;
+    let what = || format!("ask systemd for the ControlGroup of {}", unit.as_str());
+    let reply = conn
+        .call_method(
+            Some(systemd),
+            &unit,
+            Some(PROPERTIES),
+            "Get",
+            &(SCOPE_INTERFACE, "ControlGroup"),
+        )
+        .await
+        .map_err(ManagerError::new(what()))?;
+    let control_group = reply
+        .body()
+        .deserialize::<zbus::OwnedVariant>()
+        .and_then(String::try_from)
+        .map_err(ManagerError::new(what()))?;
+    Ok(ManagerProcess { pid, control_group })
+}
+
 /// Starts a transient service `unit` running `argv` (the benchmark's units), like
 /// `systemd-run --unit=UNIT ARGV...`.
 #[cfg(feature = "bench")]

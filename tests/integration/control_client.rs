@@ -397,6 +397,7 @@ fn sample_status(unit: &str) -> UnitStatus {
         }]),
         remaining_total: Some(2),
         remaining_error: None,
+        cgroup_error: None,
     }
 }
 

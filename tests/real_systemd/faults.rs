@@ -376,10 +376,10 @@ fn a_watch_whose_save_fails_is_never_answered_and_the_agent_stops() {
     let sandbox = Sandbox::start("save-fails");
     sandbox.install_unit("held.service", "[Service]\nExecStart=/bin/sleep 1000\n");
     sandbox.systemctl_ok(&["start", "held.service"]);
-    // A state directory of three pages: the snapshot and the journal's header take two at
-    // start (and the three at once while the journal is started), so the append of a watch
-    // longer than two pages finds the file system full (as root, a read-only directory would
-    // not stop a write, nor would it stop an open journal).
+    // A state directory of four pages: the lock file (the holder's pid), the snapshot and the
+    // journal's header take three at start (and the four at once while the journal is
+    // started), so the append of a watch longer than two pages finds the file system full (as
+    // root, a read-only directory would not stop a write, nor would it stop an open journal).
     let out = sandbox.run("mkdir", &["-p", crate::support::agent::STATE_DIR]);
     assert!(out.status.success(), "mkdir: {out:?}");
     let out = sandbox.run(
@@ -388,7 +388,7 @@ fn a_watch_whose_save_fails_is_never_answered_and_the_agent_stops() {
             "-t",
             "tmpfs",
             "-o",
-            "size=12k,mode=0700",
+            "size=16k,mode=0700",
             "tmpfs",
             crate::support::agent::STATE_DIR,
         ],

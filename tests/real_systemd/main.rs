@@ -12,6 +12,7 @@ mod support;
 mod agent;
 #[cfg(feature = "bench")]
 mod bench;
+mod boundaries;
 mod cli;
 mod dynamics;
 mod faults;
@@ -39,6 +40,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("operability", operability::TESTS),
     ("run", run::TESTS),
     ("proof_defects", proof_defects::TESTS),
+    ("boundaries", boundaries::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).

@@ -41,6 +41,19 @@ pub fn binary_in_sandbox() -> String {
     format!("/proc/{}/root{}", std::process::id(), binary())
 }
 
+/// The arguments that run the agent on the sandbox's session bus, with its socket at `socket`
+/// and its state in `state_dir` (paths inside the sandbox).
+pub fn agent_args<'a>(socket: &'a str, state_dir: &'a str) -> [&'a str; 6] {
+    [
+        "agent",
+        "--user",
+        "--socket",
+        socket,
+        "--state-dir",
+        state_dir,
+    ]
+}
+
 impl Agent {
     /// Starts the agent inside `sandbox` on its session bus and waits until it answers.
     pub fn start(sandbox: &Sandbox) -> Agent {
@@ -67,22 +80,26 @@ impl Agent {
         env: &[String],
     ) -> Agent {
         let mut command = sandbox.command_with_env(&binary_in_sandbox(), env);
-        command
-            .args([
-                "agent",
-                "--user",
-                "--socket",
-                socket,
-                "--state-dir",
-                state_dir,
-            ])
-            .args(extra);
+        command.args(agent_args(socket, state_dir)).args(extra);
         Agent::spawn(sandbox, command, socket)
     }
 
     /// Runs `command`, an agent inside `sandbox` that listens on `socket` (a path inside it),
     /// with its log kept, and waits until it answers.
-    pub fn spawn(sandbox: &Sandbox, mut command: Command, socket: &str) -> Agent {
+    pub fn spawn(sandbox: &Sandbox, command: Command, socket: &str) -> Agent {
+        match Agent::try_spawn(sandbox, command, socket) {
+            Ok(agent) => agent,
+            Err((status, log)) => panic!("the agent exited at start ({status}); its log:\n{log}"),
+        }
+    }
+
+    /// As [`Agent::spawn`], but an agent that exits before it answers is no failure: its exit
+    /// status and its log (stderr) are returned instead.
+    pub fn try_spawn(
+        sandbox: &Sandbox,
+        mut command: Command,
+        socket: &str,
+    ) -> Result<Agent, (std::process::ExitStatus, String)> {
         static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = sandbox.host_path(&format!(
@@ -104,11 +121,9 @@ impl Agent {
         };
         let deadline = Instant::now() + START_TIMEOUT;
         while UnixStream::connect(&agent.socket).is_err() {
-            assert!(
-                agent.is_running(),
-                "the agent exited at start; its log:\n{}",
-                agent.log_text()
-            );
+            if let Ok(Some(status)) = agent.child.try_wait() {
+                return Err((status, agent.log_text()));
+            }
             assert!(
                 Instant::now() < deadline,
                 "the agent did not listen within {START_TIMEOUT:?}; its log:\n{}",
@@ -116,7 +131,7 @@ impl Agent {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        agent
+        Ok(agent)
     }
 
     /// The socket, as the test (outside the sandbox) reaches it.

@@ -833,6 +833,20 @@ impl Core {
     }
 
     fn on_cgroup_read(&mut self, key: UnitKey, reading: CgroupReading, now: Instant) {
+        let reading = match (reading, self.units.get(&key)) {
+            (CgroupReading::Gone, Some(watch)) if watch.runs_in_its_cgroup() => {
+                let why = format!(
+                    "not found where systemd says ({}) while it is {} ({})",
+                    watch.control_group,
+                    watch.facts.active_state().unwrap_or_default(),
+                    watch.facts.sub_state().unwrap_or_default(),
+                );
+                let line = format!("{}: cgroup {why}", watch.unit);
+                self.log_about(key, None, log::Level::Warn, line);
+                CgroupReading::Unreadable(why)
+            }
+            (reading, _) => reading,
+        };
         self.feed(key, ProofInput::Cgroup(reading), now);
         self.answer_watch_replies(key);
     }

@@ -28,6 +28,7 @@ impl Core {
         let status = UnitStatus {
             watch: watch.view(),
             cgroup: (!watch.control_group.is_empty()).then(|| watch.control_group.to_string()),
+            cgroup_error: unproven.then(|| watch.cgroup_error()).flatten(),
             blocked: unproven && watch.blocked(),
             terminal_since_mono_ns: terminal_at.map(|at| self.mono_ns(at)),
             terminal_for_ms: terminal_at.map(|at| {

@@ -185,6 +185,30 @@ impl Watch {
         }
     }
 
+    /// Why the last reading of the cgroup is no evidence, if it is not.
+    pub(super) fn cgroup_error(&self) -> Option<String> {
+        match self.proof.as_ref()?.last_reading()? {
+            CgroupReading::Unreadable(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Whether systemd says our invocation runs in the cgroup the watch knows: a state that
+    /// holds processes, and the last read reported that cgroup. Not in `active (exited)`,
+    /// which prunes the cgroup (`unit_prune_cgroup`). The cgroup then exists, so a reading
+    /// that finds none is the agent failing to see it, never the cgroup gone.
+    pub(super) fn runs_in_its_cgroup(&self) -> bool {
+        let running = matches!(
+            self.facts.active_state(),
+            Some("active" | "activating" | "deactivating" | "reloading")
+        );
+        running
+            && self.facts.sub_state() != Some("exited")
+            && !self.control_group.is_empty()
+            && self.no_cgroup_read.is_none()
+            && self.facts.invocation().as_deref() == self.our_invocation()
+    }
+
     /// Whether the unit has no cgroup for the state its proof decides on: the watch knows none,
     /// and the last read, which found none, is no older than that state.
     pub(super) fn has_no_cgroup(&self) -> bool {

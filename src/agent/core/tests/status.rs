@@ -57,3 +57,52 @@ fn status_of_a_unit_not_watched_is_not_watched() {
         other => panic!("{other:?}"),
     }
 }
+
+/// A running unit whose cgroup the agent cannot find where systemd says (another cgroup
+/// view): an error for that watch, shown by `status`, never a cgroup gone.
+#[test]
+fn a_running_units_cgroup_not_found_where_systemd_says_is_an_error_not_gone() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"u.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "/app.slice/u.service")));
+    let status = unit_status(&mut s, "u.service");
+    assert_eq!(status.watch.populated, None);
+    assert_eq!(
+        status.cgroup_error.as_deref(),
+        Some("not found where systemd says (/app.slice/u.service) while it is active (x)")
+    );
+    assert!(s.outputs.iter().any(|o| matches!(
+        o,
+        Output::Log { line, .. } if line.starts_with("u.service: cgroup not found where")
+    )));
+    // Once systemd says it is over, a cgroup gone is the fact it is.
+    s.changed("u.service", "inactive", A);
+    assert_eq!(s.phase("u.service"), Phase::Proven);
+    assert_eq!(unit_status(&mut s, "u.service").cgroup_error, None);
+}
+
+/// `active (exited)` prunes the cgroup (RemainAfterExit=yes): no cgroup then is no error,
+/// whether systemd already reads ControlGroup "" or the agent still knows the old path.
+#[test]
+fn an_exited_remain_after_exit_units_missing_cgroup_is_no_error() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"pruned.service"}"#);
+    s.request(r#"{"cmd":"watch","unit":"known.service"}"#);
+    s.answer_reads(|u| {
+        let cgroup = match u {
+            "known.service" => "/app.slice/known.service",
+            _ => "",
+        };
+        Ok(UnitSnapshot {
+            sub_state: "exited".into(),
+            ..snapshot(u, "active", A, cgroup)
+        })
+    });
+    for unit in ["pruned.service", "known.service"] {
+        let status = unit_status(&mut s, unit);
+        assert_eq!(status.watch.phase, Phase::Watching, "{unit}");
+        assert_eq!(status.cgroup_error, None, "{unit}");
+    }
+}
