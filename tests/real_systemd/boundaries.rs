@@ -1,5 +1,5 @@
-//! The agent's boundaries with what it shares a host with: one agent per state directory, and
-//! a cgroup view that must be systemd's own.
+//! The agent's boundaries with what it shares a host with: one agent per state directory, a
+//! cgroup view that must be systemd's own, and the tenant the proof holds against.
 
 use std::os::unix::fs::MetadataExt;
 use std::process::Output;
@@ -22,6 +22,10 @@ pub const TESTS: &[Test] = &[
     (
         "an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing",
         an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing,
+    ),
+    (
+        "a_tenant_under_user_cannot_move_itself_out_of_its_units_cgroup",
+        a_tenant_under_user_cannot_move_itself_out_of_its_units_cgroup,
     ),
 ];
 
@@ -206,4 +210,63 @@ fn an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing() 
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "leftover.service"]);
     let event = agent.one(&["wait", "leftover.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["cause"], "exited", "{event}");
+}
+
+/// Runs, as a transient unit with `properties`, a shell that tries to write its own pid into
+/// each of `destinations` (a cgroup, inside the sandbox's cgroup2 mount), and returns its
+/// report: `moved DIR` or `refused DIR` for each, then the cgroup it ends in.
+fn try_to_leave(sandbox: &Sandbox, properties: &[&str], destinations: &[String]) -> String {
+    let mut script = String::new();
+    for dir in destinations {
+        script.push_str(&format!(
+            "if echo $BASHPID > /sys/fs/cgroup{dir}/cgroup.procs; then echo moved {dir}; \
+             else echo refused {dir}; fi; "
+        ));
+    }
+    script.push_str("grep '^0::' /proc/$BASHPID/cgroup");
+    let mut args = vec!["--user", "--wait", "--pipe", "--quiet"];
+    for property in properties {
+        args.extend(["-p", property]);
+    }
+    args.extend(["/bin/bash", "-c", &script]);
+    let out = sandbox.run("systemd-run", &args);
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).expect("the report is text")
+}
+
+/// The trust model's central claim (README, "What a proof cannot see"): a tenant that runs
+/// under `User=` in a unit without `Delegate=` cannot leave its unit's cgroup, since moving a
+/// process needs write access to `cgroup.procs` of the common ancestor of where it is and
+/// where it goes, and systemd leaves every cgroup above such a unit to the manager's user.
+/// So its processes stay where the proof looks. The same shell running as the manager's user
+/// (root here; any user of its own user manager) moves into a sibling unit's cgroup: the
+/// limit the README states, and the check that this test can fail.
+fn a_tenant_under_user_cannot_move_itself_out_of_its_units_cgroup() {
+    let sandbox = Sandbox::start("tenant");
+    run_unit(&sandbox, "sibling.service", &[], &["sleep", "1000"]);
+    let sibling = sandbox.show("sibling.service", "ControlGroup");
+    let slice = sibling
+        .rsplit_once('/')
+        .map(|(parent, _)| parent.to_owned())
+        .expect("the sibling's cgroup has a parent");
+    let destinations = [sibling.clone(), slice.clone()];
+
+    let report = try_to_leave(&sandbox, &["User=nobody"], &destinations);
+    assert!(
+        report.contains(&format!("refused {sibling}\n"))
+            && report.contains(&format!("refused {slice}\n")),
+        "a tenant under User= moved itself out of its unit's cgroup: {report}"
+    );
+    let ends_in = report.lines().last().unwrap_or_default();
+    assert!(
+        ends_in.starts_with(&format!("0::{slice}/run-")) && ends_in.ends_with(".service"),
+        "it stays in its own unit's cgroup: {report}"
+    );
+
+    let report = try_to_leave(&sandbox, &[], std::slice::from_ref(&sibling));
+    assert_eq!(
+        report,
+        format!("moved {sibling}\n0::{sibling}\n"),
+        "a process of the manager's own user can leave its unit"
+    );
 }
