@@ -49,7 +49,7 @@ use crate::exit::{read_record, remove_beneath};
 use crate::record_name::RecordName;
 use crate::service::Notifier;
 use crate::systemd::ConnectError;
-use crate::systemd::manager::{self, ManagerError, Subscription};
+use crate::systemd::manager::{self, ManagerError, Subscribed};
 use crate::systemd::read;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
@@ -184,7 +184,7 @@ enum Completion {
     /// A reconnect attempt finished.
     Connected {
         epoch: u64,
-        result: Result<Box<(Connection, Subscription)>, ConnectError>,
+        result: Result<Box<(Connection, Subscribed)>, ConnectError>,
     },
     Read {
         epoch: u64,
@@ -221,7 +221,13 @@ struct Agent {
     runtime: MioRuntime,
     /// The bus connection; `None` while it is lost and being re-established.
     conn: Option<Connection>,
+    /// systemd's unique name on `conn`, verified; empty while the owner of its name is not
+    /// systemd.
     systemd: String,
+    /// The manager's pid, once verified: every later owner of its name must have it.
+    manager_pid: Option<u32>,
+    /// Why systemd is not heard now (`None` while it is).
+    unheard: Option<bus::Unheard>,
     /// Counts connections, so a late message of a lost one is told apart.
     bus_epoch: u64,
     /// When to try connecting again, and the backoff that got us there.
@@ -285,8 +291,8 @@ impl Agent {
             .map_err(io_error("create the bus runtime"))?;
         // Connecting and subscribing happen before any other source is registered, so
         // block_on may drop foreign events: there are none yet.
-        let (conn, subscription) =
-            crate::systemd::connect(&runtime, &mut poll, config.bus, config.method_timeout)
+        let (conn, subscribed) =
+            crate::systemd::connect(&runtime, &mut poll, config.bus, config.method_timeout, None)
                 .map_err(AgentError::Connect)?;
         let completions: Completions = Arc::default();
 
@@ -335,12 +341,7 @@ impl Agent {
         server
             .register(poll.registry(), CONTROL_TOKENS)
             .map_err(io_error("register the control socket"))?;
-        log::info!(
-            "listening on {}, systemd is {} on the {}",
-            served.display(),
-            subscription.systemd,
-            config.bus
-        );
+        log::info!("listening on {}, on the {}", served.display(), config.bus);
         let now = clock::now();
         let metrics = match &config.metrics_file {
             Some(path) => Some(metrics::MetricsFile::new(path, now).map_err(AgentError::Metrics)?),
@@ -361,6 +362,8 @@ impl Agent {
             runtime,
             conn: None,
             systemd: String::new(),
+            manager_pid: None,
+            unheard: None,
             bus_epoch: 0,
             reconnect: None,
             completions,
@@ -378,7 +381,7 @@ impl Agent {
             metrics,
         };
         agent.carry_out();
-        agent.on_connected(conn, subscription);
+        agent.on_connected(conn, subscribed);
         // A new snapshot and journal: a journal is only ever appended to by the agent that
         // started it, so a killed append's remains are never followed by another line.
         agent.core.save_snapshot(clock::now());
@@ -483,7 +486,7 @@ impl Agent {
     fn timeout(&self, now: Instant) -> Option<Duration> {
         let ours = [
             self.core.poll_timeout(),
-            self.reconnect.map(|(at, _)| at),
+            self.bus_timeout(),
             self.next_ping,
             self.release_heap,
             self.metrics.as_ref().and_then(metrics::MetricsFile::due),
@@ -580,6 +583,7 @@ impl Agent {
                 Output::Reply { to, mut answer } => {
                     if let Answer::Status(status) = &mut answer {
                         remaining::add_remaining(&self.cgroup_root, status);
+                        status.systemd_error = self.systemd_error();
                     }
                     let line = answer_line(to.id, answer, |core| self.stats(core));
                     self.server.send(self.poll.registry(), to.client, &line);
@@ -659,9 +663,7 @@ impl Agent {
                     }
                 }
                 Completion::OwnerChanged { epoch, new_owner } => {
-                    if epoch == self.bus_epoch && new_owner != self.systemd {
-                        self.bus_lost("systemd left the bus (re-executed or restarted)");
-                    }
+                    self.on_owner_changed(epoch, &new_owner);
                 }
                 Completion::Connected { epoch, result } => self.on_reconnect(epoch, result),
                 Completion::Read { epoch, key, result } => {
@@ -810,7 +812,13 @@ impl Agent {
             self.counters,
             self.cgroups.watch_count(),
             journald_dropped(),
+            self.systemd_error(),
         )
+    }
+
+    /// Why systemd is not heard now, for `status` and `stats`.
+    fn systemd_error(&self) -> Option<String> {
+        self.unheard.as_ref().map(|unheard| unheard.why.clone())
     }
 
     fn on_time(&mut self, now: Instant) {

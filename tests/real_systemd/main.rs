@@ -15,6 +15,7 @@ mod bench;
 mod cli;
 mod dynamics;
 mod faults;
+mod impostor;
 mod operability;
 mod proof_defects;
 mod records;
@@ -34,6 +35,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("agent", agent::TESTS),
     ("records", records::TESTS),
     ("faults", faults::TESTS),
+    ("impostor", impostor::TESTS),
     ("dynamics", dynamics::TESTS),
     ("cli", cli::TESTS),
     ("operability", operability::TESTS),
