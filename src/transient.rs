@@ -248,8 +248,9 @@ pub(crate) fn start(
     let mut poll = mio::Poll::new().map_err(RunError::Runtime)?;
     let runtime = MioRuntime::new(poll.registry(), mio::Token(0), 16..(1 << 20))
         .map_err(RunError::Runtime)?;
-    let (conn, subscription) =
-        sd::connect(&runtime, &mut poll, bus, method_timeout).map_err(RunError::Connect)?;
+    let (conn, subscription) = sd::connect(&runtime, &mut poll, bus, method_timeout, None)
+        .and_then(|(conn, subscribed)| Ok((conn, subscribed.into_systemd()?)))
+        .map_err(RunError::Connect)?;
     let systemd = subscription.systemd.clone();
     // Only the manager's signals (JobRemoved) are read; an undrained stream would stall the
     // connection.

@@ -94,6 +94,14 @@ pub(super) fn render(stats: &AgentStats) -> String {
         "inotify watches held.",
         [(String::new(), stats.inotify.watches)],
     );
+    family(
+        &mut out,
+        "exitproof_systemd_heard",
+        "gauge",
+        "1 while systemd itself is heard on the bus; 0 while the bus is lost or the owner of \
+         org.freedesktop.systemd1 is not systemd (no watch can be proven meanwhile).",
+        [(String::new(), u64::from(stats.systemd_error.is_none()))],
+    );
     histogram(
         &mut out,
         "exitproof_proof_latency_seconds",

@@ -50,7 +50,7 @@ use crate::control::wire::AgentStats;
 use crate::exit::{read_record, remove_beneath};
 use crate::record_name::RecordName;
 use crate::service::Notifier;
-use crate::systemd::manager::{self, ManagerError, Subscription};
+use crate::systemd::manager::{self, ManagerError, Subscribed};
 use crate::systemd::read;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
@@ -194,7 +194,7 @@ enum Completion {
     /// A reconnect attempt finished.
     Connected {
         epoch: u64,
-        result: Result<Box<(Connection, Subscription)>, bus::ReconnectError>,
+        result: Result<Box<(Connection, Subscribed)>, bus::ReconnectError>,
     },
     Read {
         epoch: u64,
@@ -231,7 +231,13 @@ struct Agent {
     runtime: MioRuntime,
     /// The bus connection; `None` while it is lost and being re-established.
     conn: Option<Connection>,
+    /// systemd's unique name on `conn`, verified; empty while the owner of its name is not
+    /// systemd.
     systemd: String,
+    /// The manager's pid, once verified: every later owner of its name must have it.
+    manager_pid: Option<u32>,
+    /// Why systemd is not heard now (`None` while it is).
+    unheard: Option<bus::Unheard>,
     /// Counts connections, so a late message of a lost one is told apart.
     bus_epoch: u64,
     /// When to try connecting again, and the backoff that got us there.
@@ -303,20 +309,24 @@ impl Agent {
             .map_err(io_error("create the bus runtime"))?;
         // Connecting and subscribing happen before any other source is registered, so
         // block_on may drop foreign events: there are none yet.
-        let (conn, subscription) =
-            crate::systemd::connect(&runtime, &mut poll, config.bus, config.method_timeout)
+        let (conn, subscribed) =
+            crate::systemd::connect(&runtime, &mut poll, config.bus, config.method_timeout, None)
                 .map_err(AgentError::Connect)?;
         let completions: Completions = Arc::default();
 
         let root = cgroup2_mount().map_err(AgentError::Cgroup)?;
-        // Before any unit is read: another view would make every cgroup read as gone.
-        runtime
-            .block_on(
-                &mut poll,
-                cgroup_view::prove(&conn, &subscription.systemd, &root),
-            )
-            .map_err(io_error("run the bus connection"))?
-            .map_err(AgentError::CgroupView)?;
+        // Before any unit is read: another view would make every cgroup read as gone. An
+        // owner of systemd's name that is not systemd is asked nothing; the view is proven
+        // once systemd is back (a reconnect).
+        if let Subscribed::Systemd(subscription) = &subscribed {
+            runtime
+                .block_on(
+                    &mut poll,
+                    cgroup_view::prove(&conn, &subscription.systemd, &root),
+                )
+                .map_err(io_error("run the bus connection"))?
+                .map_err(AgentError::CgroupView)?;
+        }
         let cgroups = CgroupWatcher::new(root.clone()).map_err(AgentError::Cgroup)?;
         poll.registry()
             .register(
@@ -361,12 +371,7 @@ impl Agent {
         server
             .register(poll.registry(), CONTROL_TOKENS)
             .map_err(io_error("register the control socket"))?;
-        log::info!(
-            "listening on {}, systemd is {} on the {}",
-            served.display(),
-            subscription.systemd,
-            config.bus
-        );
+        log::info!("listening on {}, on the {}", served.display(), config.bus);
         let now = clock::now();
         let metrics = match &config.metrics_file {
             Some(path) => Some(metrics::MetricsFile::new(path, now).map_err(AgentError::Metrics)?),
@@ -387,6 +392,8 @@ impl Agent {
             runtime,
             conn: None,
             systemd: String::new(),
+            manager_pid: None,
+            unheard: None,
             bus_epoch: 0,
             reconnect: None,
             completions,
@@ -405,7 +412,7 @@ impl Agent {
             metrics,
         };
         agent.carry_out();
-        agent.on_connected(conn, subscription);
+        agent.on_connected(conn, subscribed);
         // A new snapshot and journal: a journal is only ever appended to by the agent that
         // started it, so a killed append's remains are never followed by another line.
         agent.core.save_snapshot(clock::now());
@@ -510,7 +517,7 @@ impl Agent {
     fn timeout(&self, now: Instant) -> Option<Duration> {
         let ours = [
             self.core.poll_timeout(),
-            self.reconnect.map(|(at, _)| at),
+            self.bus_timeout(),
             self.next_ping,
             self.release_heap,
             self.metrics.as_ref().and_then(metrics::MetricsFile::due),
@@ -607,6 +614,7 @@ impl Agent {
                 Output::Reply { to, mut answer } => {
                     if let Answer::Status(status) = &mut answer {
                         remaining::add_remaining(&self.cgroup_root, status);
+                        status.systemd_error = self.systemd_error();
                     }
                     let line = answer_line(to.id, answer, |core| self.stats(core));
                     self.server.send(self.poll.registry(), to.client, &line);
@@ -686,9 +694,7 @@ impl Agent {
                     }
                 }
                 Completion::OwnerChanged { epoch, new_owner } => {
-                    if epoch == self.bus_epoch && new_owner != self.systemd {
-                        self.bus_lost("systemd left the bus (re-executed or restarted)");
-                    }
+                    self.on_owner_changed(epoch, &new_owner);
                 }
                 Completion::Connected { epoch, result } => self.on_reconnect(epoch, result),
                 Completion::Read { epoch, key, result } => {
@@ -837,7 +843,13 @@ impl Agent {
             self.counters,
             self.cgroups.watch_count(),
             journald_dropped(),
+            self.systemd_error(),
         )
+    }
+
+    /// Why systemd is not heard now, for `status` and `stats`.
+    fn systemd_error(&self) -> Option<String> {
+        self.unheard.as_ref().map(|unheard| unheard.why.clone())
     }
 
     fn on_time(&mut self, now: Instant) {

@@ -1,5 +1,5 @@
 //! The agent's figures for operators: the core's counters and gauges, and what only the driver
-//! sees (bus reconnects, inotify watches and overflows), as the `stats` answer and the metrics
+//! sees (bus reconnects, why systemd is not heard, inotify watches and overflows), as the `stats` answer and the metrics
 //! file carry them.
 
 use crate::control::wire::{AgentStats, CoreStats, InotifyStats, JournaldStats};
@@ -20,10 +20,12 @@ impl AgentStats {
         counters: DriverCounters,
         inotify_watches: usize,
         journald_dropped: u64,
+        systemd_error: Option<String>,
     ) -> AgentStats {
         AgentStats {
             core,
             bus_reconnects: counters.bus_reconnects,
+            systemd_error,
             inotify: InotifyStats {
                 watches: u64::try_from(inotify_watches).unwrap_or(u64::MAX),
                 overflows: counters.inotify_overflows,

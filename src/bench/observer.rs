@@ -219,8 +219,10 @@ pub fn observe(bus: Bus) -> Result<(), BenchError> {
     let mut poll = Poll::new().map_err(|e| BenchError::Io("create a poll".into(), e))?;
     let runtime = MioRuntime::new(poll.registry(), WAKER, 16..(1 << 20))
         .map_err(|e| BenchError::Io("create a runtime".into(), e))?;
-    let (_conn, subscription) = crate::systemd::connect(&runtime, &mut poll, bus, METHOD_TIMEOUT)
-        .map_err(BenchError::Connect)?;
+    let (_conn, subscription) =
+        crate::systemd::connect(&runtime, &mut poll, bus, METHOD_TIMEOUT, None)
+            .and_then(|(conn, subscribed)| Ok((conn, subscribed.into_systemd()?)))
+            .map_err(BenchError::Connect)?;
     let root = cgroup2_mount().map_err(|e| BenchError::Failed(e.to_string()))?;
     let mut cgroups =
         CgroupWatcher::<usize>::new(root).map_err(|e| BenchError::Failed(e.to_string()))?;

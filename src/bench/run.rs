@@ -124,8 +124,9 @@ impl Manager {
         let mut poll = mio::Poll::new().map_err(|e| BenchError::Io("create a poll".into(), e))?;
         let runtime = MioRuntime::new(poll.registry(), mio::Token(0), 16..(1 << 20))
             .map_err(|e| BenchError::Io("create a runtime".into(), e))?;
-        let (conn, subscription) =
-            connect(&runtime, &mut poll, bus, METHOD_TIMEOUT).map_err(BenchError::Connect)?;
+        let (conn, subscription) = connect(&runtime, &mut poll, bus, METHOD_TIMEOUT, None)
+            .and_then(|(conn, subscribed)| Ok((conn, subscribed.into_systemd()?)))
+            .map_err(BenchError::Connect)?;
         // This connection only makes calls; undrained signal streams would stall its replies.
         drop(subscription);
         Ok(Manager {

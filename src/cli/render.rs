@@ -242,6 +242,9 @@ impl Render for AgentStats {
             self.inotify.overflows,
             self.journald.dropped
         );
+        if let Some(error) = &self.systemd_error {
+            let _ = writeln!(text, "systemd not heard: {error}");
+        }
         text
     }
 
@@ -262,6 +265,9 @@ impl Render for UnitStatus {
         if !self.leftovers.is_empty() {
             let pids: Vec<String> = self.leftovers.iter().map(i32::to_string).collect();
             let _ = writeln!(text, "followed beside a new invocation: {}", pids.join(" "));
+        }
+        if let Some(error) = &self.systemd_error {
+            let _ = writeln!(text, "unprovable while systemd is not heard: {error}");
         }
         if !self.blocked {
             return text;
@@ -551,6 +557,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
                 },
             },
             bus_reconnects: 1,
+            systemd_error: None,
             inotify: InotifyStats {
                 watches: 8,
                 overflows: 0,
@@ -590,6 +597,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
             remaining_total: Some(3),
             remaining_error: None,
             cgroup_error: None,
+            systemd_error: None,
         };
         let text = status.human();
         let lines: Vec<&str> = text.lines().collect();
@@ -618,7 +626,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
         );
         let unseen = UnitStatus {
             cgroup_error: Some("not found where systemd says (/x.service)".to_owned()),
-            ..unblocked
+            ..unblocked.clone()
         };
         assert!(
             unseen
@@ -626,6 +634,14 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
                 .contains("\ncgroup error: not found where systemd says (/x.service)\n"),
             "{}",
             unseen.human()
+        );
+        let unheard = UnitStatus {
+            systemd_error: Some("the bus connection closed".to_owned()),
+            ..unblocked
+        };
+        assert_eq!(
+            unheard.human().lines().last(),
+            Some("unprovable while systemd is not heard: the bus connection closed")
         );
     }
 }

@@ -345,6 +345,9 @@ pub struct AgentStats {
     pub core: CoreStats,
     /// Connections to the bus taken into use after the first.
     pub bus_reconnects: u64,
+    /// Why systemd is not heard now (the bus is lost, or the owner of systemd's name is not
+    /// systemd): no watch can be proven meanwhile. `null` while it is heard.
+    pub systemd_error: Option<String>,
     /// The inotify instance.
     pub inotify: InotifyStats,
     /// Structured logging to journald.
@@ -399,6 +402,8 @@ pub struct UnitStatus {
     pub remaining_total: Option<usize>,
     /// Why the processes could not be listed, if they could not.
     pub remaining_error: Option<String>,
+    /// Why systemd is not heard now, as `stats` says it; `null` while it is.
+    pub systemd_error: Option<String>,
 }
 
 /// The agent's records sent to journald's native socket.

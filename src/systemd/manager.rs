@@ -4,16 +4,20 @@
 //! Every call here is async and runs on the agent's own loop (see `systemd::runtime`); the
 //! connection has a method-call timeout, so a lost reply is an error, never a hang.
 
+use std::collections::HashMap;
 use std::num::NonZeroUsize;
 
 use zbus::export::futures_core::Stream;
-use zbus::{Connection, MatchRule, Message, MessageStream};
+use zbus::{Connection, MatchRule, Message, MessageStream, OwnedVariant};
 
+pub(crate) use super::owner::SYSTEMD;
+use super::owner::{Credentials, Expected, NotSystemd, ProcessView, cgroup_v2_path, judge};
 use super::signal::{MANAGER_INTERFACE, UNIT_PATH_PREFIX};
 
-/// systemd's well-known name on the bus.
-pub(crate) const SYSTEMD: &str = "org.freedesktop.systemd1";
 const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
+/// The bus daemon's own name and object.
+const BUS_DAEMON: &str = "org.freedesktop.DBus";
+const BUS_DAEMON_PATH: &str = "/org/freedesktop/DBus";
 pub(super) const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 pub(super) const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
 /// How many signals may wait in a stream before zbus stops reading the socket. zbus waits for
@@ -45,6 +49,8 @@ impl ManagerError {
 pub struct Subscription {
     /// The unique name behind `org.freedesktop.systemd1`: only its signals are facts.
     pub systemd: String,
+    /// The manager's pid, which a later owner of the name must have (`owner::Expected`).
+    pub manager_pid: u32,
     pub units: MessageStream,
     pub manager: MessageStream,
     /// NameOwnerChanged of `org.freedesktop.systemd1`: a new owner (systemd re-executed and
@@ -52,10 +58,47 @@ pub struct Subscription {
     pub owner: MessageStream,
 }
 
-/// Subscribes to systemd's unit signals: `Subscribe` (without it systemd sends none), one
-/// match rule for PropertiesChanged under the unit path namespace, one for the manager.
-pub(crate) async fn subscribe(conn: &Connection) -> Result<Subscription, ManagerError> {
+/// Who answered on the bus for systemd (each boxed: made once a connection, and the streams
+/// make the values large).
+pub enum Subscribed {
+    /// systemd itself, subscribed to.
+    Systemd(Box<Subscription>),
+    /// Another process owns systemd's name.
+    NotSystemd(Box<Impostor>),
+}
+
+/// An owner of systemd's name that is not systemd: nothing is asked of it and nothing it
+/// sends is heard, but who owns the name next.
+pub struct Impostor {
+    /// Who it is, and why it is not systemd.
+    pub who: NotSystemd,
+    /// NameOwnerChanged of `org.freedesktop.systemd1`.
+    pub owner: MessageStream,
+}
+
+/// Subscribes to systemd's unit signals, once the owner of its name is verified to be the
+/// manager `expected` (`owner::judge`): `Subscribe` (without it systemd sends none), one match
+/// rule for PropertiesChanged under the unit path namespace, one for the manager.
+pub(crate) async fn subscribe(
+    conn: &Connection,
+    expected: Expected,
+) -> Result<Subscribed, ManagerError> {
     let (systemd, owner) = systemd_owner(conn).await?;
+    // The unique name is asked about, not the well-known one: it names one connection for
+    // its whole life, and every call and match rule below names it.
+    let credentials = owner_credentials(conn, &systemd).await?;
+    let manager_pid = match judge(expected, credentials, process_view) {
+        Ok(pid) => pid,
+        Err(why) => {
+            let who = NotSystemd {
+                owner: systemd,
+                pid: credentials.pid,
+                uid: credentials.uid,
+                why,
+            };
+            return Ok(Subscribed::NotSystemd(Box::new(Impostor { who, owner })));
+        }
+    };
     // The sender is part of each rule: anyone on the bus may emit a signal with any path and
     // interface, and only systemd's are facts.
     let units = MatchRule::builder()
@@ -74,12 +117,55 @@ pub(crate) async fn subscribe(conn: &Connection) -> Result<Subscription, Manager
     call_manager(conn, &systemd, "Subscribe", &())
         .await
         .map_err(ManagerError::new("subscribe to systemd"))?;
-    Ok(Subscription {
+    Ok(Subscribed::Systemd(Box::new(Subscription {
         systemd,
+        manager_pid,
         units,
         manager,
         owner,
+    })))
+}
+
+/// What the bus daemon says of the connection `unique` (`GetConnectionCredentials`).
+async fn owner_credentials(conn: &Connection, unique: &str) -> Result<Credentials, ManagerError> {
+    let what = format!("ask the bus who {unique}, owning {SYSTEMD}, is");
+    let reply = conn
+        .call_method(
+            Some(BUS_DAEMON),
+            BUS_DAEMON_PATH,
+            Some(BUS_DAEMON),
+            "GetConnectionCredentials",
+            &(unique,),
+        )
+        .await
+        .map_err(ManagerError::new(what.clone()))?;
+    let credentials: HashMap<String, OwnedVariant> = reply
+        .body()
+        .deserialize()
+        .map_err(ManagerError::new(what.clone()))?;
+    let number = |key: &str| {
+        credentials
+            .get(key)
+            .and_then(|value| u32::try_from(value).ok())
+            .ok_or_else(|| {
+                ManagerError::new(what.clone())(zbus::Error::Failure(format!(
+                    "the bus daemon did not say its {key}"
+                )))
+            })
+    };
+    Ok(Credentials {
+        pid: number("ProcessID")?,
+        uid: number("UnixUserID")?,
     })
+}
+
+/// What `/proc` says of process `pid`; what cannot be read is unknown (never systemd).
+fn process_view(pid: u32) -> ProcessView {
+    let read = |file: &str| std::fs::read_to_string(format!("/proc/{pid}/{file}")).ok();
+    ProcessView {
+        comm: read("comm").map(|comm| comm.trim_end_matches('\n').to_owned()),
+        cgroup: read("cgroup").and_then(|text| cgroup_v2_path(&text).map(str::to_owned)),
+    }
 }
 
 /// Adds the match rule `rule` and returns the stream of what it matches, with a queue of

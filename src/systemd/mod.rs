@@ -2,6 +2,7 @@
 //! own mio loop.
 mod body;
 pub(crate) mod manager;
+pub(crate) mod owner;
 pub(crate) mod read;
 pub mod runtime;
 pub(crate) mod signal;
@@ -12,7 +13,8 @@ use std::time::Duration;
 
 use zbus::Connection;
 
-use manager::{ManagerError, Subscription};
+use manager::{ManagerError, Subscribed, Subscription};
+use owner::Expected;
 use runtime::MioRuntime;
 
 /// Which bus systemd is reached on.
@@ -42,32 +44,49 @@ pub enum ConnectError {
     /// Connecting to the bus failed.
     #[error("no systemd manager reachable on the {0}: {1}")]
     Bus(Bus, zbus::Error),
+    /// The owner of systemd's name is not systemd, where nothing else would do.
+    #[error("{0}")]
+    NotSystemd(owner::NotSystemd),
     /// Subscribing to systemd's signals failed.
     #[error("{0}")]
     Subscribe(ManagerError),
 }
 
 /// Connects to `bus` on `runtime` (driving `poll` until done) and subscribes to systemd's
-/// signals. Call it before registering anything else on `poll`: `block_on` drops events of
-/// sources it does not own.
+/// signals if the owner of its name is systemd (see [`connect_async`]). Call it before
+/// registering anything else on `poll`: `block_on` drops events of sources it does not own.
 pub fn connect(
     runtime: &MioRuntime,
     poll: &mut mio::Poll,
     bus: Bus,
     method_timeout: Duration,
-) -> Result<(Connection, Subscription), ConnectError> {
+    manager: Option<u32>,
+) -> Result<(Connection, Subscribed), ConnectError> {
     runtime
-        .block_on(poll, connect_async(runtime.handle(), bus, method_timeout))
+        .block_on(
+            poll,
+            connect_async(runtime.handle(), bus, method_timeout, manager),
+        )
         .map_err(ConnectError::Runtime)?
 }
 
 /// Connects to `bus` and subscribes to systemd's signals, as a future on `handle`'s runtime
-/// (for reconnecting from inside a running loop).
+/// (for reconnecting from inside a running loop), if the owner of systemd's name is the
+/// manager (`owner::judge`): on the system bus PID 1, on a user bus `manager` (the pid
+/// verified before) or, if `None`, a manager found by its process.
 pub async fn connect_async(
     handle: runtime::RuntimeHandle,
     bus: Bus,
     method_timeout: Duration,
-) -> Result<(Connection, Subscription), ConnectError> {
+    manager: Option<u32>,
+) -> Result<(Connection, Subscribed), ConnectError> {
+    let expected = match bus {
+        Bus::System => Expected::System,
+        Bus::User => Expected::User {
+            uid: nix::unistd::geteuid().as_raw(),
+            manager,
+        },
+    };
     let builder = match bus {
         Bus::System => zbus::connection::Builder::system(),
         Bus::User => zbus::connection::Builder::session(),
@@ -79,8 +98,19 @@ pub async fn connect_async(
         .await
         .map_err(|e| ConnectError::Bus(bus, e))?;
     log::debug!("connected to the {bus}; subscribing");
-    let subscription = manager::subscribe(&conn)
+    let subscribed = manager::subscribe(&conn, expected)
         .await
         .map_err(ConnectError::Subscribe)?;
-    Ok((conn, subscription))
+    Ok((conn, subscribed))
+}
+
+impl Subscribed {
+    /// The subscription to systemd; an owner of its name that is not systemd is an error, for
+    /// those that can do nothing but stop.
+    pub fn into_systemd(self) -> Result<Subscription, ConnectError> {
+        match self {
+            Subscribed::Systemd(subscription) => Ok(*subscription),
+            Subscribed::NotSystemd(impostor) => Err(ConnectError::NotSystemd(impostor.who)),
+        }
+    }
 }

@@ -397,7 +397,8 @@ fn sample_status(unit: &str) -> UnitStatus {
         }]),
         remaining_total: Some(2),
         remaining_error: None,
-        cgroup_error: None,
+        cgroup_error: Some("not found where systemd says (/x.service)".to_owned()),
+        systemd_error: Some("the bus connection closed".to_owned()),
     }
 }
 
@@ -445,6 +446,7 @@ fn sample_stats() -> AgentStats {
             },
         },
         bus_reconnects: 13,
+        systemd_error: Some(":1.9 (pid 17, uid 18) owns org.freedesktop.systemd1".to_owned()),
         inotify: InotifyStats {
             watches: 14,
             overflows: 15,

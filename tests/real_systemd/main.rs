@@ -16,6 +16,7 @@ mod boundaries;
 mod cli;
 mod dynamics;
 mod faults;
+mod impostor;
 mod operability;
 mod proof_defects;
 mod records;
@@ -35,6 +36,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("agent", agent::TESTS),
     ("records", records::TESTS),
     ("faults", faults::TESTS),
+    ("impostor", impostor::TESTS),
     ("dynamics", dynamics::TESTS),
     ("cli", cli::TESTS),
     ("operability", operability::TESTS),

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod impostor;
 pub mod sandbox;
 
 pub use sandbox::Sandbox;

@@ -38,6 +38,7 @@ impl Core {
             remaining: None,
             remaining_total: None,
             remaining_error: None,
+            systemd_error: None,
         };
         self.reply(reply, Answer::Status(Box::new(status)));
     }

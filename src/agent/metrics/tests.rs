@@ -41,7 +41,7 @@ fn sample() -> AgentStats {
         bus_reconnects: 2,
         inotify_overflows: 1,
     };
-    AgentStats::new(core, counters, 10, 5)
+    AgentStats::new(core, counters, 10, 5, None)
 }
 
 #[test]
@@ -87,6 +87,7 @@ fn the_figures_are_rendered_with_their_labels() {
         "exitproof_bus_reconnects_total 2",
         "exitproof_inotify_overflows_total 1",
         "exitproof_inotify_watches 10",
+        "exitproof_systemd_heard 1",
         "exitproof_journald_dropped_total 5",
         "# TYPE exitproof_proof_latency_seconds histogram",
         "exitproof_proof_latency_seconds_bucket{le=\"0.0001\"} 0",
@@ -102,6 +103,19 @@ fn the_figures_are_rendered_with_their_labels() {
             "missing {line:?} in:\n{text}"
         );
     }
+}
+
+#[test]
+fn systemd_unheard_is_a_zero() {
+    let stats = AgentStats {
+        systemd_error: Some("the bus connection closed".to_owned()),
+        ..sample()
+    };
+    let text = render(&stats);
+    assert!(
+        text.lines().any(|l| l == "exitproof_systemd_heard 0"),
+        "{text}"
+    );
 }
 
 #[test]
