@@ -251,8 +251,7 @@ impl Agent {
             self.runtime
                 .spawn(async move {
                     let result = async {
-                        let (conn, subscribed) =
-                            connect.await.map_err(ReconnectError::Connect)?;
+                        let (conn, subscribed) = connect.await.map_err(ReconnectError::Connect)?;
                         // systemd may have come back re-executed: its view is proven again
                         // (an owner that is not systemd is asked nothing).
                         if let Subscribed::Systemd(subscription) = &subscribed {

@@ -125,6 +125,28 @@ pub(super) struct UnitFacts {
     /// afresh on the next one, but an InvocationID names one invocation for good, so it is
     /// taken back if the next connection names the same.
     before_loss: Option<Box<KnownOfInvocation>>,
+    /// The MainPID and ControlPID of a signal older than the current invocation's messages (a
+    /// signal handled after a read that told a later invocation), until the signal after it
+    /// names their invocation: systemd sends a service's change right before its unit's.
+    late_roots: Option<Box<LateRoots>>,
+    /// The serial of the first read on this connection. What a message from it on names is
+    /// the watch's invocation or a later one (the facts only move forward from a read), while
+    /// an older message may name one before it.
+    first_read: Option<u32>,
+}
+
+/// Roots said in a late signal, and then whose they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum LateRoots {
+    /// Said in the signal of `serial`, whose invocation the next signal tells.
+    Unplaced { pids: [u32; 2], serial: u32 },
+    /// Said of `invocation`, not the current one, which began at `began_us` if the signal
+    /// that named it said so.
+    Placed {
+        invocation: Invocation,
+        pids: [u32; 2],
+        began_us: Option<u64>,
+    },
 }
 
 /// What the facts gather of one invocation beyond its current values.
@@ -144,6 +166,7 @@ impl UnitFacts {
     /// Applies a read. Returns true if the invocation changed.
     pub(super) fn apply_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
         let before = self.invocation.value.clone();
+        self.first_read.get_or_insert(snapshot.serial);
         self.loaded.offer(&snapshot.loaded, snapshot.serial);
         self.active_state
             .offer(&word(&snapshot.active_state), snapshot.serial);
@@ -206,12 +229,72 @@ impl UnitFacts {
             }
             None => false,
         };
-        self.note_roots(
-            [change.main_pid, change.control_pid].map(Option::unwrap_or_default),
-            serial,
-        );
+        let pids = [change.main_pid, change.control_pid].map(Option::unwrap_or_default);
+        self.note_roots(pids, serial);
         self.note_beginning();
+        self.note_late_roots(change, pids, serial);
         changed
+    }
+
+    /// Keeps the roots a late signal said (one older than the current invocation's messages)
+    /// until the late signal right after it names their invocation. Signals come in serial
+    /// order, so no signal of this unit lies between the two.
+    fn note_late_roots(&mut self, change: &UnitChange, pids: [u32; 2], serial: u32) {
+        if self.said_of_current(serial) {
+            self.late_roots = None;
+            return;
+        }
+        let unplaced = match self.late_roots.take().map(|late| *late) {
+            Some(LateRoots::Unplaced { pids, serial: said }) if newer(serial, said) => Some(pids),
+            _ => None,
+        };
+        // Only an invocation named after the first read is known to come after the watch's.
+        let after_first_read = self.first_read.is_some_and(|read| !newer(read, serial));
+        // As for the current invocation: InactiveExitTimestamp tells when it began only once
+        // it has (`current_began_us`).
+        let began = !matches!(
+            change.active_state.as_deref(),
+            None | Some("inactive" | "failed")
+        );
+        let began_us = change.inactive_exit_us.filter(|us| began && *us > 0);
+        self.late_roots = match (change.invocation.as_deref(), unplaced) {
+            (Some(invocation), Some(pids)) if after_first_read => Some(LateRoots::Placed {
+                invocation: Invocation::new(invocation),
+                pids,
+                began_us,
+            }),
+            (None, _) if pids != [0, 0] => Some(LateRoots::Unplaced { pids, serial }),
+            _ => None,
+        }
+        .map(Box::new);
+    }
+
+    /// The roots a late signal said of another invocation than the current one, named after
+    /// the first read, once the signal after it named it: that invocation, and what they tell
+    /// of its processes.
+    pub(super) fn take_late_roots(&mut self) -> Option<(String, NextInvocation)> {
+        let Some(LateRoots::Placed {
+            invocation,
+            pids,
+            began_us,
+        }) = self.late_roots.as_deref()
+        else {
+            return None;
+        };
+        let placed = (
+            invocation.text(),
+            NextInvocation {
+                began_us: *began_us,
+                gone_roots: pids
+                    .iter()
+                    .filter(|pid| **pid > 0)
+                    .filter_map(|pid| i32::try_from(*pid).ok())
+                    .collect(),
+                ..NextInvocation::default()
+            },
+        );
+        self.late_roots = None;
+        Some(placed)
     }
 
     /// Keeps when the current invocation began, once systemd says it has.
@@ -319,6 +402,11 @@ impl UnitFacts {
             before_loss: known.or_else(|| self.before_loss.take()),
             ..UnitFacts::default()
         };
+    }
+
+    /// Whether a read is in on this connection.
+    pub(super) fn read_in(&self) -> bool {
+        self.first_read.is_some()
     }
 
     /// Whether systemd had the unit loaded, as last said (`None`: not said yet).
@@ -636,6 +724,37 @@ mod tests {
         facts.apply_change(&pids(0, 0), 12);
         assert_eq!(facts.next_invocation().gone_roots, [32]);
     }
+    /// A late signal, handled after a read that told a later invocation, still places the
+    /// MainPID said right before it with the invocation it names, if that was named after
+    /// the first read: it is an invocation after the watch's. Before the first read it may be
+    /// one before the watch's, and nothing is placed.
+    #[test]
+    fn a_late_signal_places_its_roots_with_the_invocation_it_names_after_the_first_read() {
+        let mut facts = UnitFacts::default();
+        facts.apply_snapshot(&snapshot(5, "activating", "x"));
+        facts.apply_snapshot(&snapshot(10, "active", "b"));
+        facts.apply_change(&pids(30, 0), 7);
+        facts.apply_change(&change(Some("active"), Some("x")), 8);
+        let (invocation, roots) = facts.take_late_roots().expect("placed");
+        assert_eq!(invocation, "x");
+        assert_eq!(roots.gone_roots, [30]);
+        assert_eq!(facts.take_late_roots(), None, "taken once");
+        // Nor what another signal came between.
+        let mut facts = UnitFacts::default();
+        facts.apply_snapshot(&snapshot(5, "activating", "x"));
+        facts.apply_snapshot(&snapshot(10, "active", "b"));
+        facts.apply_change(&pids(31, 0), 6);
+        facts.apply_change(&change(Some("active"), None), 7);
+        facts.apply_change(&change(Some("active"), Some("x")), 8);
+        assert_eq!(facts.take_late_roots(), None);
+
+        let mut facts = UnitFacts::default();
+        facts.apply_snapshot(&snapshot(10, "active", "b"));
+        facts.apply_change(&pids(30, 0), 7);
+        facts.apply_change(&change(Some("active"), Some("a")), 8);
+        assert_eq!(facts.take_late_roots(), None, "said before the first read");
+    }
+
     #[test]
     fn what_was_known_of_an_invocation_outlives_a_lost_connection_if_it_is_named_again() {
         let known_roots = |next_connection: &str| {

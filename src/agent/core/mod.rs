@@ -897,19 +897,42 @@ impl Core {
     }
 
     /// Gathers what systemd says of an invocation after ours, for [`Core::count_leftovers`].
-    /// Only once the first read is in: before it, a signal sent before ours began may name an
-    /// earlier invocation; from it on, the facts only move to later ones.
+    /// Only once the facts can name no invocation before ours: from the first read on (they
+    /// only move forward from a read, on this connection and the next), and for a watch taken
+    /// up after a restart (ours began before this life), even while its proof waits for
+    /// another read (one that found its unit under another name). Before the first read of a
+    /// new watch, a signal sent before ours began may name an earlier invocation.
     fn note_after_ours(&mut self, key: UnitKey, invocation: &str) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        let later = watch.facts.next_invocation();
+        self.absorb_after_ours(key, invocation, &later);
+    }
+
+    /// Keeps what `later` tells of the processes of `invocation`, if it is not ours.
+    fn absorb_after_ours(&mut self, key: UnitKey, invocation: &str, later: &NextInvocation) {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let ours = watch.proof.as_ref().map(|proof| proof.invocation());
-        if ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
+        let past_ours = watch.proof.is_some() || watch.restored || watch.facts.read_in();
+        let ours = watch.our_invocation();
+        if !past_ours || ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
             return;
         }
-        let later = watch.facts.next_invocation();
-        if later != NextInvocation::default() {
-            watch.after_ours.get_or_insert_default().absorb(&later);
+        if *later != NextInvocation::default() {
+            watch.after_ours.get_or_insert_default().absorb(later);
+        }
+    }
+
+    /// A late signal (handled after a read that told a later invocation) said the MainPID or
+    /// ControlPID of an invocation in between: gathered as for any invocation after ours.
+    pub(super) fn note_late_roots(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if let Some((invocation, roots)) = watch.facts.take_late_roots() {
+            self.absorb_after_ours(key, &invocation, &roots);
         }
     }
 

@@ -78,6 +78,7 @@ impl Core {
                         continue;
                     };
                     let new_invocation = watch.facts.apply_change(&change, serial);
+                    self.note_late_roots(key);
                     if new_invocation || change.invalidated {
                         // A new invocation may run in another cgroup, and ControlGroup is
                         // never signalled: read it again.

@@ -1705,3 +1705,40 @@ fn a_resumed_release_hears_the_units_signals_before_its_final_stop() {
     });
     assert_eq!(s.stops(), [], "the unit runs another invocation now");
 }
+
+/// A watch taken up after a restart gathers what systemd says of the invocations after ours
+/// from the first message of the connection on, before its own first read is back: ours
+/// began before this life, so none of them is earlier. A leftover in the session of the
+/// MainPID of such an invocation is then that invocation's, not ours.
+#[test]
+fn a_restored_watch_gathers_later_invocations_before_its_first_read() {
+    let mut s = Script::restored(state("boot-1", vec![saved("r.service", A)]), "boot-1");
+    s.input(Input::BusUp);
+    let reads = s.take();
+    let main_of_b = UnitChange {
+        main_pid: Some(77),
+        control_pid: Some(0),
+        ..UnitChange::default()
+    };
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("r.service"),
+        change: main_of_b,
+    });
+    s.changed("r.service", "active", B);
+    s.changed("r.service", "inactive", B);
+    s.changed("r.service", "active", C);
+    s.outputs = reads;
+    s.cgroups
+        .insert("/app.slice/r.service".into(), CgroupReading::Populated);
+    s.answer_reads(|u| Ok(snapshot(u, "active", C, "/app.slice/r.service")));
+    assert_eq!(
+        s.stops(),
+        [("r.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
+    );
+    s.changed("r.service", "inactive", C);
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert!(
+        counted.gone_roots.contains(&77),
+        "B's MainPID is a root after ours: {counted:?}"
+    );
+}

@@ -132,7 +132,7 @@ const MAX_ANCESTRY: usize = 64;
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
-///    child of a leftover is a leftover): earlier;
+///    child of a leftover is a leftover), unless rule 3 makes that ancestor `next`'s: earlier;
 /// 3. it is a member of the session of one of `next`'s gone roots: `next`'s, even if held
 ///    before for want of knowing that root. The kernel does not hand out a pid still in use as
 ///    a session id, so the session is the one that root began, or one begun after that root
@@ -184,6 +184,9 @@ pub(crate) fn earlier_processes<'a>(
         lineage(process).iter().any(|p| next.roots.contains(&p.pid))
             || next_sessions.contains(&process.session)
     };
+    // Rule 3's: not the session's leader, whose pid may be a gone root's used again.
+    let in_gone_roots_session =
+        |p: &ProcessInfo| next.gone_roots.contains(&p.session) && p.session != p.pid;
     // Sessions of processes that started before `next` began and are not its: what else is in
     // them is ours too.
     let earlier_sessions: HashSet<i32> = census
@@ -199,11 +202,11 @@ pub(crate) fn earlier_processes<'a>(
         let ancestors = &chain[1..];
         if ancestors
             .iter()
-            .any(|p| held.contains(&p.pid) || !began_after(p))
+            .any(|p| !in_gone_roots_session(p) && (held.contains(&p.pid) || !began_after(p)))
         {
             return true;
         }
-        if next.gone_roots.contains(&process.session) && process.session != process.pid {
+        if in_gone_roots_session(process) {
             return false;
         }
         held.contains(&process.pid)

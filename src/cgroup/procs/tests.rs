@@ -998,6 +998,18 @@ fn a_gone_roots_session_does_not_outweigh_an_older_parent() {
 }
 
 #[test]
+fn a_child_of_a_member_of_a_gone_roots_session_is_not_ours() {
+    // Pid 60 is in the session of the gone root 50, so the next invocation's, though it
+    // started (at 1 s) before the latest beginning known of those after ours (an invocation
+    // in between began earlier, unheard of): its child 61 is not a leftover of ours either.
+    let census = [process(60, 1, 50, 100), process(61, 60, 50, 600)];
+    assert_eq!(
+        earlier_pids(&census, &next_with_gone_root(), &[]),
+        Vec::<i32>::new()
+    );
+}
+
+#[test]
 fn a_process_whose_pid_was_a_gone_root_is_not_taken_for_it() {
     // Pid 50 was reused and began a session of its own: it is not the gone root, and it
     // started before the next invocation.
