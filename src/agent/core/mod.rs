@@ -806,7 +806,7 @@ impl Core {
         let cgroup = watch.control_group.to_string();
         let mut next = watch.facts.next_invocation();
         if let Some(after_ours) = &watch.after_ours {
-            next.absorb(after_ours);
+            next.absorb(&after_ours.known);
         }
         let held = watch.leftovers.iter().chain(gone).copied().collect();
         self.outputs.push_back(Output::CountLeftovers {
@@ -903,11 +903,49 @@ impl Core {
     /// another read (one that found its unit under another name). Before the first read of a
     /// new watch, a signal sent before ours began may name an earlier invocation.
     fn note_after_ours(&mut self, key: UnitKey, invocation: &str) {
-        let Some(watch) = self.units.get(&key) else {
+        let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
         let later = watch.facts.next_invocation();
-        self.absorb_after_ours(key, invocation, &later);
+        let past_ours = watch.proof.is_some() || watch.restored || watch.facts.read_in();
+        if past_ours {
+            self.absorb_after_ours(key, invocation, &later);
+            return;
+        }
+        // Before the first read: kept until it tells whether this invocation is after ours.
+        let Some(since) = watch.facts.invocation_since() else {
+            return;
+        };
+        if later == NextInvocation::default() {
+            return;
+        }
+        let after_ours = watch.after_ours.get_or_insert_default();
+        match after_ours
+            .unconfirmed
+            .iter_mut()
+            .find(|(of, ..)| of == invocation)
+        {
+            Some(entry) => *entry = (invocation.to_owned(), since, later),
+            None => after_ours
+                .unconfirmed
+                .push((invocation.to_owned(), since, later)),
+        }
+    }
+
+    /// The first read is in, stamped `serial`: what was heard before it of an invocation
+    /// named in a message newer than it is of ours or a later one.
+    pub(super) fn confirm_after_ours(&mut self, key: UnitKey, serial: u32) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let Some(after_ours) = watch.after_ours.as_mut() else {
+            return;
+        };
+        for (invocation, since, later) in std::mem::take(&mut after_ours.unconfirmed) {
+            if since.wrapping_sub(serial) as i32 > 0 {
+                self.absorb_after_ours(key, &invocation, &later);
+            }
+        }
     }
 
     /// Keeps what `later` tells of the processes of `invocation`, if it is not ours.
@@ -915,13 +953,12 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let past_ours = watch.proof.is_some() || watch.restored || watch.facts.read_in();
         let ours = watch.our_invocation();
-        if !past_ours || ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
+        if ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
             return;
         }
         if *later != NextInvocation::default() {
-            watch.after_ours.get_or_insert_default().absorb(later);
+            watch.after_ours.get_or_insert_default().known.absorb(later);
         }
     }
 

@@ -56,8 +56,12 @@ impl Core {
         // connection only.
         for key in self.keys_where(|_| true) {
             if let Some(watch) = self.units.get_mut(&key) {
-                // Serial numbers belong to one connection; the next one starts afresh.
+                // Serial numbers belong to one connection; the next one starts afresh, so what
+                // waits for a read's serial to be placed is dropped with them.
                 watch.facts.clear();
+                if let Some(after_ours) = watch.after_ours.as_mut() {
+                    after_ours.unconfirmed.clear();
+                }
                 watch.stale = true;
                 watch.reads.in_flight = false;
                 watch.reads.again = false;
@@ -282,6 +286,11 @@ impl Core {
                 .unwrap_or_else(|| snapshot.invocation.clone());
             watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
             self.unsaved.unit(&watch.unit);
+            // Ours is known now: what was heard before of the invocations after it counts.
+            self.confirm_after_ours(key, snapshot.serial);
+            let Some(watch) = self.units.get_mut(&key) else {
+                return;
+            };
             if watch.control_group.is_empty() {
                 self.first_read_done(key, now);
             } else {
@@ -319,6 +328,7 @@ impl Core {
         self.by_id.remove(&old_id, key);
         self.by_id.insert(&id, key);
         self.share_snapshot(key, snapshot, now);
+        self.confirm_after_ours(key, snapshot.serial);
         self.read_unit(key);
     }
 

@@ -1742,3 +1742,103 @@ fn a_restored_watch_gathers_later_invocations_before_its_first_read() {
         "B's MainPID is a root after ours: {counted:?}"
     );
 }
+
+/// What a new watch hears before its first read comes back is kept until that read tells
+/// whose it is: an invocation named in a message newer than the read is ours or a later one,
+/// so the MainPID said of it is a root after ours.
+#[test]
+fn what_a_new_watch_hears_before_its_first_read_counts_once_the_read_places_it() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"w.service"}"#);
+    let key = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::ReadUnit { key, .. } => Some(key),
+            _ => None,
+        })
+        .expect("the first read");
+    let read_serial = s.next_serial();
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("w.service"),
+        change: UnitChange {
+            main_pid: Some(77),
+            control_pid: Some(0),
+            ..UnitChange::default()
+        },
+    });
+    s.changed("w.service", "active", B);
+    s.changed("w.service", "inactive", B);
+    s.changed("w.service", "active", C);
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Populated);
+    let read = UnitSnapshot {
+        serial: read_serial,
+        ..snapshot("w.service", "active", A, "/app.slice/w.service")
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    assert_eq!(
+        s.stops(),
+        [("w.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
+    );
+    s.changed("w.service", "inactive", C);
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert!(
+        counted.gone_roots.contains(&77),
+        "B's MainPID is a root after ours: {counted:?}"
+    );
+}
+
+/// What a new watch heard before its first read is placed by that read's serial only on the
+/// same connection: serials start afresh on the next one, where an earlier invocation's
+/// message may look newer than the read.
+#[test]
+fn what_a_new_watch_heard_on_a_lost_connection_is_not_placed_by_a_read_on_the_next() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"w.service"}"#);
+    s.take();
+    // B, before ours (C), with MainPID 77, said on a connection then lost.
+    s.serial = 40;
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("w.service"),
+        change: UnitChange {
+            main_pid: Some(77),
+            control_pid: Some(0),
+            ..UnitChange::default()
+        },
+    });
+    s.changed("w.service", "inactive", B);
+    s.input(Input::BusLost);
+    s.input(Input::BusUp);
+    let key = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::ReadUnit { key, .. } => Some(key),
+            _ => None,
+        })
+        .expect("read on the next connection");
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Populated);
+    let read = UnitSnapshot {
+        serial: 21,
+        ..snapshot("w.service", "active", C, "/app.slice/w.service")
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    s.serial = 30;
+    s.changed("w.service", "active", A);
+    s.changed("w.service", "inactive", A);
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert!(
+        !counted.gone_roots.contains(&77),
+        "B began before ours: {counted:?}"
+    );
+}

@@ -248,6 +248,14 @@ impl Sim {
         let Request { id, client, json } = request;
         let parsed = parse_request(json.to_string().as_bytes()).expect("a valid request");
         let unit = json["unit"].as_str().map(str::to_owned);
+        // An unwatched unit's next watch is a new one: what was told to the one before is not
+        // told to it.
+        if json["cmd"] == "unwatch"
+            && let Some(u) = unit.as_deref().and_then(|name| self.world.resolve(name))
+        {
+            self.read_units.retain(|(of, _), _| *of != u);
+            self.told_roots.retain(|(of, _), _| *of != u);
+        }
         let inv = json["invocation"].as_str().map(parse_inv);
         self.asking = unit.clone().map(|u| (u, inv));
         self.input(Input::Request {
