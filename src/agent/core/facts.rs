@@ -501,6 +501,7 @@ mod tests {
             control_group: String::new(),
             exit: None,
             current: Default::default(),
+            load_state: None,
         }
     }
 
