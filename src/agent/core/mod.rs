@@ -336,7 +336,8 @@ pub(crate) struct Core {
     /// change is saved, so an agent killed in between has promised nothing it forgot.
     replies_when_saved: Vec<(ReplyTo, Answer)>,
     /// Watches a `stop` made for the invocation running after a proven one, with the proven
-    /// invocation, for their proof's answer; kept here, not in every watch, as few have one.
+    /// invocation, until their proof is answered; kept here, not in every watch, as few have
+    /// one.
     moved_on: HashMap<UnitKey, String>,
     counters: stats::Counters,
 }

@@ -166,6 +166,8 @@ impl Core {
             let answer = self.event_answer(key, event.clone());
             self.reply(to, answer);
         }
+        // Said to those who waited for this proof; a later `wait` or `stop` gets the proof.
+        self.moved_on.remove(&key);
         if !self.subscribers.is_empty() {
             let clients = self.subscribers.iter().copied().collect();
             self.outputs.push_back(Output::Broadcast {
