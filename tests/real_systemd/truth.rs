@@ -90,7 +90,10 @@ fn a_unit_systemd_does_not_know_is_not_found_never_proven() {
         &["watch", "wbe.service", "--invocation", invocation],
         0,
     );
-    assert!(stdout.starts_with("proven wbe.service (invocation 01234567"), "{stdout}");
+    assert!(
+        stdout.starts_with("proven wbe.service (invocation 01234567"),
+        "{stdout}"
+    );
 }
 
 /// `web.service` installed and started, watched, killed and proven (invocation returned), then
@@ -159,12 +162,18 @@ fn wait_status_and_list_say_the_unit_now_runs_another_invocation() {
     let note = format!("(now running invocation {})", short(&running));
     let (stdout, _) = run(&agent, &["wait", "web.service"], 0);
     assert!(
-        stdout.starts_with(&format!("proven web.service (invocation {})", short(&proven))),
+        stdout.starts_with(&format!(
+            "proven web.service (invocation {})",
+            short(&proven)
+        )),
         "{stdout}"
     );
     assert!(stdout.trim_end().ends_with(&note), "{stdout}");
     let (stdout, _) = run(&agent, &["status", "web.service"], 0);
-    assert!(stdout.lines().next().is_some_and(|l| l.ends_with(&note)), "{stdout}");
+    assert!(
+        stdout.lines().next().is_some_and(|l| l.ends_with(&note)),
+        "{stdout}"
+    );
     let (stdout, _) = run(&agent, &["list"], 0);
     assert!(
         stdout.contains(&format!(
@@ -200,7 +209,10 @@ fn start_watches_the_invocation_its_start_job_began() {
     );
     let (stdout, _) = run(&agent, &["stop", "web.service", "--timeout", "30s"], 0);
     assert!(
-        stdout.starts_with(&format!("proven web.service (invocation {})", short(&started))),
+        stdout.starts_with(&format!(
+            "proven web.service (invocation {})",
+            short(&started)
+        )),
         "{stdout}"
     );
     let (_, stderr) = run(&agent, &["start", "wbe.service"], 4);
