@@ -1,8 +1,8 @@
 //! The command line: `exitproof agent` runs the agent; every other subcommand is a thin client
 //! of a running agent's control socket.
 //!
-//! Exit codes: 0 proven or done, 75 still running when the timeout passed, 2 usage error,
-//! 1 any other error (with a one-line message on stderr).
+//! Exit codes: 0 proven or done, 75 still running when the timeout passed, 4 a unit systemd
+//! does not know, 2 usage error, 1 any other error (with a one-line message on stderr).
 
 // The doc comments of the command line are clap's help text, plain text where `<invocation>`
 // is no HTML tag.
@@ -19,7 +19,7 @@ use crate::agent::{self, AgentConfig, Bus};
 use crate::control::ControlError;
 use crate::control::client::Client;
 use crate::control::protocol::{ErrorKind, WatchArgs, WatchSpec, parse_invocation_id};
-use crate::control::wire::ProofEvent;
+use crate::control::wire::EventAnswer;
 use crate::duration::{parse_duration, parse_interval};
 use crate::exit::write::{record_from_env, write_record};
 use crate::record_name::RecordName;
@@ -171,6 +171,12 @@ enum Cmd {
         #[arg(long, requires = "generation")]
         launch_file: Option<PathBuf>,
     },
+    /// Start a unit (as `systemctl start`) through the agent and watch the invocation its start
+    /// job began; print the watch.
+    Start {
+        #[arg(value_parser = parse_unit)]
+        unit: UnitName,
+    },
     /// Write an exit record from systemd's $SERVICE_RESULT, $EXIT_CODE and $EXIT_STATUS (for
     /// ExecStopPost=), atomically, named after $INVOCATION_ID unless --name is given.
     Record {
@@ -256,6 +262,8 @@ fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
 
 /// The exit code for a proof that did not arrive in time.
 pub const EXIT_STILL_RUNNING: u8 = 75;
+/// A unit systemd does not know, as `systemctl` exits for one (LSB's "not installed").
+pub const EXIT_NOT_FOUND: u8 = 4;
 
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
@@ -314,9 +322,15 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 },
                 ..WatchArgs::new(unit)
             };
-            let view = connect(&socket)?.watch(args).map_err(|e| e.to_string())?;
-            print(format, &view)
+            match connect(&socket)?.watch(args) {
+                Ok(view) => print(format, &view),
+                Err(e) => refused(e),
+            }
         }
+        Cmd::Start { unit } => match connect(&socket)?.start(&unit) {
+            Ok(view) => print(format, &view),
+            Err(e) => refused(e),
+        },
         Cmd::Wait { unit, timeout } => {
             let answer = connect(&socket)?.wait(&unit, timeout);
             print_proof(format, &unit, answer)
@@ -422,16 +436,26 @@ fn write_stdout(bytes: &[u8]) -> Result<ExitCode, String> {
 fn print_proof(
     format: Format,
     unit: &UnitName,
-    answer: Result<ProofEvent, ControlError>,
+    answer: Result<EventAnswer, ControlError>,
 ) -> Result<ExitCode, String> {
     match answer {
-        Ok(event) => print(format, &event),
+        Ok(answer) => print(format, &answer),
         Err(e) if e.kind() == Some(ErrorKind::StillRunning) => {
             eprintln!("exitproof: {unit} still running when the timeout passed");
             Ok(ExitCode::from(EXIT_STILL_RUNNING))
         }
-        Err(e) => Err(e.to_string()),
+        Err(e) => refused(e),
     }
+}
+
+/// An error from the agent: one of its own kind for a unit systemd does not know, exit
+/// [`EXIT_NOT_FOUND`]; any other is an error message and exit 1.
+fn refused(e: ControlError) -> Result<ExitCode, String> {
+    if e.kind() == Some(ErrorKind::NotFound) {
+        eprintln!("exitproof: {e}");
+        return Ok(ExitCode::from(EXIT_NOT_FOUND));
+    }
+    Err(e.to_string())
 }
 
 /// The agent wants absolute paths; a relative one means "from here".
@@ -472,7 +496,7 @@ fn run_command(
         ..WatchArgs::new(unit.clone())
     };
     client.watch(watch).map_err(|e| e.to_string())?;
-    let event = client.wait(&unit, None).map_err(|e| e.to_string())?;
+    let event = client.wait(&unit, None).map_err(|e| e.to_string())?.event;
     print(format, &event)?;
     let status = event
         .systemd

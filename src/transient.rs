@@ -10,16 +10,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use std::future::poll_fn;
-use std::pin::Pin;
-
-use zbus::export::futures_core::Stream;
-use zbus::{Connection, MessageStream, OwnedObjectPath, OwnedVariant};
+use zbus::{Connection, OwnedVariant};
 
 use crate::duration::parse_duration;
 use crate::systemd::manager::{ManagerError, exec_start, owned_variant, start_transient_unit};
 use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
+use crate::systemd::snapshot::ReadKind;
+use crate::systemd::start::job_result;
 use crate::systemd::{self as sd, Bus, ConnectError};
 use crate::unit_name::UnitName;
 
@@ -261,14 +259,14 @@ pub(crate) fn start(
             let job = start_transient_unit(&conn, &systemd, &unit, all)
                 .await
                 .map_err(RunError::Manager)?;
-            let result = next_job_removed(&mut manager_signals, &job).await;
+            let result = job_result(&mut manager_signals, &job).await;
             if result != "done" {
                 return Err(RunError::Job {
                     unit: unit.clone(),
                     result,
                 });
             }
-            let snapshot = read_unit(&conn, &systemd, &unit)
+            let snapshot = read_unit(&conn, &systemd, &unit, ReadKind::Get)
                 .await
                 .map_err(RunError::Manager)?;
             Ok(snapshot.invocation)
@@ -286,32 +284,6 @@ pub(crate) fn start(
         _runtime: runtime,
         _poll: poll,
     })
-}
-
-/// Waits for `JobRemoved` of `job` on the manager's signals and returns its result (`done`,
-/// `failed`, ...).
-async fn next_job_removed(stream: &mut MessageStream, job: &OwnedObjectPath) -> String {
-    loop {
-        let Some(message) = poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await else {
-            return "could not be followed: the bus connection was lost".into();
-        };
-        let Ok(message) = message else { continue };
-        if message
-            .header()
-            .member()
-            .is_none_or(|m| m.as_str() != "JobRemoved")
-        {
-            continue;
-        }
-        // JobRemoved(u id, o job, s unit, s result)
-        if let Ok((_, path, _, result)) = message
-            .body()
-            .deserialize::<(u32, OwnedObjectPath, String, String)>()
-            && path == *job
-        {
-            return result;
-        }
-    }
 }
 
 #[cfg(test)]

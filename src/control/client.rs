@@ -14,7 +14,7 @@
 //! let view = client.watch(WatchArgs::new(unit.clone()))?;
 //! println!("watching {} ({:?})", view.unit, view.invocation);
 //! match client.wait(&unit, Some(Duration::from_secs(30))) {
-//!     Ok(event) => println!("{}: {}", event.unit, event.message),
+//!     Ok(answer) => println!("{}: {}", answer.event.unit, answer.event.message),
 //!     Err(e) if e.kind() == Some(ErrorKind::StillRunning) => println!("{unit} still runs"),
 //!     Err(e) => return Err(e.into()),
 //! }
@@ -31,7 +31,9 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ControlError;
-use super::protocol::{Command, ErrorKind, Request, StatusArgs, UnwatchArgs, WaitArgs, WatchArgs};
+use super::protocol::{
+    Command, ErrorKind, Request, StartArgs, StatusArgs, UnwatchArgs, WaitArgs, WatchArgs,
+};
 use super::wire::{
     AgentStats, Done, EventAnswer, EventKind, ListAnswer, ProofEvent, StatsAnswer, StatusAnswer,
     UnitStatus, Version, VersionAnswer, WatchAnswer, WatchView,
@@ -153,6 +155,15 @@ impl Client {
             .map(|answer| answer.watch)
     }
 
+    /// Starts the unit (systemd's StartUnit, as `systemctl start`) and watches the invocation
+    /// its start job began; answers with the watch once it is read and saved. A unit systemd
+    /// does not know is refused with [`ErrorKind::NotFound`].
+    pub fn start(&mut self, unit: &UnitName) -> Result<WatchView, ControlError> {
+        let args = StartArgs { unit: unit.clone() };
+        self.call::<WatchAnswer>(Command::Start(args))
+            .map(|answer| answer.watch)
+    }
+
     /// Waits for the unit's proof (watching it first if it is not watched), at most `timeout`
     /// (`None`: as long as it takes). At the timeout the error's kind is
     /// [`ErrorKind::StillRunning`]; the unit stays watched.
@@ -160,7 +171,7 @@ impl Client {
         &mut self,
         unit: &UnitName,
         timeout: Option<Duration>,
-    ) -> Result<ProofEvent, ControlError> {
+    ) -> Result<EventAnswer, ControlError> {
         self.proof(Command::Wait, unit, timeout)
     }
 
@@ -170,7 +181,7 @@ impl Client {
         &mut self,
         unit: &UnitName,
         timeout: Option<Duration>,
-    ) -> Result<ProofEvent, ControlError> {
+    ) -> Result<EventAnswer, ControlError> {
         self.proof(Command::Stop, unit, timeout)
     }
 
@@ -180,13 +191,12 @@ impl Client {
         command: fn(WaitArgs) -> Command,
         unit: &UnitName,
         timeout: Option<Duration>,
-    ) -> Result<ProofEvent, ControlError> {
+    ) -> Result<EventAnswer, ControlError> {
         let args = WaitArgs {
             unit: unit.clone(),
             timeout,
         };
         self.call::<EventAnswer>(command(args))
-            .map(|answer| answer.event)
     }
 
     /// Forgets the unit's watch and its retained proof; answers once that is saved.

@@ -102,6 +102,8 @@ pub enum Command {
     Stats,
     /// Tell one watch, its facts and what blocks its proof.
     Status(StatusArgs),
+    /// Start a unit and watch the invocation its start job began.
+    Start(StartArgs),
 }
 
 impl Command {
@@ -117,6 +119,7 @@ impl Command {
             Command::Version => "version",
             Command::Stats => "stats",
             Command::Status(_) => "status",
+            Command::Start(_) => "start",
         }
     }
 }
@@ -310,6 +313,14 @@ pub struct StatusArgs {
     pub unit: UnitName,
 }
 
+/// Arguments of `start`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartArgs {
+    /// The unit to start and watch.
+    pub unit: UnitName,
+}
+
 /// The argument list of commands that take none: any field is unknown.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -363,6 +374,9 @@ pub enum ErrorKind {
     LineTooLong,
     /// The unit is not being watched.
     NotWatched,
+    /// systemd does not know the unit (its LoadState is `not-found`, `masked`, `bad-setting`
+    /// or `error`), so there is nothing of it to prove.
+    NotFound,
     /// A timeout expired while the unit still had processes.
     StillRunning,
     /// The server has too many clients, or the connection too many large replies under way.
@@ -387,6 +401,7 @@ impl ErrorKind {
             ErrorKind::InvalidUnit => "invalid-unit",
             ErrorKind::LineTooLong => "line-too-long",
             ErrorKind::NotWatched => "not-watched",
+            ErrorKind::NotFound => "not-found",
             ErrorKind::StillRunning => "still-running",
             ErrorKind::Busy => "busy",
             ErrorKind::Forbidden => "forbidden",
@@ -487,13 +502,14 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
         "version" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Version),
         "stats" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Stats),
         "status" => args(fields).map(Command::Status),
+        "start" => args(fields).map(Command::Start),
         other => {
             let quoted: String = other.chars().take(64).collect();
             Err((
                 ErrorKind::UnknownCommand,
                 format!(
-                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events, version, \
-                     stats or status)",
+                    "unknown command \"{}\" (expected watch, start, wait, stop, unwatch, list, events, \
+                     version, stats or status)",
                     quoted.escape_debug()
                 ),
             ))

@@ -226,6 +226,10 @@ pub struct WatchView {
     pub launch_file: Option<String>,
     /// The proof event, once proven.
     pub proof: Option<ProofEvent>,
+    /// Once proven, the invocation systemd runs now instead of the one proven (started since
+    /// by someone else), as last heard; absent when the unit runs nothing or that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_running: Option<String>,
 }
 
 /// The payload of a successful `watch` answer: `{"watch":…}`.
@@ -240,6 +244,15 @@ pub struct WatchAnswer {
 pub struct EventAnswer {
     /// The proof.
     pub event: ProofEvent,
+    /// The invocation systemd runs now instead of the one proven, when the answer is a proof
+    /// made before it started (a `wait` of a unit started again since); see
+    /// [`WatchView::now_running`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_running: Option<String>,
+    /// The proven invocation a `stop` found over while systemd ran another: the watch moved on
+    /// to the one running, stopped it, and this is its proof.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_on_from: Option<String>,
 }
 
 /// The payload of a successful `list` answer: `{"units":[…]}`.

@@ -301,6 +301,7 @@ fn watch_view(unit: &str) -> WatchView {
         generation: Some(7),
         launch_file: Some("/run/web-7.env".to_owned()),
         proof: None,
+        now_running: None,
     }
 }
 
@@ -318,6 +319,12 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
             },
         )
         .to_line(),
+        Command::Start(args) => Response::error(
+            id,
+            ErrorKind::NotFound,
+            format!("start {}: Unit {} not found.", args.unit, args.unit),
+        )
+        .to_line(),
         Command::Wait(args) => Response::error(
             id,
             ErrorKind::StillRunning,
@@ -328,6 +335,8 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
             id,
             EventAnswer {
                 event: proof_event(args.unit.as_str()),
+                now_running: None,
+                moved_on_from: None,
             },
         )
         .to_line(),
@@ -476,7 +485,9 @@ fn typed_requests_get_typed_answers() {
     let event = client
         .stop(&web, Some(Duration::from_secs(30)))
         .expect("stop");
-    assert_eq!(event, proof_event("web.service"));
+    assert_eq!(event.event, proof_event("web.service"));
+    let err = client.start(&web).expect_err("not found");
+    assert_eq!(err.kind(), Some(ErrorKind::NotFound), "{err:?}");
     let units = client.list().expect("list");
     assert_eq!(
         units,
@@ -621,6 +632,8 @@ fn every_answer_the_agent_builds_reads_back_into_its_wire_type() {
     });
     round_trip(&EventAnswer {
         event: proof_event("web.service"),
+        now_running: Some("b".repeat(32)),
+        moved_on_from: Some("c".repeat(32)),
     });
     round_trip(&ListAnswer {
         units: vec![proven, watch_view("a.service")],

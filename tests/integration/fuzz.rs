@@ -569,6 +569,7 @@ fn check_accepted(bytes: &[u8], request: &Request) -> Result<(), String> {
         }
         Command::Unwatch(args) => check_unit(&args.unit, &fields)?,
         Command::Status(args) => check_unit(&args.unit, &fields)?,
+        Command::Start(args) => check_unit(&args.unit, &fields)?,
         Command::List | Command::Events | Command::Version | Command::Stats => {
             let extra = fields.keys().find(|name| *name != "id" && *name != "cmd");
             same("extra field", extra, None)?;

@@ -44,8 +44,8 @@ pub const TESTS: &[Test] = &[
         a_stop_then_a_fresh_invocation_beside_a_leftover_waits_for_it,
     ),
     (
-        "a_unit_already_dead_and_gone_is_proven_at_once",
-        a_unit_already_dead_and_gone_is_proven_at_once,
+        "a_unit_dead_and_gone_is_not_found_unless_its_invocation_is_named",
+        a_unit_dead_and_gone_is_not_found_unless_its_invocation_is_named,
     ),
     (
         "two_hundred_units_killed_at_once_are_all_proven_none_early",
@@ -347,25 +347,29 @@ fn a_stop_then_a_fresh_invocation_beside_a_leftover_waits_for_it() {
     assert_eq!(event["invocation"], ours.as_str());
 }
 
-fn a_unit_already_dead_and_gone_is_proven_at_once() {
+fn a_unit_dead_and_gone_is_not_found_unless_its_invocation_is_named() {
     let sandbox = Sandbox::start("gone");
     let agent = Agent::start(&sandbox);
-    let event = cli_event(
-        &agent,
+    agent.cli_json(
         &["wait", "never-existed.service", "--timeout", PATIENCE_ARG],
+        4,
     );
-    assert_eq!(event["cause"], "exited");
-    assert_eq!(event["invocation"], "");
-    // A unit that ran and was garbage-collected.
+    // A unit that ran and was garbage-collected: systemd no longer knows it.
     run_unit(&sandbox, "brief.service", &[], &["true"]);
+    let ran = sandbox.show("brief.service", "InvocationID");
     sandbox.wait_until("brief.service is unloaded", PATIENCE, || {
         sandbox.show("brief.service", "LoadState") != "loaded"
     });
-    let event = cli_event(
-        &agent,
-        &["stop", "brief.service", "--timeout", PATIENCE_ARG],
-    );
-    assert_eq!(event["cause"], "exited");
+    agent.cli_json(&["stop", "brief.service", "--timeout", PATIENCE_ARG], 4);
+    // Named, its invocation is proven at once: inactive with no invocation is over.
+    let invocation = if ran.is_empty() {
+        "0123456789abcdef0123456789abcdef"
+    } else {
+        ran.as_str()
+    };
+    let view = agent.one(&["watch", "brief.service", "--invocation", invocation]);
+    assert_eq!(view["phase"], "proven", "{view}");
+    assert_eq!(view["proof"]["cause"], "exited", "{view}");
 }
 
 fn two_hundred_units_killed_at_once_are_all_proven_none_early() {
@@ -608,7 +612,10 @@ fn cli_watch_unwatch_and_the_event_stream() {
             "exitproof events never streamed"
         );
         probe += 1;
-        cli_event(&agent, &["wait", &format!("probe-{probe}.service")]);
+        // A probe names an invocation: a unit systemd does not know is otherwise refused.
+        let invocation = format!("{probe:032x}");
+        let unit = format!("probe-{probe}.service");
+        agent.one(&["watch", &unit, "--invocation", &invocation]);
         if rx.recv_timeout(Duration::from_millis(500)).is_ok() {
             break;
         }

@@ -167,11 +167,14 @@ fn the_typed_client_reads_exactly_what_the_agent_sends() {
     assert_eq!(err.kind(), Some(ErrorKind::StillRunning), "{err:?}");
 
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "typed.service"]);
-    let event = client.wait(&unit, Some(PATIENCE)).expect("the proof");
+    let event = client.wait(&unit, Some(PATIENCE)).expect("the proof").event;
     // The proof is retained: asked again, the agent sends the same event.
     let again = raw.request(&json!({"cmd": "wait", "unit": "typed.service"}));
     assert_eq!(as_json(&event), again["event"], "{again}");
-    assert_eq!(client.stop(&unit, None).expect("stop a proven unit"), event);
+    assert_eq!(
+        client.stop(&unit, None).expect("stop a proven unit").event,
+        event
+    );
     let listed = raw.request(&json!({"cmd": "list"}));
     assert_eq!(as_json(&client.list().expect("list")), listed["units"]);
 

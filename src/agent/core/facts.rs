@@ -509,6 +509,7 @@ mod tests {
             control_group: String::new(),
             exit: None,
             current: Default::default(),
+            load_state: None,
         }
     }
 

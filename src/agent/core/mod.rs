@@ -44,6 +44,7 @@ use std::time::{Duration, Instant};
 
 pub(crate) use crate::cgroup::procs::NextInvocation;
 pub(crate) use crate::control::wire::CoreStats;
+pub(crate) use crate::control::wire::EventAnswer;
 pub(crate) use crate::control::wire::{RemainingProcess, UnitStatus};
 pub(crate) use event::{ProofEvent, WatchView};
 use persist::Unsaved;
@@ -59,7 +60,8 @@ use crate::memory::{shrink_when_drained, shrink_when_sparse};
 use crate::proof::{Input as ProofInput, StopReason, UnitProof};
 use crate::record_name::RecordName;
 use crate::systemd::signal::SystemdSignal;
-use crate::systemd::snapshot::UnitSnapshot;
+use crate::systemd::snapshot::{ReadKind, UnitSnapshot};
+use crate::unit_name::UnitName;
 
 pub(crate) use super::saved::{AgentState, ChangeSet, StateSave};
 
@@ -101,8 +103,8 @@ pub(crate) enum Answer {
     Done,
     /// The watch as it stands (`watch`).
     Watch(Box<WatchView>),
-    /// The proof (`wait`, `stop`).
-    Event(Box<ProofEvent>),
+    /// The proof, and what became of the unit since (`wait`, `stop`).
+    Event(Box<EventAnswer>),
     /// Every watch, sorted by unit (`list`).
     Units(Vec<WatchView>),
     /// The protocol's and the agent's versions (`version`).
@@ -137,6 +139,13 @@ pub(crate) enum Input {
     UnitRead {
         key: UnitKey,
         result: Result<UnitSnapshot, String>,
+    },
+    /// The answer to [`Output::StartUnit`]: the invocation the start job began, or why there
+    /// is none to watch.
+    UnitStarted {
+        reply: ReplyTo,
+        unit: UnitName,
+        result: Result<String, (ErrorKind, String)>,
     },
     /// The answer to [`Output::StopUnit`].
     StopDone {
@@ -185,9 +194,16 @@ pub(crate) enum Input {
 /// Everything the driver must do.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Output {
-    /// Read the unit's state and cgroup path (`GetUnit`, `GetAll`); answer with
-    /// [`Input::UnitRead`].
-    ReadUnit { key: UnitKey, unit: String },
+    /// Read the unit's state and cgroup path (`GetUnit` or `LoadUnit`, as `kind` says, then
+    /// its properties); answer with [`Input::UnitRead`].
+    ReadUnit {
+        key: UnitKey,
+        unit: String,
+        kind: ReadKind,
+    },
+    /// Start the unit (StartUnit) and learn the invocation its start job began; answer with
+    /// [`Input::UnitStarted`].
+    StartUnit { reply: ReplyTo, unit: UnitName },
     /// Issue StopUnit; answer with [`Input::StopDone`].
     StopUnit {
         key: UnitKey,
@@ -319,6 +335,10 @@ pub(crate) struct Core {
     /// Answers that promise a change of the watch set (`watch`, `unwatch`): held until the
     /// change is saved, so an agent killed in between has promised nothing it forgot.
     replies_when_saved: Vec<(ReplyTo, Answer)>,
+    /// Watches a `stop` made for the invocation running after a proven one, with the proven
+    /// invocation, until their proof is answered; kept here, not in every watch, as few have
+    /// one.
+    moved_on: HashMap<UnitKey, String>,
     counters: stats::Counters,
 }
 
@@ -412,6 +432,7 @@ impl Core {
             last_save: None,
             save_due: None,
             replies_when_saved: Vec::new(),
+            moved_on: HashMap::new(),
             counters: stats::Counters::default(),
         };
         core.restore(restored, now);
@@ -430,6 +451,11 @@ impl Core {
             Input::BusLost => self.on_bus_lost(now),
             Input::Signal { serial, signal } => self.on_signal(serial, signal, now),
             Input::UnitRead { key, result } => self.on_unit_read(key, result, now),
+            Input::UnitStarted {
+                reply,
+                unit,
+                result,
+            } => self.on_unit_started(reply, unit, result),
             Input::StopDone {
                 key,
                 kind,
@@ -1018,6 +1044,20 @@ impl Core {
         }
         self.read_queue.retain(|k| *k != key);
         self.proven_order.retain(|(_, k)| *k != key);
+        if self.moved_on.remove(&key).is_some() {
+            shrink_when_sparse(&mut self.moved_on);
+        }
+    }
+
+    /// The answer to `wait` and `stop` once the watch of `key` is proven: its proof, what
+    /// systemd runs now if another invocation, and the proven one a `stop` moved on from.
+    fn event_answer(&self, key: UnitKey, event: ProofEvent) -> Answer {
+        let watch = self.units.get(&key);
+        Answer::Event(Box::new(EventAnswer {
+            event,
+            now_running: watch.and_then(Watch::now_running),
+            moved_on_from: self.moved_on.get(&key).cloned(),
+        }))
     }
 }
 

@@ -256,6 +256,18 @@ impl Watch {
         }
     }
 
+    /// Once proven: the invocation systemd runs now, if another than the one proven. A proven
+    /// watch still hears the unit's signals (nothing is read for it), so this costs nothing;
+    /// after the bus is lost it is unknown until the next signal.
+    pub(super) fn now_running(&self) -> Option<String> {
+        let proven = &self.event.as_ref()?.invocation;
+        let state = self.facts.state()?;
+        let runs = !matches!(state.active_state.as_str(), "inactive" | "failed")
+            && !self.facts.restarting();
+        (runs && !state.invocation.is_empty() && state.invocation != *proven)
+            .then_some(state.invocation)
+    }
+
     pub(super) fn view(&self) -> WatchView {
         let proof = self.proof.as_ref();
         WatchView {
@@ -282,6 +294,7 @@ impl Watch {
                 .as_ref()
                 .map(|p| p.display().to_string()),
             proof: self.event.as_deref().cloned(),
+            now_running: self.now_running(),
         }
     }
 }

@@ -388,7 +388,7 @@ impl Sim {
         }
         let now = self.now();
         match output {
-            Output::ReadUnit { key, unit } => {
+            Output::ReadUnit { key, unit, .. } => {
                 if self.key_names.insert(key, unit.clone()).is_none() {
                     let inv = self.new_key_invocation(&unit);
                     self.key_invs.insert(key, inv);
@@ -400,6 +400,21 @@ impl Sim {
                 }
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
+            // The simulated clients never send `start`.
+            Output::StartUnit { reply, unit } => {
+                let result = Err((
+                    crate::control::protocol::ErrorKind::Internal,
+                    "the simulator starts no units".to_owned(),
+                ));
+                if let Some(core) = &mut self.core {
+                    let started = Input::UnitStarted {
+                        reply,
+                        unit,
+                        result,
+                    };
+                    core.handle_input(started, now);
+                }
+            }
             Output::AddInotifyWatches { key, cgroup } => {
                 if let Some(old) = self.watches.insert(key, cgroup.clone()) {
                     self.world.kernel.unwatch(&old);
@@ -985,7 +1000,7 @@ fn driver_read(unit: &str, attempt: Attempt, parts: &[Snapshot]) -> Option<UnitS
         serial: part.serial,
     };
     let before = answer(parts.next()?);
-    let asked = properties_asked(unit);
+    let asked = properties_asked(unit, snapshot::ReadKind::Get);
     let answered: Vec<&Snapshot> = parts.by_ref().take(asked.len()).collect();
     let after = answer(parts.next()?);
     let properties: Vec<Property> = asked
