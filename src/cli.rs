@@ -20,7 +20,7 @@ use crate::control::ControlError;
 use crate::control::client::Client;
 use crate::control::protocol::{ErrorKind, WatchArgs, WatchSpec, parse_invocation_id};
 use crate::control::wire::ProofEvent;
-use crate::duration::{parse_duration, parse_interval};
+use crate::duration::{parse_duration, parse_timeout};
 use crate::exit::write::{record_from_env, write_record};
 use crate::record_name::RecordName;
 use crate::transient;
@@ -130,7 +130,7 @@ enum Cmd {
         method_timeout: Duration,
         /// How often every watched unit is read again as a safety net (`0` disables it).
         /// Proofs come from events; this only catches what an event could have missed.
-        #[arg(long, default_value = "5m", value_parser = parse_interval)]
+        #[arg(long, default_value = "5m", value_parser = parse_duration)]
         resync_interval: Duration,
         /// Where the watch set is kept across restarts [default: /var/lib/exitproof, or
         /// $XDG_STATE_HOME/exitproof with --user].
@@ -185,17 +185,17 @@ enum Cmd {
     Wait {
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
-        /// Give up after this long (e.g. 500ms, 10s, 2m) and exit 75 [default: wait forever].
-        #[arg(long, value_parser = parse_duration)]
-        timeout: Option<Duration>,
+        /// Give up after this long (e.g. 500ms, 10s, 2min, 1min 30s) and exit 75.
+        #[arg(long, default_value = "infinity", value_parser = wait_timeout)]
+        timeout: WaitTimeout,
     },
     /// Stop a unit (stop requested, then StopUnit) and wait for its proof.
     Stop {
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
         /// Give up waiting after this long and exit 75; the unit stays watched and stopping.
-        #[arg(long, value_parser = parse_duration)]
-        timeout: Option<Duration>,
+        #[arg(long, default_value = "infinity", value_parser = wait_timeout)]
+        timeout: WaitTimeout,
     },
     /// Stop watching a unit.
     Unwatch {
@@ -248,6 +248,15 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok()
         .filter(|m| *m <= 0o777)
         .ok_or_else(|| format!("{s:?} is not an octal mode such as 600"))
+}
+
+/// How long `wait` and `stop` wait; `None` is `infinity`. Its own type, since clap reads an
+/// `Option` field as an optional argument.
+#[derive(Clone, Copy, Debug)]
+struct WaitTimeout(Option<Duration>);
+
+fn wait_timeout(s: &str) -> Result<WaitTimeout, crate::duration::DurationError> {
+    parse_timeout(s).map(WaitTimeout)
 }
 
 fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
@@ -318,11 +327,11 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             print(format, &view)
         }
         Cmd::Wait { unit, timeout } => {
-            let answer = connect(&socket)?.wait(&unit, timeout);
+            let answer = connect(&socket)?.wait(&unit, timeout.0);
             print_proof(format, &unit, answer)
         }
         Cmd::Stop { unit, timeout } => {
-            let answer = connect(&socket)?.stop(&unit, timeout);
+            let answer = connect(&socket)?.stop(&unit, timeout.0);
             print_proof(format, &unit, answer)
         }
         Cmd::Record { dir, name } => {

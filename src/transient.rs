@@ -16,7 +16,7 @@ use std::pin::Pin;
 use zbus::export::futures_core::Stream;
 use zbus::{Connection, MessageStream, OwnedObjectPath, OwnedVariant};
 
-use crate::duration::parse_duration;
+use crate::duration::{Timespan, parse_timespan};
 use crate::systemd::manager::{ManagerError, exec_start, owned_variant, start_transient_unit};
 use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
@@ -110,8 +110,11 @@ pub(crate) fn property(assignment: &str) -> Result<(String, OwnedVariant), RunEr
         let signal = signal_number(value).ok_or_else(|| bad("not a signal".into()))?;
         (name.to_owned(), owned_variant(signal))
     } else if let Some((_, usec)) = DURATIONS.iter().find(|(sec, _)| *sec == name) {
-        let duration = parse_duration(value).map_err(|e| bad(e.to_string()))?;
-        let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        // systemd's infinity is u64::MAX microseconds (USEC_INFINITY).
+        let micros = match parse_timespan(value).map_err(|e| bad(e.to_string()))? {
+            Timespan::Finite(duration) => u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+            Timespan::Infinity => u64::MAX,
+        };
         ((*usec).to_owned(), owned_variant(micros))
     } else if OWN.contains(&name) {
         return Err(bad("exitproof run sets it itself".into()));
