@@ -1,8 +1,21 @@
 //! The command line: `exitproof agent` runs the agent; every other subcommand is a thin client
 //! of a running agent's control socket.
 //!
-//! Exit codes: 0 proven or done, 75 still running when the timeout passed, 2 usage error,
-//! 1 any other error (with a one-line message on stderr).
+//! A failure is one line on stderr (`exitproof: <message>`), or with `--json` one JSON line on
+//! stdout, `{"error":{"kind":…,"message":…}}`, its kind the protocol's error kind or the CLI's
+//! own (`no-agent`, `usage`, `failed`).
+//!
+//! | Exit | Meaning | `--json` kind |
+//! |------|---------|---------------|
+//! | 0    | done: proven (`wait`, `stop`), watched, unwatched, listed | |
+//! | 1    | any other failure: the agent failed, the connection broke, an answer was bad, or (`--unit-status`, `run`) systemd gave no exit status | `failed`, `internal`, `busy`, ... |
+//! | 2    | usage: the command line is wrong | `usage` |
+//! | 3    | the unit is not watched | `not-watched` |
+//! | 4    | systemd does not know the unit (as `systemctl`) | `not-found` |
+//! | 69   | no agent listens on the socket | `no-agent` |
+//! | 75   | not proven when `--timeout` passed; the unit stays watched | `still-running` |
+//! | 77   | refused: the agent does not admit this user, or the socket does not let it connect | `forbidden` |
+//! | N    | `wait`/`stop --unit-status`, `run`: the unit's own exit status (128 + a signal's number) | |
 
 // The doc comments of the command line are clap's help text, plain text where `<invocation>`
 // is no HTML tag.
@@ -18,7 +31,7 @@ use clap::{Args, Parser, Subcommand};
 use crate::agent::{self, AgentConfig, Bus};
 use crate::control::ControlError;
 use crate::control::client::Client;
-use crate::control::protocol::{ErrorKind, WatchArgs, WatchSpec, parse_invocation_id};
+use crate::control::protocol::{WatchArgs, WatchSpec, parse_invocation_id};
 use crate::control::wire::ProofEvent;
 use crate::duration::{parse_duration, parse_timeout};
 use crate::exit::write::{record_from_env, write_record};
@@ -26,8 +39,10 @@ use crate::record_name::RecordName;
 use crate::transient;
 use crate::unit_name::{self, UnitName};
 
+mod failure;
 mod render;
 
+use failure::{EXIT_USAGE, Failure, Kind};
 use render::{Listing, Render, Unwatched, Versions};
 
 /// Proves that every process of a systemd unit is gone.
@@ -188,6 +203,11 @@ enum Cmd {
         /// Give up after this long (e.g. 500ms, 10s, 2min, 1min 30s) and exit 75.
         #[arg(long, default_value = "infinity", value_parser = wait_timeout)]
         timeout: WaitTimeout,
+        /// Exit with the unit's own status, as `systemd-run --wait`: 0 if systemd calls its
+        /// result a success, else its main process's exit status, or 128 + the number of the
+        /// signal that ended it.
+        #[arg(long)]
+        unit_status: bool,
     },
     /// Stop a unit (stop requested, then StopUnit) and wait for its proof.
     Stop {
@@ -196,6 +216,9 @@ enum Cmd {
         /// Give up waiting after this long and exit 75; the unit stays watched and stopping.
         #[arg(long, default_value = "infinity", value_parser = wait_timeout)]
         timeout: WaitTimeout,
+        /// Exit with the unit's own status, as `wait --unit-status`.
+        #[arg(long)]
+        unit_status: bool,
     },
     /// Stop watching a unit.
     Unwatch {
@@ -263,22 +286,51 @@ fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
     unit_name::validate(s)
 }
 
-/// The exit code for a proof that did not arrive in time.
-pub const EXIT_STILL_RUNNING: u8 = 75;
-
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return usage_error(error),
+    };
+    let json = cli.output.json;
     match run(cli) {
         Ok(code) => code,
-        Err(message) => {
-            eprintln!("exitproof: {message}");
-            ExitCode::FAILURE
+        Err(failure) => {
+            report(&failure, json);
+            failure.exit_code()
         }
     }
 }
 
-fn run(cli: Cli) -> Result<ExitCode, String> {
+/// A command line clap rejects: clap's own words and exit code, or with `--json` the failure's
+/// JSON line. `--help` and `--version` are clap's too.
+fn usage_error(error: clap::Error) -> ExitCode {
+    let asked_json = std::env::args_os().any(|arg| arg == "--json");
+    if !asked_json || !error.use_stderr() {
+        error.exit();
+    }
+    let rendered = error.render().to_string();
+    let first = rendered.lines().next().unwrap_or_default();
+    let failure = Failure {
+        kind: Kind::Usage,
+        message: first.strip_prefix("error: ").unwrap_or(first).to_owned(),
+    };
+    report(&failure, true);
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// Tells a failure: on stdout as a JSON line with `--json`, where a program reads, else on
+/// stderr. Best effort: there is no one left to tell if that fails.
+fn report(failure: &Failure, json: bool) {
+    let text = failure.text(json);
+    let _ = if json {
+        std::io::stdout().lock().write_all(text.as_bytes())
+    } else {
+        std::io::stderr().lock().write_all(text.as_bytes())
+    };
+}
+
+fn run(cli: Cli) -> Result<ExitCode, Failure> {
     let socket = cli.socket;
     let format = cli.output.format();
     match cli.command {
@@ -300,7 +352,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             config.server.allowed_gids = allow_gids;
             config.server.mode = socket_mode;
             config.metrics_file = metrics_file;
-            agent::run(config).map_err(|e| e.to_string())?;
+            agent::run(config).map_err(failed)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Watch {
@@ -323,42 +375,49 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
                 },
                 ..WatchArgs::new(unit)
             };
-            let view = connect(&socket)?.watch(args).map_err(|e| e.to_string())?;
+            let view = connect(&socket)?.watch(args)?;
             print(format, &view)
         }
-        Cmd::Wait { unit, timeout } => {
+        Cmd::Wait {
+            unit,
+            timeout,
+            unit_status,
+        } => {
             let answer = connect(&socket)?.wait(&unit, timeout.0);
-            print_proof(format, &unit, answer)
+            print_proof(format, answer, unit_status)
         }
-        Cmd::Stop { unit, timeout } => {
+        Cmd::Stop {
+            unit,
+            timeout,
+            unit_status,
+        } => {
             let answer = connect(&socket)?.stop(&unit, timeout.0);
-            print_proof(format, &unit, answer)
+            print_proof(format, answer, unit_status)
         }
         Cmd::Record { dir, name } => {
             let (record, invocation) =
-                record_from_env(|var| std::env::var(var).ok()).map_err(|e| e.to_string())?;
+                record_from_env(|var| std::env::var(var).ok()).map_err(failed)?;
             let name = match (name, invocation) {
                 (Some(name), _) => name,
                 (None, Some(invocation)) => {
-                    RecordName::for_invocation(&invocation).map_err(|e| e.to_string())?
+                    RecordName::for_invocation(&invocation).map_err(failed)?
                 }
                 (None, None) => {
                     return Err("$INVOCATION_ID is not set: give --name, or run this from \
                                 ExecStopPost= where systemd sets it"
+                        .to_owned()
                         .into());
                 }
             };
-            write_record(&dir, &name, &record).map_err(|e| e.to_string())?;
+            write_record(&dir, &name, &record).map_err(failed)?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Unwatch { unit } => {
-            connect(&socket)?
-                .unwatch(&unit)
-                .map_err(|e| e.to_string())?;
+            connect(&socket)?.unwatch(&unit)?;
             print(format, &Unwatched(unit))
         }
         Cmd::List => {
-            let units = connect(&socket)?.list().map_err(|e| e.to_string())?;
+            let units = connect(&socket)?.list()?;
             let listing = Listing {
                 units,
                 now_mono_ns: crate::clock::monotonic_ns(),
@@ -366,15 +425,14 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             print(format, &listing)
         }
         Cmd::Events => {
-            let events = connect(&socket)?.events().map_err(|e| e.to_string())?;
+            let events = connect(&socket)?.events()?;
             for event in events {
-                print(format, &event.map_err(|e| e.to_string())?)?;
+                print(format, &event?)?;
             }
-            Err("the agent closed the connection".into())
+            Err(Failure::failed("the agent closed the connection"))
         }
         Cmd::Version => {
-            let agent =
-                connect(&socket).and_then(|mut client| client.version().map_err(|e| e.to_string()));
+            let agent = connect(&socket).and_then(|mut client| Ok(client.version()?));
             // The CLI's own version is worth printing even when the agent cannot be asked.
             let versions = Versions {
                 cli: env!("CARGO_PKG_VERSION"),
@@ -385,7 +443,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Status { unit } => {
-            let status = connect(&socket)?.status(&unit).map_err(|e| e.to_string())?;
+            let status = connect(&socket)?.status(&unit)?;
             print(format, &status)
         }
         Cmd::Run {
@@ -395,7 +453,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
             command,
         } => run_command(&socket, format, unit, &properties, &command, method_timeout),
         Cmd::Stats => {
-            let stats = connect(&socket)?.stats().map_err(|e| e.to_string())?;
+            let stats = connect(&socket)?.stats()?;
             print(format, &stats)
         }
         #[cfg(feature = "docs")]
@@ -419,7 +477,7 @@ fn run(cli: Cli) -> Result<ExitCode, String> {
 }
 
 #[cfg(feature = "docs")]
-fn write_stdout(bytes: &[u8]) -> Result<ExitCode, String> {
+fn write_stdout(bytes: &[u8]) -> Result<ExitCode, Failure> {
     let mut out = std::io::stdout().lock();
     out.write_all(bytes)
         .and_then(|()| out.flush())
@@ -427,20 +485,38 @@ fn write_stdout(bytes: &[u8]) -> Result<ExitCode, String> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The answer of `wait` or `stop`: the proof, or exit 75 when the timeout passed first.
+/// The answer of `wait` or `stop`: the proof, and with `unit_status` the unit's own status as
+/// the exit code; a timeout is the agent's `still-running`, exit 75.
 fn print_proof(
     format: Format,
-    unit: &UnitName,
     answer: Result<ProofEvent, ControlError>,
-) -> Result<ExitCode, String> {
-    match answer {
-        Ok(event) => print(format, &event),
-        Err(e) if e.kind() == Some(ErrorKind::StillRunning) => {
-            eprintln!("exitproof: {unit} still running when the timeout passed");
-            Ok(ExitCode::from(EXIT_STILL_RUNNING))
-        }
-        Err(e) => Err(e.to_string()),
+    unit_status: bool,
+) -> Result<ExitCode, Failure> {
+    let event = answer?;
+    print(format, &event)?;
+    if !unit_status {
+        return Ok(ExitCode::SUCCESS);
     }
+    let status = event.systemd.as_ref().and_then(|systemd| {
+        transient::unit_status(&systemd.result, &systemd.code, &systemd.status)
+    });
+    status
+        .map(ExitCode::from)
+        .ok_or_else(|| no_exit_status(&event))
+}
+
+/// A failure of no kind of its own, said by `error`.
+fn failed(error: impl std::fmt::Display) -> Failure {
+    Failure::failed(error.to_string())
+}
+
+/// A proof without the exit status its caller asked for.
+fn no_exit_status(event: &ProofEvent) -> Failure {
+    Failure::failed(format!(
+        "{}: proven gone ({}), but systemd gave no exit status of its main process",
+        event.unit,
+        event.cause.name()
+    ))
 }
 
 /// The agent wants absolute paths; a relative one means "from here".
@@ -461,47 +537,43 @@ fn run_command(
     properties: &[String],
     command: &[String],
     method_timeout: Duration,
-) -> Result<ExitCode, String> {
+) -> Result<ExitCode, Failure> {
     let properties = properties
         .iter()
         .map(|p| transient::property(p))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(failed)?;
     let unit = match unit {
         Some(unit) => unit,
-        None => parse_unit(&transient::generated_unit_name().map_err(|e| e.to_string())?)
-            .map_err(|e| e.to_string())?,
+        None => parse_unit(&transient::generated_unit_name().map_err(failed)?).map_err(failed)?,
     };
     // The agent must be there before anything starts.
     let mut client = connect(socket)?;
     let started = transient::start(socket.bus(), &unit, properties, command, method_timeout)
-        .map_err(|e| e.to_string())?;
+        .map_err(failed)?;
     let watch = WatchArgs {
         invocation: Some(started.invocation.clone()),
         ..WatchArgs::new(unit.clone())
     };
-    client.watch(watch).map_err(|e| e.to_string())?;
-    let event = client.wait(&unit, None).map_err(|e| e.to_string())?;
+    client.watch(watch)?;
+    let event = client.wait(&unit, None)?;
     print(format, &event)?;
     let status = event
         .systemd
         .as_ref()
         .and_then(|systemd| transient::exit_status(&systemd.code, &systemd.status));
     drop(started);
-    status.map(ExitCode::from).ok_or_else(|| {
-        format!(
-            "{unit}: proven gone ({}), but systemd gave no exit status of its main process",
-            event.cause.name()
-        )
-    })
+    status
+        .map(ExitCode::from)
+        .ok_or_else(|| no_exit_status(&event))
 }
 
-fn connect(socket: &SocketArgs) -> Result<Client, String> {
-    Client::connect(&socket.path()).map_err(|e| e.to_string())
+fn connect(socket: &SocketArgs) -> Result<Client, Failure> {
+    Ok(Client::connect(&socket.path())?)
 }
 
 /// Prints a subcommand's result in `format` and exits 0.
-fn print(format: Format, result: &impl Render) -> Result<ExitCode, String> {
+fn print(format: Format, result: &impl Render) -> Result<ExitCode, Failure> {
     let text = match format {
         Format::Human => result.human(),
         Format::Json => result.json(),

@@ -166,6 +166,16 @@ pub(crate) fn exit_status(code: &str, status: &str) -> Option<u8> {
     }
 }
 
+/// The exit status of `wait --unit-status` and `stop --unit-status`, as `systemd-run --wait`
+/// gives it (`run_context` in systemd's src/run/run.c): 0 when systemd calls the unit's result
+/// a success (so `SuccessExitStatus=` and a stop's SIGTERM count), else as [`exit_status`].
+pub(crate) fn unit_status(result: &str, code: &str, status: &str) -> Option<u8> {
+    if result == "success" {
+        return Some(0);
+    }
+    exit_status(code, status)
+}
+
 /// Finds `program` as `systemd-run` does: a path with a `/` is made absolute, a bare name is
 /// looked up in `$PATH`. systemd wants an absolute path.
 pub(crate) fn find_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, RunError> {

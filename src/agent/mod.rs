@@ -43,7 +43,7 @@ use crate::cgroup::procs::{
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::clock;
 use crate::control::ControlError;
-use crate::control::protocol::{Response, event_line, list_reply};
+use crate::control::protocol::{ErrorKind, Response, event_line, list_reply};
 use crate::control::server::{ClientInput, ControlServer, ServerOptions};
 use crate::control::wire;
 use crate::control::wire::AgentStats;
@@ -612,7 +612,7 @@ impl Agent {
                         .send_streamed(self.poll.registry(), to.client, reply);
                 }
                 Output::Reply { to, mut answer } => {
-                    if let Answer::Status(status) = &mut answer {
+                    if let Answer::Status(status) | Answer::StillRunning(status) = &mut answer {
                         remaining::add_remaining(&self.cgroup_root, status);
                         status.systemd_error = self.systemd_error();
                     }
@@ -901,6 +901,11 @@ fn answer_line(
             },
         ),
         Answer::Status(status) => Response::ok(id, wire::StatusAnswer { status: *status }),
+        Answer::StillRunning(status) => Response::error(
+            id,
+            ErrorKind::StillRunning,
+            self::core::still_running_message(&status),
+        ),
         Answer::Error(kind, message) => Response::error(id, kind, message),
     };
     response.to_line()

@@ -116,6 +116,10 @@ impl Client {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ControlError::NoAgent {
                 path: path.to_owned(),
             },
+            io::ErrorKind::PermissionDenied => ControlError::NotPermitted {
+                path: path.to_owned(),
+                uid: nix::unistd::getuid().as_raw(),
+            },
             _ => ControlError::Io {
                 action: "connect to control socket",
                 path: path.to_owned(),
@@ -284,10 +288,23 @@ impl Client {
     pub fn send_json(&mut self, request: &Value) -> Result<(), ControlError> {
         let mut line = request.to_string();
         line.push('\n');
-        self.reader
-            .get_ref()
-            .write_all(line.as_bytes())
-            .map_err(|source| self.io_error("write to control socket", source))
+        match self.reader.get_ref().write_all(line.as_bytes()) {
+            Ok(()) => Ok(()),
+            // An agent that refuses a peer writes why and closes before reading the request,
+            // so the write may find the connection closed: the refusal is still to be read.
+            Err(source)
+                if matches!(
+                    source.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                match self.answer_line() {
+                    Err(refusal @ ControlError::Refused { .. }) => Err(refusal),
+                    _ => Err(self.io_error("write to control socket", source)),
+                }
+            }
+            Err(source) => Err(self.io_error("write to control socket", source)),
+        }
     }
 
     /// Reads the next line (a response or an event) as JSON; `Ok(None)` when the agent closed the

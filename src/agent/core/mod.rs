@@ -47,7 +47,7 @@ pub(crate) use crate::control::wire::CoreStats;
 pub(crate) use crate::control::wire::{RemainingProcess, UnitStatus};
 pub(crate) use event::{ProofEvent, WatchView};
 use persist::Unsaved;
-pub(crate) use status::MAX_REMAINING;
+pub(crate) use status::{MAX_REMAINING, still_running_message};
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -111,6 +111,9 @@ pub(crate) enum Answer {
     Stats(Box<CoreStats>),
     /// One watch (`status`); the driver lists the processes that block it.
     Status(Box<UnitStatus>),
+    /// A `wait` or `stop` past its deadline, unproven: the `still-running` error, which the
+    /// driver words with [`still_running_message`] once it has counted what blocks the proof.
+    StillRunning(Box<UnitStatus>),
     Error(ErrorKind, String),
 }
 
@@ -488,12 +491,10 @@ impl Core {
             self.on_unit_timer(key, now);
         }
         for (key, reply) in self.waiters.take_expired(now) {
-            let unit = self.units.get(&key).map(|w| w.unit.to_string());
-            let message = format!(
-                "{} still running: not proven before the timeout; it stays watched",
-                unit.unwrap_or_default()
-            );
-            self.reply(reply, Answer::Error(ErrorKind::StillRunning, message));
+            // A waiter's watch outlives it: unwatching answers its waiters first.
+            if let Some(status) = self.unit_status(key, now) {
+                self.reply(reply, Answer::StillRunning(Box::new(status)));
+            }
         }
         while let Some(&(at, key)) = self.proven_order.front() {
             if now.saturating_duration_since(at) < self.config.retain_for {

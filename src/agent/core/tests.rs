@@ -1415,7 +1415,7 @@ fn answered(outputs: &[Output]) -> (usize, usize) {
     };
     (
         count(|a| matches!(a, Answer::Event(_))),
-        count(|a| matches!(a, Answer::Error(ErrorKind::StillRunning, _))),
+        count(|a| matches!(a, Answer::StillRunning(_))),
     )
 }
 
