@@ -43,7 +43,7 @@ mod failure;
 mod render;
 
 use failure::{EXIT_USAGE, Failure, Kind};
-use render::{Listing, Render, Unwatched, Versions};
+use render::{Listing, Render, Unwatched, UnwatchedProven, Versions};
 
 /// Proves that every process of a systemd unit is gone.
 #[derive(Debug, Parser)]
@@ -220,10 +220,13 @@ enum Cmd {
         #[arg(long)]
         unit_status: bool,
     },
-    /// Stop watching a unit.
+    /// Stop watching a unit, or with --proven every proven unit.
     Unwatch {
-        #[arg(value_parser = parse_unit)]
-        unit: UnitName,
+        #[arg(value_parser = parse_unit, required_unless_present = "proven")]
+        unit: Option<UnitName>,
+        /// Forget every proven watch and its retained proof, and print the units forgotten.
+        #[arg(long, conflicts_with = "unit")]
+        proven: bool,
     },
     /// Print the watched units: a table, or one JSON line per unit with --json.
     List,
@@ -243,8 +246,9 @@ enum Cmd {
     /// proof and exit with its main process's exit status (128 + the signal's number if a
     /// signal ended it).
     Run {
-        /// The service's name [default: exitproof-run-<random>.service].
-        #[arg(long, value_parser = parse_unit)]
+        /// The service's name, `.service` added to a name without a unit type
+        /// [default: exitproof-run-<random>.service].
+        #[arg(long, value_parser = parse_service_name)]
         unit: Option<UnitName>,
         /// A property of the service (repeatable): KillMode=process, Environment=VAR=value,
         /// RuntimeMaxSec=5m, ... (see the README for the ones it can set).
@@ -284,6 +288,12 @@ fn wait_timeout(s: &str) -> Result<WaitTimeout, crate::duration::DurationError> 
 
 fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
     unit_name::validate(s)
+}
+
+/// A service's name as `systemd-run --unit` takes it: `.service` added to a name that does not
+/// end in a unit type (`unit_name_mangle_with_suffix` in systemd's src/basic/unit-name.c).
+fn parse_service_name(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
+    unit_name::validate(s).or_else(|_| unit_name::validate(&format!("{s}.service")))
 }
 
 /// Runs the command line and returns the process's exit code.
@@ -412,9 +422,15 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             write_record(&dir, &name, &record).map_err(failed)?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Unwatch { unit } => {
+        Cmd::Unwatch {
+            unit: Some(unit), ..
+        } => {
             connect(&socket)?.unwatch(&unit)?;
             print(format, &Unwatched(unit))
+        }
+        Cmd::Unwatch { unit: None, .. } => {
+            let units = connect(&socket)?.unwatch_proven()?;
+            print(format, &UnwatchedProven(units))
         }
         Cmd::List => {
             let units = connect(&socket)?.list()?;
@@ -547,10 +563,24 @@ fn run_command(
         Some(unit) => unit,
         None => parse_unit(&transient::generated_unit_name().map_err(failed)?).map_err(failed)?,
     };
-    // The agent must be there before anything starts.
+    // A program that is not there is refused before anything starts, as is a missing agent.
+    let program =
+        transient::program(command, std::env::var("PATH").ok().as_deref()).map_err(failed)?;
     let mut client = connect(socket)?;
-    let started = transient::start(socket.bus(), &unit, properties, command, method_timeout)
-        .map_err(failed)?;
+    let started = transient::start(
+        socket.bus(),
+        &unit,
+        properties,
+        &program,
+        command,
+        method_timeout,
+    )
+    .map_err(failed)?;
+    // systemd-run's words, on stderr, where they never mix with the proof.
+    eprintln!(
+        "Running as unit: {unit}; invocation ID: {}",
+        started.invocation
+    );
     let watch = WatchArgs {
         invocation: Some(started.invocation.clone()),
         ..WatchArgs::new(unit.clone())
@@ -558,6 +588,10 @@ fn run_command(
     client.watch(watch)?;
     let event = client.wait(&unit, None)?;
     print(format, &event)?;
+    // The proof is answered: a watch of our own transient unit is no one else's business.
+    if let Err(e) = client.unwatch(&unit) {
+        eprintln!("exitproof: {unit} is proven but still watched: {e}");
+    }
     let status = event
         .systemd
         .as_ref()

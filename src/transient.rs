@@ -176,13 +176,33 @@ pub(crate) fn unit_status(result: &str, code: &str, status: &str) -> Option<u8> 
     exit_status(code, status)
 }
 
+/// The absolute path of the program `argv` starts with ([`find_program`]), as UTF-8.
+pub(crate) fn program(argv: &[String], path_var: Option<&str>) -> Result<String, RunError> {
+    let first = argv
+        .first()
+        .ok_or_else(|| RunError::Command("no command given".into()))?;
+    let program = find_program(first, path_var)?;
+    program
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| RunError::Command(format!("{}: not UTF-8", program.display())))
+}
+
 /// Finds `program` as `systemd-run` does: a path with a `/` is made absolute, a bare name is
 /// looked up in `$PATH`. systemd wants an absolute path.
 pub(crate) fn find_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, RunError> {
     let not_found = || RunError::Command(format!("{program}: command not found"));
     if program.contains('/') {
-        return std::path::absolute(program)
-            .map_err(|e| RunError::Command(format!("{program}: {e}")));
+        let path = std::path::absolute(program)
+            .map_err(|e| RunError::Command(format!("{program}: {e}")))?;
+        // systemd would start the unit and fail it with 203/EXEC.
+        return if is_executable(&path) {
+            Ok(path)
+        } else {
+            Err(RunError::Command(format!(
+                "{program}: no such executable file"
+            )))
+        };
     }
     path_var
         .unwrap_or("/usr/local/bin:/usr/bin:/bin")
@@ -225,6 +245,7 @@ pub(crate) fn start(
     bus: Bus,
     unit: &UnitName,
     properties: Vec<(String, OwnedVariant)>,
+    program: &str,
     argv: &[String],
     method_timeout: Duration,
 ) -> Result<Started, RunError> {
@@ -232,14 +253,6 @@ pub(crate) fn start(
     if !unit.ends_with(".service") {
         return Err(RunError::NotAService(unit));
     }
-    let first = argv
-        .first()
-        .ok_or_else(|| RunError::Command("no command given".into()))?;
-    let program = find_program(first, std::env::var("PATH").ok().as_deref())?;
-    let program = program
-        .to_str()
-        .ok_or_else(|| RunError::Command(format!("{}: not UTF-8", program.display())))?
-        .to_owned();
     let mut all = vec![
         (
             "Description".to_owned(),
@@ -247,7 +260,7 @@ pub(crate) fn start(
         ),
         (
             "ExecStart".to_owned(),
-            owned_variant(exec_start(&program, argv)),
+            owned_variant(exec_start(program, argv)),
         ),
         ("AddRef".to_owned(), owned_variant(true)),
     ]

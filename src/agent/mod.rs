@@ -893,6 +893,7 @@ fn answer_line(
         Answer::Watch(view) => Response::ok(id, wire::WatchAnswer { watch: *view }),
         Answer::Event(event) => Response::ok(id, wire::EventAnswer { event: *event }),
         Answer::Units(units) => Response::ok(id, wire::ListAnswer { units }),
+        Answer::Unwatched(unwatched) => Response::ok(id, wire::UnwatchedAnswer { unwatched }),
         Answer::Version(version) => Response::ok(id, wire::VersionAnswer { version }),
         Answer::Stats(core) => Response::ok(
             id,

@@ -34,7 +34,7 @@ use super::ControlError;
 use super::protocol::{Command, ErrorKind, Request, StatusArgs, UnwatchArgs, WaitArgs, WatchArgs};
 use super::wire::{
     AgentStats, Done, EventAnswer, EventKind, ListAnswer, ProofEvent, StatsAnswer, StatusAnswer,
-    UnitStatus, Version, VersionAnswer, WatchAnswer, WatchView,
+    UnitStatus, UnwatchedAnswer, Version, VersionAnswer, WatchAnswer, WatchView,
 };
 use crate::unit_name::UnitName;
 
@@ -195,8 +195,19 @@ impl Client {
 
     /// Forgets the unit's watch and its retained proof; answers once that is saved.
     pub fn unwatch(&mut self, unit: &UnitName) -> Result<(), ControlError> {
-        let args = UnwatchArgs { unit: unit.clone() };
+        let args = UnwatchArgs::unit(unit.clone());
         self.call::<Done>(Command::Unwatch(args)).map(|Done {}| ())
+    }
+
+    /// Forgets every proven watch and its retained proof; answers, once that is saved, with
+    /// the units it forgot, sorted.
+    pub fn unwatch_proven(&mut self) -> Result<Vec<String>, ControlError> {
+        let args = UnwatchArgs {
+            unit: None,
+            proven: true,
+        };
+        self.call::<UnwatchedAnswer>(Command::Unwatch(args))
+            .map(|answer| answer.unwatched)
     }
 
     /// Every watch, proven ones included, sorted by unit.

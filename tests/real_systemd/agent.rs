@@ -506,7 +506,7 @@ fn cli_usage_errors_exit_2() {
         .args(["--socket", "/nonexistent/exitproof.sock", "list"])
         .output()
         .expect("run the CLI");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no agent listening"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");

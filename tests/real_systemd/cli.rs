@@ -40,6 +40,10 @@ pub const TESTS: &[Test] = &[
         "wait_past_its_timeout_says_what_blocks_a_unit_systemd_calls_dead",
         wait_past_its_timeout_says_what_blocks_a_unit_systemd_calls_dead,
     ),
+    (
+        "unwatch_proven_forgets_proven_watches_and_keeps_the_others",
+        unwatch_proven_forgets_proven_watches_and_keeps_the_others,
+    ),
 ];
 
 /// Runs the CLI, requires exit 0, and returns its stdout.
@@ -81,6 +85,8 @@ fn the_cli_prints_lines_and_a_table_for_people() {
                 "yes",
                 "-"
             ],
+            vec![],
+            vec!["1", "unit", "watched,", "0", "proven"],
         ]
     );
     // --json is accepted anywhere on the line and prints the agent's own values.
@@ -125,7 +131,8 @@ fn the_cli_prints_lines_and_a_table_for_people() {
         )
     );
     let rows = cells(&stdout(&agent, &["list"]));
-    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert_eq!(rows[3].join(" "), "1 unit watched, 1 proven", "{rows:?}");
     assert_eq!(
         rows[1][..3],
         ["people.service", short, "proven"],
@@ -146,6 +153,7 @@ fn the_cli_prints_lines_and_a_table_for_people() {
         "",
         "nothing is watched"
     );
+    assert_eq!(stdout(&agent, &["list"]), "no unit is watched\n");
     let out = agent.cli(&["unwatch", "people.service"]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     assert_eq!(
@@ -354,4 +362,24 @@ fn wait_past_its_timeout_says_what_blocks_a_unit_systemd_calls_dead() {
         .expect("kill the leftover");
     }
     exits(&agent, &["wait", "lingers.service", "--timeout", "30s"], 0);
+}
+
+fn unwatch_proven_forgets_proven_watches_and_keeps_the_others() {
+    let sandbox = Sandbox::start("prune");
+    let agent = Agent::start(&sandbox);
+    run_unit(&sandbox, "gone.service", &[], &["sleep", "1000"]);
+    run_unit(&sandbox, "stays.service", &[], &["sleep", "1000"]);
+    exits(&agent, &["watch", "gone.service"], 0);
+    exits(&agent, &["watch", "stays.service"], 0);
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "gone.service"]);
+    exits(&agent, &["wait", "gone.service", "--timeout", "30s"], 0);
+    let (stdout, _) = exits(&agent, &["unwatch", "--proven"], 0);
+    assert_eq!(stdout, "unwatched gone.service\n");
+    let listed: Vec<Value> = agent.list();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["unit"], "stays.service");
+    let (stdout, _) = exits(&agent, &["unwatch", "--proven"], 0);
+    assert_eq!(stdout, "no proven watch to unwatch\n");
+    let (stdout, _) = exits(&agent, &["--json", "unwatch", "--proven"], 0);
+    assert_eq!(stdout, "{\"unwatched\":[]}\n");
 }

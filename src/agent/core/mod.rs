@@ -105,6 +105,8 @@ pub(crate) enum Answer {
     Event(Box<ProofEvent>),
     /// Every watch, sorted by unit (`list`).
     Units(Vec<WatchView>),
+    /// The units whose proven watches `unwatch` with `proven` forgot, sorted.
+    Unwatched(Vec<String>),
     /// The protocol's and the agent's versions (`version`).
     Version(Version),
     /// The core's figures (`stats`); the driver adds its own.
