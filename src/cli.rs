@@ -40,6 +40,8 @@ use crate::transient;
 use crate::unit_name::{self, UnitName};
 
 mod failure;
+#[cfg(feature = "docs")]
+mod man;
 mod render;
 
 use failure::{EXIT_USAGE, Failure, Kind};
@@ -47,25 +49,75 @@ use render::{Listing, Render, Unwatched, UnwatchedProven, Versions};
 
 /// Proves that every process of a systemd unit is gone.
 #[derive(Debug, Parser)]
-#[command(name = "exitproof", version, about)]
+#[command(name = "exitproof", version, about, max_term_width = 80)]
 pub struct Cli {
+    // Before the subcommand, these serve the subcommands that use them (as the tests and
+    // scripts written for the global options place them); each such subcommand takes them
+    // after its name too, and only those show them.
     #[command(flatten)]
-    socket: SocketArgs,
-    #[command(flatten)]
-    output: OutputArgs,
+    leading: LeadingArgs,
     #[command(subcommand)]
     command: Cmd,
+}
+
+/// The options given before the subcommand.
+#[derive(Debug, Args)]
+struct LeadingArgs {
+    /// The systemd user manager and the session bus, instead of the system ones.
+    #[arg(long)]
+    user: bool,
+    /// The control socket [default: $XDG_RUNTIME_DIR/exitproof.sock with --user,
+    /// else /run/exitproof/exitproof.sock].
+    // The environment is read here alone, so that a --socket given before the subcommand
+    // wins over it.
+    #[arg(long, env = "EXITPROOF_SOCKET")]
+    socket: Option<PathBuf>,
+    /// Print JSON lines, the agent's own values, instead of text for a person.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Cli {
+    /// The socket and output options, from before the subcommand and after it: a later
+    /// `--socket` wins, a flag given in either place counts.
+    fn options(&self) -> (SocketArgs, OutputArgs) {
+        let (socket, output) = match &self.command {
+            Cmd::Agent { socket, .. } => (Some(socket), None),
+            Cmd::Watch { client, .. }
+            | Cmd::Wait { client, .. }
+            | Cmd::Stop { client, .. }
+            | Cmd::Unwatch { client, .. }
+            | Cmd::List { client }
+            | Cmd::Events { client }
+            | Cmd::Version { client }
+            | Cmd::Stats { client }
+            | Cmd::Status { client, .. }
+            | Cmd::Run { client, .. } => (Some(&client.socket), Some(&client.output)),
+            _ => (None, None),
+        };
+        (
+            SocketArgs {
+                user: self.leading.user || socket.is_some_and(|s| s.user),
+                socket: socket
+                    .and_then(|s| s.socket.clone())
+                    .or_else(|| self.leading.socket.clone()),
+            },
+            OutputArgs {
+                json: self.leading.json || output.is_some_and(|o| o.json),
+            },
+        )
+    }
 }
 
 /// Where the agent's socket is.
 #[derive(Debug, Args)]
 struct SocketArgs {
     /// The systemd user manager and the session bus, instead of the system ones.
-    #[arg(long, global = true)]
+    #[arg(long)]
     user: bool,
-    /// The control socket [default: $XDG_RUNTIME_DIR/exitproof.sock with --user,
-    /// else /run/exitproof/exitproof.sock].
-    #[arg(long, env = "EXITPROOF_SOCKET", global = true)]
+    /// The control socket [default: $EXITPROOF_SOCKET, else $XDG_RUNTIME_DIR/exitproof.sock
+    /// with --user, else /run/exitproof/exitproof.sock].
+    #[arg(long)]
     socket: Option<PathBuf>,
 }
 
@@ -81,11 +133,20 @@ impl SocketArgs {
     }
 }
 
+/// The options of a subcommand that asks the agent: where it is, how to print.
+#[derive(Debug, Args)]
+struct ClientArgs {
+    #[command(flatten)]
+    socket: SocketArgs,
+    #[command(flatten)]
+    output: OutputArgs,
+}
+
 /// How results are printed.
 #[derive(Debug, Args)]
 struct OutputArgs {
     /// Print JSON lines, the agent's own values, instead of text for a person.
-    #[arg(long, global = true)]
+    #[arg(long)]
     json: bool,
 }
 
@@ -140,6 +201,8 @@ pub fn default_socket(bus: Bus) -> PathBuf {
 enum Cmd {
     /// Run the agent in the foreground (logs to stderr; RUST_LOG sets the level).
     Agent {
+        #[command(flatten)]
+        socket: SocketArgs,
         /// The deadline of every D-Bus call, StopUnit included.
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
         method_timeout: Duration,
@@ -168,6 +231,9 @@ enum Cmd {
     },
     /// Start watching a unit and print the watch.
     Watch {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The unit, by its full name (web.service).
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
         /// Our invocation (32 hex digits) [default: the unit's current InvocationID].
@@ -198,6 +264,9 @@ enum Cmd {
     },
     /// Wait for a unit's proof (watching it first if needed) and print the proof event.
     Wait {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The unit, by its full name (web.service).
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
         /// Give up after this long (e.g. 500ms, 10s, 2min, 1min 30s) and exit 75.
@@ -211,6 +280,9 @@ enum Cmd {
     },
     /// Stop a unit (stop requested, then StopUnit) and wait for its proof.
     Stop {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The unit, by its full name (web.service).
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
         /// Give up waiting after this long and exit 75; the unit stays watched and stopping.
@@ -222,6 +294,9 @@ enum Cmd {
     },
     /// Stop watching a unit, or with --proven every proven unit.
     Unwatch {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The unit, by the name it was watched by.
         #[arg(value_parser = parse_unit, required_unless_present = "proven")]
         unit: Option<UnitName>,
         /// Forget every proven watch and its retained proof, and print the units forgotten.
@@ -229,16 +304,31 @@ enum Cmd {
         proven: bool,
     },
     /// Print the watched units: a table, or one JSON line per unit with --json.
-    List,
+    List {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Print every event as it comes, until interrupted.
-    Events,
+    Events {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Print this CLI's version and the running agent's (its version and protocol version).
-    Version,
+    Version {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Print the agent's counters and gauges: a line each, or one JSON line with --json.
-    Stats,
+    Stats {
+        #[command(flatten)]
+        client: ClientArgs,
+    },
     /// Print a watched unit's watch, its facts and what blocks its proof: lines and a table of
     /// the blocking processes, or one JSON line with --json.
     Status {
+        #[command(flatten)]
+        client: ClientArgs,
+        /// The unit, by its full name (web.service).
         #[arg(value_parser = parse_unit)]
         unit: UnitName,
     },
@@ -246,6 +336,8 @@ enum Cmd {
     /// proof and exit with its main process's exit status (128 + the signal's number if a
     /// signal ended it).
     Run {
+        #[command(flatten)]
+        client: ClientArgs,
         /// The service's name, `.service` added to a name without a unit type
         /// [default: exitproof-run-<random>.service].
         #[arg(long, value_parser = parse_service_name)]
@@ -263,7 +355,10 @@ enum Cmd {
     },
     /// Print the completion script for a shell, generated from this command line's definition.
     #[cfg(feature = "docs")]
-    Completions { shell: clap_complete::Shell },
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
     /// Print the man page (roff), generated from this command line's definition.
     #[cfg(feature = "docs")]
     Man,
@@ -302,7 +397,7 @@ pub fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(error) => return usage_error(error),
     };
-    let json = cli.output.json;
+    let json = cli.options().1.json;
     match run(cli) {
         Ok(code) => code,
         Err(failure) => {
@@ -341,8 +436,8 @@ fn report(failure: &Failure, json: bool) {
 }
 
 fn run(cli: Cli) -> Result<ExitCode, Failure> {
-    let socket = cli.socket;
-    let format = cli.output.format();
+    let (socket, output) = cli.options();
+    let format = output.format();
     match cli.command {
         Cmd::Agent {
             method_timeout,
@@ -352,6 +447,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             allow_gids,
             socket_mode,
             metrics_file,
+            ..
         } => {
             crate::service::init_logging();
             let mut config = AgentConfig::new(socket.bus(), socket.path());
@@ -372,6 +468,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             record,
             generation,
             launch_file,
+            ..
         } => {
             let args = WatchArgs {
                 invocation,
@@ -392,6 +489,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             unit,
             timeout,
             unit_status,
+            ..
         } => {
             let answer = connect(&socket)?.wait(&unit, timeout.0);
             print_proof(format, answer, unit_status)
@@ -400,6 +498,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             unit,
             timeout,
             unit_status,
+            ..
         } => {
             let answer = connect(&socket)?.stop(&unit, timeout.0);
             print_proof(format, answer, unit_status)
@@ -432,7 +531,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             let units = connect(&socket)?.unwatch_proven()?;
             print(format, &UnwatchedProven(units))
         }
-        Cmd::List => {
+        Cmd::List { .. } => {
             let units = connect(&socket)?.list()?;
             let listing = Listing {
                 units,
@@ -440,14 +539,14 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             };
             print(format, &listing)
         }
-        Cmd::Events => {
+        Cmd::Events { .. } => {
             let events = connect(&socket)?.events()?;
             for event in events {
                 print(format, &event?)?;
             }
             Err(Failure::failed("the agent closed the connection"))
         }
-        Cmd::Version => {
+        Cmd::Version { .. } => {
             let agent = connect(&socket).and_then(|mut client| Ok(client.version()?));
             // The CLI's own version is worth printing even when the agent cannot be asked.
             let versions = Versions {
@@ -458,7 +557,7 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             agent?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Status { unit } => {
+        Cmd::Status { unit, .. } => {
             let status = connect(&socket)?.status(&unit)?;
             print(format, &status)
         }
@@ -467,8 +566,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             properties,
             method_timeout,
             command,
+            ..
         } => run_command(&socket, format, unit, &properties, &command, method_timeout),
-        Cmd::Stats => {
+        Cmd::Stats { .. } => {
             let stats = connect(&socket)?.stats()?;
             print(format, &stats)
         }
@@ -483,11 +583,8 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
         }
         #[cfg(feature = "docs")]
         Cmd::Man => {
-            let mut page = Vec::new();
-            clap_mangen::Man::new(<Cli as clap::CommandFactory>::command())
-                .render(&mut page)
-                .map_err(|e| format!("render the man page: {e}"))?;
-            write_stdout(&page)
+            let page = man::page(<Cli as clap::CommandFactory>::command());
+            write_stdout(page.as_bytes())
         }
     }
 }

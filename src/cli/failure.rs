@@ -27,6 +27,42 @@ pub(super) const EXIT_STILL_RUNNING: u8 = 75;
 /// Exit code of a user the agent or the socket does not admit (sysexits' EX_NOPERM).
 pub(super) const EXIT_REFUSED: u8 = 77;
 
+/// Every exit code of the CLI and what it means, for the man page's EXIT STATUS.
+pub(super) const EXIT_STATUS: [(&str, &str); 9] = [
+    (
+        "0",
+        "Done: proven (wait, stop), watched, unwatched, listed, printed.",
+    ),
+    (
+        "1",
+        "Any other failure: the agent failed (internal, busy), the connection broke, an \
+         answer was bad, or (wait or stop with --unit-status, run) systemd gave no exit status.",
+    ),
+    ("2", "Usage: the command line is wrong (kind usage)."),
+    ("3", "The unit is not watched (kind not-watched)."),
+    (
+        "4",
+        "systemd does not know the unit (kind not-found), as systemctl says with 4.",
+    ),
+    ("69", "No agent listens on the socket (kind no-agent)."),
+    (
+        "75",
+        "Not proven when --timeout passed; the unit stays watched (kind still-running).",
+    ),
+    (
+        "77",
+        "Refused: the agent does not admit this user (its --allow-uid, --allow-gid), or the \
+         socket's mode does not let it connect (kind forbidden).",
+    ),
+    (
+        "N",
+        "wait and stop with --unit-status: the unit's own status, 0 if systemd calls its \
+         result a success, else its main process's exit status or 128 + the number of the \
+         signal that ended it. run: its main process's exit status, or 128 + the signal's \
+         number.",
+    ),
+];
+
 /// The kind of a failure: the agent's, or one the CLI finds itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Kind {
