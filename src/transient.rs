@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use zbus::{Connection, OwnedVariant};
 
-use crate::duration::parse_duration;
+use crate::duration::{Timespan, parse_timespan};
 use crate::systemd::manager::{ManagerError, exec_start, owned_variant, start_transient_unit};
 use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
@@ -108,8 +108,11 @@ pub(crate) fn property(assignment: &str) -> Result<(String, OwnedVariant), RunEr
         let signal = signal_number(value).ok_or_else(|| bad("not a signal".into()))?;
         (name.to_owned(), owned_variant(signal))
     } else if let Some((_, usec)) = DURATIONS.iter().find(|(sec, _)| *sec == name) {
-        let duration = parse_duration(value).map_err(|e| bad(e.to_string()))?;
-        let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        // systemd's infinity is u64::MAX microseconds (USEC_INFINITY).
+        let micros = match parse_timespan(value).map_err(|e| bad(e.to_string()))? {
+            Timespan::Finite(duration) => u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+            Timespan::Infinity => u64::MAX,
+        };
         ((*usec).to_owned(), owned_variant(micros))
     } else if OWN.contains(&name) {
         return Err(bad("exitproof run sets it itself".into()));
@@ -161,13 +164,43 @@ pub(crate) fn exit_status(code: &str, status: &str) -> Option<u8> {
     }
 }
 
+/// The exit status of `wait --unit-status` and `stop --unit-status`, as `systemd-run --wait`
+/// gives it (`run_context` in systemd's src/run/run.c): 0 when systemd calls the unit's result
+/// a success (so `SuccessExitStatus=` and a stop's SIGTERM count), else as [`exit_status`].
+pub(crate) fn unit_status(result: &str, code: &str, status: &str) -> Option<u8> {
+    if result == "success" {
+        return Some(0);
+    }
+    exit_status(code, status)
+}
+
+/// The absolute path of the program `argv` starts with ([`find_program`]), as UTF-8.
+pub(crate) fn program(argv: &[String], path_var: Option<&str>) -> Result<String, RunError> {
+    let first = argv
+        .first()
+        .ok_or_else(|| RunError::Command("no command given".into()))?;
+    let program = find_program(first, path_var)?;
+    program
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| RunError::Command(format!("{}: not UTF-8", program.display())))
+}
+
 /// Finds `program` as `systemd-run` does: a path with a `/` is made absolute, a bare name is
 /// looked up in `$PATH`. systemd wants an absolute path.
 pub(crate) fn find_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, RunError> {
     let not_found = || RunError::Command(format!("{program}: command not found"));
     if program.contains('/') {
-        return std::path::absolute(program)
-            .map_err(|e| RunError::Command(format!("{program}: {e}")));
+        let path = std::path::absolute(program)
+            .map_err(|e| RunError::Command(format!("{program}: {e}")))?;
+        // systemd would start the unit and fail it with 203/EXEC.
+        return if is_executable(&path) {
+            Ok(path)
+        } else {
+            Err(RunError::Command(format!(
+                "{program}: no such executable file"
+            )))
+        };
     }
     path_var
         .unwrap_or("/usr/local/bin:/usr/bin:/bin")
@@ -210,6 +243,7 @@ pub(crate) fn start(
     bus: Bus,
     unit: &UnitName,
     properties: Vec<(String, OwnedVariant)>,
+    program: &str,
     argv: &[String],
     method_timeout: Duration,
 ) -> Result<Started, RunError> {
@@ -217,14 +251,6 @@ pub(crate) fn start(
     if !unit.ends_with(".service") {
         return Err(RunError::NotAService(unit));
     }
-    let first = argv
-        .first()
-        .ok_or_else(|| RunError::Command("no command given".into()))?;
-    let program = find_program(first, std::env::var("PATH").ok().as_deref())?;
-    let program = program
-        .to_str()
-        .ok_or_else(|| RunError::Command(format!("{}: not UTF-8", program.display())))?
-        .to_owned();
     let mut all = vec![
         (
             "Description".to_owned(),
@@ -232,7 +258,7 @@ pub(crate) fn start(
         ),
         (
             "ExecStart".to_owned(),
-            owned_variant(exec_start(&program, argv)),
+            owned_variant(exec_start(program, argv)),
         ),
         ("AddRef".to_owned(), owned_variant(true)),
     ]

@@ -624,7 +624,7 @@ impl Agent {
                         .send_streamed(self.poll.registry(), to.client, reply);
                 }
                 Output::Reply { to, mut answer } => {
-                    if let Answer::Status(status) = &mut answer {
+                    if let Answer::Status(status) | Answer::StillRunning(status) = &mut answer {
                         remaining::add_remaining(&self.cgroup_root, status);
                         status.systemd_error = self.systemd_error();
                     }
@@ -947,6 +947,7 @@ fn answer_line(
         Answer::Watch(view) => Response::ok(id, wire::WatchAnswer { watch: *view }),
         Answer::Event(answer) => Response::ok(id, *answer),
         Answer::Units(units) => Response::ok(id, wire::ListAnswer { units }),
+        Answer::Unwatched(unwatched) => Response::ok(id, wire::UnwatchedAnswer { unwatched }),
         Answer::Version(version) => Response::ok(id, wire::VersionAnswer { version }),
         Answer::Stats(core) => Response::ok(
             id,
@@ -955,6 +956,11 @@ fn answer_line(
             },
         ),
         Answer::Status(status) => Response::ok(id, wire::StatusAnswer { status: *status }),
+        Answer::StillRunning(status) => Response::error(
+            id,
+            ErrorKind::StillRunning,
+            self::core::still_running_message(&status),
+        ),
         Answer::Error(kind, message) => Response::error(id, kind, message),
     };
     response.to_line()

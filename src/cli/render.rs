@@ -192,6 +192,9 @@ pub(super) struct Listing {
 
 impl Render for Listing {
     fn human(&self) -> String {
+        if self.units.is_empty() {
+            return "no unit is watched\n".to_owned();
+        }
         let header = ["UNIT", "INVOCATION", "PHASE", "STATE", "POPULATED", "AGE"];
         let rows: Vec<[String; 6]> = self
             .units
@@ -238,6 +241,16 @@ impl Render for Listing {
                 );
             }
         }
+        let proven = self
+            .units
+            .iter()
+            .filter(|view| view.proof.is_some())
+            .count();
+        let count = match self.units.len() {
+            1 => "1 unit watched".to_owned(),
+            n => format!("{n} units watched"),
+        };
+        let _ = writeln!(table, "\n{count}, {proven} proven");
         table
     }
 
@@ -256,6 +269,28 @@ impl Render for Unwatched {
 
     fn json(&self) -> String {
         String::new()
+    }
+}
+
+/// `unwatch --proven`: a line per unit forgotten, or that there was none; with `--json` the
+/// agent's answer, `{"unwatched":[…]}`.
+pub(super) struct UnwatchedProven(pub Vec<String>);
+
+impl Render for UnwatchedProven {
+    fn human(&self) -> String {
+        if self.0.is_empty() {
+            return "no proven watch to unwatch\n".to_owned();
+        }
+        self.0
+            .iter()
+            .map(|unit| format!("unwatched {unit}\n"))
+            .collect()
+    }
+
+    fn json(&self) -> String {
+        json_line(&crate::control::wire::UnwatchedAnswer {
+            unwatched: self.0.clone(),
+        })
     }
 }
 
@@ -528,16 +563,15 @@ mod tests {
 UNIT                        INVOCATION  PHASE     STATE           POPULATED  AGE
 backup.service              c1a411be    proven    failed/failed   -          4m
 a-much-longer-name.service  c1a411be    watching  active/running  yes        -
+
+2 units watched, 1 proven
 "
         );
         let empty = Listing {
             units: Vec::new(),
             now_mono_ns: 0,
         };
-        assert_eq!(
-            empty.human(),
-            "UNIT  INVOCATION  PHASE  STATE  POPULATED  AGE\n"
-        );
+        assert_eq!(empty.human(), "no unit is watched\n");
     }
 
     #[test]

@@ -36,7 +36,7 @@ use super::protocol::{
 };
 use super::wire::{
     AgentStats, Done, EventAnswer, EventKind, ListAnswer, ProofEvent, StatsAnswer, StatusAnswer,
-    UnitStatus, Version, VersionAnswer, WatchAnswer, WatchView,
+    UnitStatus, UnwatchedAnswer, Version, VersionAnswer, WatchAnswer, WatchView,
 };
 use crate::unit_name::UnitName;
 
@@ -117,6 +117,10 @@ impl Client {
         let stream = UnixStream::connect(path).map_err(|source| match source.kind() {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ControlError::NoAgent {
                 path: path.to_owned(),
+            },
+            io::ErrorKind::PermissionDenied => ControlError::NotPermitted {
+                path: path.to_owned(),
+                uid: nix::unistd::getuid().as_raw(),
             },
             _ => ControlError::Io {
                 action: "connect to control socket",
@@ -201,8 +205,19 @@ impl Client {
 
     /// Forgets the unit's watch and its retained proof; answers once that is saved.
     pub fn unwatch(&mut self, unit: &UnitName) -> Result<(), ControlError> {
-        let args = UnwatchArgs { unit: unit.clone() };
+        let args = UnwatchArgs::unit(unit.clone());
         self.call::<Done>(Command::Unwatch(args)).map(|Done {}| ())
+    }
+
+    /// Forgets every proven watch and its retained proof; answers, once that is saved, with
+    /// the units it forgot, sorted.
+    pub fn unwatch_proven(&mut self) -> Result<Vec<String>, ControlError> {
+        let args = UnwatchArgs {
+            unit: None,
+            proven: true,
+        };
+        self.call::<UnwatchedAnswer>(Command::Unwatch(args))
+            .map(|answer| answer.unwatched)
     }
 
     /// Every watch, proven ones included, sorted by unit.
@@ -294,10 +309,23 @@ impl Client {
     pub fn send_json(&mut self, request: &Value) -> Result<(), ControlError> {
         let mut line = request.to_string();
         line.push('\n');
-        self.reader
-            .get_ref()
-            .write_all(line.as_bytes())
-            .map_err(|source| self.io_error("write to control socket", source))
+        match self.reader.get_ref().write_all(line.as_bytes()) {
+            Ok(()) => Ok(()),
+            // An agent that refuses a peer writes why and closes before reading the request,
+            // so the write may find the connection closed: the refusal is still to be read.
+            Err(source)
+                if matches!(
+                    source.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                match self.answer_line() {
+                    Err(refusal @ ControlError::Refused { .. }) => Err(refusal),
+                    _ => Err(self.io_error("write to control socket", source)),
+                }
+            }
+            Err(source) => Err(self.io_error("write to control socket", source)),
+        }
     }
 
     /// Reads the next line (a response or an event) as JSON; `Ok(None)` when the agent closed the

@@ -297,12 +297,41 @@ fn timeout_as_ms<S: serde::Serializer>(
     millis.serialize(serializer)
 }
 
-/// Arguments of `unwatch`.
+/// Arguments of `unwatch`: a unit, or every proven watch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UnwatchArgs {
-    /// The unit to stop watching.
-    pub unit: UnitName,
+    /// The unit to stop watching; `None` with `proven`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<UnitName>,
+    /// Forget every proven watch and its retained proof instead of one unit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proven: bool,
+}
+
+impl UnwatchArgs {
+    /// `unwatch` of `unit`.
+    pub fn unit(unit: UnitName) -> UnwatchArgs {
+        UnwatchArgs {
+            unit: Some(unit),
+            proven: false,
+        }
+    }
+
+    /// Exactly one of `unit` and `proven`.
+    fn check(self) -> Result<UnwatchArgs, (ErrorKind, String)> {
+        match (&self.unit, self.proven) {
+            (Some(_), false) | (None, true) => Ok(self),
+            (Some(_), true) => Err((
+                ErrorKind::BadRequest,
+                "give `unit` or `proven`, not both".to_owned(),
+            )),
+            (None, false) => Err((
+                ErrorKind::BadRequest,
+                "missing field `unit` (or `proven`: true)".to_owned(),
+            )),
+        }
+    }
 }
 
 /// Arguments of `status`.
@@ -496,7 +525,9 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
             .map(Command::Watch),
         "wait" => args(fields).map(Command::Wait),
         "stop" => args(fields).map(Command::Stop),
-        "unwatch" => args(fields).map(Command::Unwatch),
+        "unwatch" => args::<UnwatchArgs>(fields)
+            .and_then(UnwatchArgs::check)
+            .map(Command::Unwatch),
         "list" => args::<NoArgs>(fields).map(|NoArgs {}| Command::List),
         "events" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Events),
         "version" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Version),

@@ -273,6 +273,14 @@ pub struct VersionAnswer {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Done {}
 
+/// The payload of `unwatch` with `proven`: `{"unwatched":[…]}`, the units whose proven watches
+/// it forgot, sorted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnwatchedAnswer {
+    /// The units, by the names they were watched by.
+    pub unwatched: Vec<String>,
+}
+
 /// The payload of a successful `stats` answer: `{"stats":…}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatsAnswer {

@@ -340,13 +340,15 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
             },
         )
         .to_line(),
-        Command::Unwatch(args) if args.unit.as_str() == "web.service" => {
+        Command::Unwatch(args)
+            if args.unit.as_ref().map(UnitName::as_str) == Some("web.service") =>
+        {
             Response::ok(id, ()).to_line()
         }
         Command::Unwatch(args) => Response::error(
             id,
             ErrorKind::NotWatched,
-            format!("{} is not watched", args.unit),
+            format!("{} is not watched", args.unit.expect("a unit")),
         )
         .to_line(),
         Command::List => {

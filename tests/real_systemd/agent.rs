@@ -498,7 +498,7 @@ fn cli_usage_errors_exit_2() {
     let agent = Agent::start(&sandbox);
     for args in [
         &["wait", "bad/name.service"][..],
-        &["wait", "x.service", "--timeout", "10"],
+        &["wait", "x.service", "--timeout", "10x"],
         &["watch", "x.service", "--invocation", "not-hex"],
         &["stop"],
         &["frobnicate"],
@@ -510,7 +510,7 @@ fn cli_usage_errors_exit_2() {
         .args(["--socket", "/nonexistent/exitproof.sock", "list"])
         .output()
         .expect("run the CLI");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no agent listening"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -533,12 +533,18 @@ fn cli_version_tells_both_sides() {
         ])
         .output()
         .expect("run the CLI");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let stdout: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
-    assert_eq!(stdout, json!({"cli": version, "agent": null}));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("no agent listening"), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    // The versions, then the failure: both JSON lines on stdout.
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0], json!({"cli": version, "agent": null}));
+    assert_eq!(lines[1]["error"]["kind"], "no-agent", "{lines:?}");
+    let message = lines[1]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no agent listening"), "{message}");
+    assert_eq!(out.stderr, b"", "with --json the failure is on stdout");
 }
 
 fn cli_watch_unwatch_and_the_event_stream() {
@@ -578,7 +584,7 @@ fn cli_watch_unwatch_and_the_event_stream() {
     let out = agent.cli(&["unwatch", "dropped.service"]);
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(3),
         "unwatching twice is an error: {out:?}"
     );
 

@@ -48,7 +48,7 @@ pub(crate) use crate::control::wire::EventAnswer;
 pub(crate) use crate::control::wire::{RemainingProcess, UnitStatus};
 pub(crate) use event::{ProofEvent, WatchView};
 use persist::Unsaved;
-pub(crate) use status::MAX_REMAINING;
+pub(crate) use status::{MAX_REMAINING, still_running_message};
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -107,12 +107,17 @@ pub(crate) enum Answer {
     Event(Box<EventAnswer>),
     /// Every watch, sorted by unit (`list`).
     Units(Vec<WatchView>),
+    /// The units whose proven watches `unwatch` with `proven` forgot, sorted.
+    Unwatched(Vec<String>),
     /// The protocol's and the agent's versions (`version`).
     Version(Version),
     /// The core's figures (`stats`); the driver adds its own.
     Stats(Box<CoreStats>),
     /// One watch (`status`); the driver lists the processes that block it.
     Status(Box<UnitStatus>),
+    /// A `wait` or `stop` past its deadline, unproven: the `still-running` error, which the
+    /// driver words with [`still_running_message`] once it has counted what blocks the proof.
+    StillRunning(Box<UnitStatus>),
     Error(ErrorKind, String),
 }
 
@@ -514,12 +519,10 @@ impl Core {
             self.on_unit_timer(key, now);
         }
         for (key, reply) in self.waiters.take_expired(now) {
-            let unit = self.units.get(&key).map(|w| w.unit.to_string());
-            let message = format!(
-                "{} still running: not proven before the timeout; it stays watched",
-                unit.unwrap_or_default()
-            );
-            self.reply(reply, Answer::Error(ErrorKind::StillRunning, message));
+            // A waiter's watch outlives it: unwatching answers its waiters first.
+            if let Some(status) = self.unit_status(key, now) {
+                self.reply(reply, Answer::StillRunning(Box::new(status)));
+            }
         }
         while let Some(&(at, key)) = self.proven_order.front() {
             if now.saturating_duration_since(at) < self.config.retain_for {

@@ -43,15 +43,11 @@ impl Core {
                 }
                 self.wait_for(key, reply, timeout.map(|t| now + t));
             }
-            Command::Unwatch(UnwatchArgs { unit }) => match self.by_name.get(unit.as_str()) {
+            Command::Unwatch(UnwatchArgs {
+                unit: Some(unit), ..
+            }) => match self.by_name.get(unit.as_str()) {
                 Some(&key) => {
-                    for waiter in self.waiters.take_key(key) {
-                        self.reply(
-                            waiter,
-                            Answer::Error(ErrorKind::NotWatched, "unwatched".to_owned()),
-                        );
-                    }
-                    self.drop_watch(key);
+                    self.unwatch(key);
                     self.reply_when_saved(reply, Answer::Done);
                 }
                 None => self.reply(
@@ -59,6 +55,21 @@ impl Core {
                     Answer::Error(ErrorKind::NotWatched, format!("{unit} is not watched")),
                 ),
             },
+            Command::Unwatch(UnwatchArgs { unit: None, .. }) => {
+                // A proven watch has no waiters: its proof answered them.
+                let mut proven: Vec<(String, UnitKey)> = self
+                    .units
+                    .iter()
+                    .filter(|(_, watch)| watch.event.is_some())
+                    .map(|(key, watch)| (watch.unit.to_string(), *key))
+                    .collect();
+                proven.sort();
+                for (_, key) in &proven {
+                    self.unwatch(*key);
+                }
+                let units = proven.into_iter().map(|(unit, _)| unit).collect();
+                self.reply_when_saved(reply, Answer::Unwatched(units));
+            }
             Command::List => {
                 let mut views: Vec<_> = self.units.values().map(Watch::view).collect();
                 views.sort_by(|a, b| a.unit.cmp(&b.unit));
@@ -99,6 +110,17 @@ impl Core {
                 self.reply(reply, Answer::Error(kind, message));
             }
         }
+    }
+
+    /// Forgets the watch under `key`: its waiters are told, its retained proof goes.
+    fn unwatch(&mut self, key: UnitKey) {
+        for waiter in self.waiters.take_key(key) {
+            self.reply(
+                waiter,
+                Answer::Error(ErrorKind::NotWatched, "unwatched".to_owned()),
+            );
+        }
+        self.drop_watch(key);
     }
 
     fn cmd_watch(

@@ -1427,7 +1427,7 @@ fn answered(outputs: &[Output]) -> (usize, usize) {
     };
     (
         count(|a| matches!(a, Answer::Event(_))),
-        count(|a| matches!(a, Answer::Error(ErrorKind::StillRunning, _))),
+        count(|a| matches!(a, Answer::StillRunning(_))),
     )
 }
 
@@ -2077,4 +2077,33 @@ fn start_watches_the_invocation_its_start_job_began() {
         !s.list().iter().any(|v| v.unit == "typo.service"),
         "nothing watched"
     );
+}
+
+#[test]
+fn unwatch_proven_forgets_every_proven_watch_and_only_those() {
+    let mut s = watching("done.service", "active");
+    s.request(r#"{"cmd":"watch","unit":"runs.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/runs.service")));
+    s.cgroups
+        .insert("/app.slice/done.service".into(), CgroupReading::Empty);
+    s.changed("done.service", "inactive", A);
+    assert_eq!(s.phase("done.service"), Phase::Proven);
+    assert_eq!(s.phase("runs.service"), Phase::Watching);
+    s.take();
+    s.request(r#"{"cmd":"unwatch","proven":true}"#);
+    s.pass(SAVE_INTERVAL);
+    let answered: Vec<_> = s
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Reply {
+                answer: Answer::Unwatched(units),
+                ..
+            } => Some(units.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answered, [vec!["done.service".to_owned()]]);
+    let listed: Vec<String> = s.list().into_iter().map(|v| v.unit).collect();
+    assert_eq!(listed, ["runs.service"]);
 }
