@@ -77,7 +77,8 @@ fn a_unit_systemd_does_not_know_is_not_found_never_proven() {
     let (_, stderr) = run(&agent, &["watch", "masked.service"], 4);
     assert!(stderr.contains("masked.service is masked"), "{stderr}");
     let errors = agent.cli_json(&["watch", "wbe.service"], 4);
-    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0]["error"]["kind"], "not-found", "{errors:?}");
     assert!(
         agent.list().is_empty(),
         "nothing of a refused watch stays: {:?}",
