@@ -453,6 +453,9 @@ impl Agent {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_error("wait for events")(e)),
             }
+            if let Some(offset) = clock::realtime_minus_monotonic_ns() {
+                self.core.observe_wall_clock(offset);
+            }
             if !events.is_empty() && self.release_heap.is_none() {
                 self.release_heap = Some(clock::now() + RELEASE_HEAP_AFTER);
             }

@@ -467,6 +467,7 @@ mod tests {
             message: "instance exited: exit 3 (exit-code)".to_owned(),
             cause: Cause::Exited,
             proven_mono_ns,
+            proven_realtime_us: None,
             stop_requested: false,
             systemd: Some(SanitizedRecord {
                 result: "exit-code".to_owned(),

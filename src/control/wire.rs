@@ -183,6 +183,11 @@ pub struct ProofEvent {
     pub cause: Cause,
     /// CLOCK_MONOTONIC at the proof, in nanoseconds, for latency measured in another process.
     pub proven_mono_ns: u64,
+    /// CLOCK_REALTIME at the proof, in microseconds since the epoch (as the journal's
+    /// `__REALTIME_TIMESTAMP`), to find it in `journalctl`; `null` for a proof an agent of an
+    /// earlier version made.
+    #[serde(default)]
+    pub proven_realtime_us: Option<u64>,
     /// A stop of ours was requested.
     pub stop_requested: bool,
     /// How the main process ended, as systemd itself reported it (terminal proofs of services).

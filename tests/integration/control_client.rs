@@ -275,6 +275,7 @@ fn proof_event(unit: &str) -> ProofEvent {
         message: "instance exited (exit 0)".to_owned(),
         cause: Cause::Exited,
         proven_mono_ns: 53_121_678_244_136,
+        proven_realtime_us: Some(1_764_921_600_000_000),
         stop_requested: true,
         systemd: Some(SanitizedRecord {
             result: "success".to_owned(),

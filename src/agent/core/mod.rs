@@ -345,6 +345,10 @@ pub(crate) struct Core {
     /// one.
     moved_on: HashMap<UnitKey, String>,
     counters: stats::Counters,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC, as the driver last read it: a proof's wall-clock
+    /// time, to match it with the journal. Read afresh each turn, so a clock step since the
+    /// start does not shift it.
+    wall_minus_mono_ns: Option<i128>,
 }
 
 /// Keys by a string, several per string (an alias and its unit may both be watched), in the
@@ -439,9 +443,22 @@ impl Core {
             replies_when_saved: Vec::new(),
             moved_on: HashMap::new(),
             counters: stats::Counters::default(),
+            wall_minus_mono_ns: None,
         };
         core.restore(restored, now);
         core
+    }
+
+    /// The wall clock's offset from CLOCK_MONOTONIC now (realtime minus monotonic, in
+    /// nanoseconds), which the driver reads at each turn of its loop.
+    pub(crate) fn observe_wall_clock(&mut self, wall_minus_mono_ns: i128) {
+        self.wall_minus_mono_ns = Some(wall_minus_mono_ns);
+    }
+
+    /// CLOCK_REALTIME at `at`, in microseconds since the epoch, if the driver said the offset.
+    pub(super) fn realtime_us(&self, at: Instant) -> Option<u64> {
+        let wall_ns = i128::from(self.mono_ns(at)) + self.wall_minus_mono_ns?;
+        u64::try_from(wall_ns / 1000).ok()
     }
 
     /// Hands one input to the core.
@@ -688,6 +705,14 @@ impl Core {
                 cause,
             })
         });
+        // Named in the text too, not only as a field: a line on stderr is matched with
+        // `journalctl _SYSTEMD_INVOCATION_ID=` by it.
+        let line = match about.as_deref() {
+            Some(about) if !about.invocation.is_empty() => {
+                format!("{line} (invocation {})", about.invocation)
+            }
+            _ => line,
+        };
         self.outputs.push_back(Output::Log { level, line, about });
     }
 

@@ -61,6 +61,7 @@ impl Core {
             message: proof.message,
             cause: proof.cause.into(),
             proven_mono_ns: self.mono_ns(now),
+            proven_realtime_us: self.realtime_us(now),
             stop_requested: watch.stop_requested(),
             systemd: None,
             record: None,

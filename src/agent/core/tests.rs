@@ -2107,3 +2107,30 @@ fn unwatch_proven_forgets_every_proven_watch_and_only_those() {
     let listed: Vec<String> = s.list().into_iter().map(|v| v.unit).collect();
     assert_eq!(listed, ["runs.service"]);
 }
+
+/// A log line about a unit names the invocation watched, in its text as well as its fields;
+/// a proof carries the wall-clock time once the driver said the clock's offset.
+#[test]
+fn log_lines_name_the_invocation_and_proofs_carry_the_wall_clock() {
+    let mut s = watching("l.service", "active");
+    s.core.observe_wall_clock(1_000_000_000_000_000_000);
+    s.cgroups
+        .insert("/app.slice/l.service".into(), CgroupReading::Gone);
+    s.changed("l.service", "inactive", A);
+    let outputs = s.take();
+    let proven_line = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::Log { line, .. } if line.contains(": proven: ") => Some(line.clone()),
+            _ => None,
+        })
+        .expect("the proof is logged");
+    assert!(
+        proven_line.ends_with(&format!("(invocation {A})")),
+        "{proven_line}"
+    );
+    let views = s.list();
+    let proof = views[0].proof.as_ref().expect("proven");
+    let wall_us = 1_000_000_000_000_000 + proof.proven_mono_ns / 1000;
+    assert_eq!(proof.proven_realtime_us, Some(wall_us));
+}
