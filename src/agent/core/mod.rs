@@ -1033,12 +1033,18 @@ impl Core {
             let Some(watch) = self.units.get_mut(&key) else {
                 return;
             };
+            let proven = watch.event.is_some();
             let Some(proof) = watch.proof.as_mut() else {
                 return;
             };
             let Some(output) = proof.poll_output() else {
                 break;
             };
+            // Proven by another watch of the same invocation: this machine decides nothing
+            // more (its own proof would be a second one, its stop one after the proof).
+            if proven {
+                continue;
+            }
             match output {
                 ProofOutput::ReadCgroup => self.read_cgroup(key, now),
                 ProofOutput::CountLeftovers => self.count_leftovers(key, &[], now),

@@ -47,6 +47,12 @@ impl Core {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
+        // "Replaced after stop" is this watch's own stop's story, not another watch's.
+        let siblings = match proof.cause {
+            Cause::ReplacedAfterStop => Vec::new(),
+            _ => self.unproven_watches_of_the_same_invocation(key),
+        };
+        let for_siblings = (!siblings.is_empty()).then(|| proof.clone());
         let terminal_at = watch.terminal_at;
         self.count_proof(proof.cause, terminal_at, now);
         let Some(watch) = self.units.get(&key) else {
@@ -107,6 +113,39 @@ impl Core {
         // Released before anyone is told: a caller that hears "proven" finds the launch file
         // gone.
         self.tell_proven(key, event, to_log_level(level), now);
+        // What is proven is an invocation's end, whichever watch proved it: another watch of
+        // the same invocation (under an alias, say) may know less of the invocations after it
+        // and still wait for a process this one placed.
+        if let Some(proof) = for_siblings {
+            for sibling in siblings {
+                self.on_proof(sibling, proof.clone(), now);
+            }
+        }
+    }
+
+    /// The other watches of `key`'s unit (by systemd's name) and invocation that are not
+    /// proven, nor asked to stop (whose proof may be "replaced after stop" instead).
+    fn unproven_watches_of_the_same_invocation(&self, key: UnitKey) -> Vec<UnitKey> {
+        let Some(watch) = self.units.get(&key) else {
+            return Vec::new();
+        };
+        let Some(invocation) = watch.our_invocation().filter(|i| !i.is_empty()) else {
+            return Vec::new();
+        };
+        self.by_id
+            .get(&watch.id)
+            .into_iter()
+            .filter(|other| {
+                *other != key
+                    && self.units.get(other).is_some_and(|w| {
+                        w.proof.is_some()
+                            && w.event.is_none()
+                            && w.proof_pending.is_none()
+                            && !w.stop_requested()
+                            && w.our_invocation() == Some(invocation)
+                    })
+            })
+            .collect()
     }
 
     /// Hands a fact to a generation's release and carries out what it asks for.

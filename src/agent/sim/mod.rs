@@ -36,7 +36,21 @@ const DEFAULT_SEEDS: u64 = 2000;
 
 /// Seeds that once failed (a defect of the core or of the model, found and fixed or known):
 /// every run tries them too, whatever its seed base.
-const REGRESSION_SEEDS: [u64; 7] = [0, 198, 362, 379, 546, 718, 1760];
+/// 106639: a release cut short by a kill; 22385760239677: a false proof made while placing
+/// what a new watch heard on a lost connection; 102984159824346: a watch under an alias proven
+/// while the unit's own watch of the same invocation waited.
+const REGRESSION_SEEDS: [u64; 10] = [
+    0,
+    198,
+    362,
+    379,
+    546,
+    718,
+    1760,
+    106_639,
+    22_385_760_239_677,
+    102_984_159_824_346,
+];
 
 /// What one seed's run came to.
 struct Outcome {
