@@ -134,7 +134,6 @@ impl Core {
         };
         self.by_id
             .get(&watch.id)
-            .into_iter()
             .filter(|other| {
                 *other != key
                     && self.units.get(other).is_some_and(|w| {
