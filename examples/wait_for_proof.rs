@@ -25,7 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("watching {} ({:?})", watch.unit, watch.phase);
     loop {
         match client.wait(&unit, Some(Duration::from_secs(60))) {
-            Ok(event) => {
+            Ok(answer) => {
+                let event = answer.event;
                 // Every process of the watched invocation is gone: release what it held here.
                 println!("{}: {} ({:?})", event.unit, event.message, event.cause);
                 return Ok(());

@@ -71,3 +71,16 @@ pub(crate) fn clock_ns(clock: ClockId) -> nix::Result<i128> {
     let time = clock_gettime(clock)?;
     Ok(i128::from(time.tv_sec()) * 1_000_000_000 + i128::from(time.tv_nsec()))
 }
+
+/// CLOCK_REALTIME minus CLOCK_MONOTONIC now, in nanoseconds (`None` if either cannot be read):
+/// what turns a monotonic timestamp into wall-clock time as of now.
+pub(crate) fn realtime_minus_monotonic_ns() -> Option<i128> {
+    let read = |clock| {
+        clock_gettime(clock)
+            .ok()
+            .map(|ts| i128::from(ts.tv_sec()) * 1_000_000_000 + i128::from(ts.tv_nsec()))
+    };
+    let mono = read(ClockId::CLOCK_MONOTONIC)?;
+    let wall = read(ClockId::CLOCK_REALTIME)?;
+    Some(wall - mono)
+}

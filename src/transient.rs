@@ -10,16 +10,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use std::future::poll_fn;
-use std::pin::Pin;
+use zbus::{Connection, OwnedVariant};
 
-use zbus::export::futures_core::Stream;
-use zbus::{Connection, MessageStream, OwnedObjectPath, OwnedVariant};
-
-use crate::duration::parse_duration;
+use crate::duration::{Timespan, parse_timespan};
 use crate::systemd::manager::{ManagerError, exec_start, owned_variant, start_transient_unit};
 use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
+use crate::systemd::snapshot::ReadKind;
+use crate::systemd::start::job_result;
 use crate::systemd::{self as sd, Bus, ConnectError};
 use crate::unit_name::UnitName;
 
@@ -110,8 +108,11 @@ pub(crate) fn property(assignment: &str) -> Result<(String, OwnedVariant), RunEr
         let signal = signal_number(value).ok_or_else(|| bad("not a signal".into()))?;
         (name.to_owned(), owned_variant(signal))
     } else if let Some((_, usec)) = DURATIONS.iter().find(|(sec, _)| *sec == name) {
-        let duration = parse_duration(value).map_err(|e| bad(e.to_string()))?;
-        let micros = u64::try_from(duration.as_micros()).unwrap_or(u64::MAX);
+        // systemd's infinity is u64::MAX microseconds (USEC_INFINITY).
+        let micros = match parse_timespan(value).map_err(|e| bad(e.to_string()))? {
+            Timespan::Finite(duration) => u64::try_from(duration.as_micros()).unwrap_or(u64::MAX),
+            Timespan::Infinity => u64::MAX,
+        };
         ((*usec).to_owned(), owned_variant(micros))
     } else if OWN.contains(&name) {
         return Err(bad("exitproof run sets it itself".into()));
@@ -163,13 +164,43 @@ pub(crate) fn exit_status(code: &str, status: &str) -> Option<u8> {
     }
 }
 
+/// The exit status of `wait --unit-status` and `stop --unit-status`, as `systemd-run --wait`
+/// gives it (`run_context` in systemd's src/run/run.c): 0 when systemd calls the unit's result
+/// a success (so `SuccessExitStatus=` and a stop's SIGTERM count), else as [`exit_status`].
+pub(crate) fn unit_status(result: &str, code: &str, status: &str) -> Option<u8> {
+    if result == "success" {
+        return Some(0);
+    }
+    exit_status(code, status)
+}
+
+/// The absolute path of the program `argv` starts with ([`find_program`]), as UTF-8.
+pub(crate) fn program(argv: &[String], path_var: Option<&str>) -> Result<String, RunError> {
+    let first = argv
+        .first()
+        .ok_or_else(|| RunError::Command("no command given".into()))?;
+    let program = find_program(first, path_var)?;
+    program
+        .to_str()
+        .map(str::to_owned)
+        .ok_or_else(|| RunError::Command(format!("{}: not UTF-8", program.display())))
+}
+
 /// Finds `program` as `systemd-run` does: a path with a `/` is made absolute, a bare name is
 /// looked up in `$PATH`. systemd wants an absolute path.
 pub(crate) fn find_program(program: &str, path_var: Option<&str>) -> Result<PathBuf, RunError> {
     let not_found = || RunError::Command(format!("{program}: command not found"));
     if program.contains('/') {
-        return std::path::absolute(program)
-            .map_err(|e| RunError::Command(format!("{program}: {e}")));
+        let path = std::path::absolute(program)
+            .map_err(|e| RunError::Command(format!("{program}: {e}")))?;
+        // systemd would start the unit and fail it with 203/EXEC.
+        return if is_executable(&path) {
+            Ok(path)
+        } else {
+            Err(RunError::Command(format!(
+                "{program}: no such executable file"
+            )))
+        };
     }
     path_var
         .unwrap_or("/usr/local/bin:/usr/bin:/bin")
@@ -212,6 +243,7 @@ pub(crate) fn start(
     bus: Bus,
     unit: &UnitName,
     properties: Vec<(String, OwnedVariant)>,
+    program: &str,
     argv: &[String],
     method_timeout: Duration,
 ) -> Result<Started, RunError> {
@@ -219,14 +251,6 @@ pub(crate) fn start(
     if !unit.ends_with(".service") {
         return Err(RunError::NotAService(unit));
     }
-    let first = argv
-        .first()
-        .ok_or_else(|| RunError::Command("no command given".into()))?;
-    let program = find_program(first, std::env::var("PATH").ok().as_deref())?;
-    let program = program
-        .to_str()
-        .ok_or_else(|| RunError::Command(format!("{}: not UTF-8", program.display())))?
-        .to_owned();
     let mut all = vec![
         (
             "Description".to_owned(),
@@ -234,7 +258,7 @@ pub(crate) fn start(
         ),
         (
             "ExecStart".to_owned(),
-            owned_variant(exec_start(&program, argv)),
+            owned_variant(exec_start(program, argv)),
         ),
         ("AddRef".to_owned(), owned_variant(true)),
     ]
@@ -261,14 +285,14 @@ pub(crate) fn start(
             let job = start_transient_unit(&conn, &systemd, &unit, all)
                 .await
                 .map_err(RunError::Manager)?;
-            let result = next_job_removed(&mut manager_signals, &job).await;
+            let result = job_result(&mut manager_signals, &job).await;
             if result != "done" {
                 return Err(RunError::Job {
                     unit: unit.clone(),
                     result,
                 });
             }
-            let snapshot = read_unit(&conn, &systemd, &unit)
+            let snapshot = read_unit(&conn, &systemd, &unit, ReadKind::Get)
                 .await
                 .map_err(RunError::Manager)?;
             Ok(snapshot.invocation)
@@ -286,32 +310,6 @@ pub(crate) fn start(
         _runtime: runtime,
         _poll: poll,
     })
-}
-
-/// Waits for `JobRemoved` of `job` on the manager's signals and returns its result (`done`,
-/// `failed`, ...).
-async fn next_job_removed(stream: &mut MessageStream, job: &OwnedObjectPath) -> String {
-    loop {
-        let Some(message) = poll_fn(|cx| Pin::new(&mut *stream).poll_next(cx)).await else {
-            return "could not be followed: the bus connection was lost".into();
-        };
-        let Ok(message) = message else { continue };
-        if message
-            .header()
-            .member()
-            .is_none_or(|m| m.as_str() != "JobRemoved")
-        {
-            continue;
-        }
-        // JobRemoved(u id, o job, s unit, s result)
-        if let Ok((_, path, _, result)) = message
-            .body()
-            .deserialize::<(u32, OwnedObjectPath, String, String)>()
-            && path == *job
-        {
-            return result;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -36,14 +36,16 @@ use nix::sys::signalfd::{SfdFlags, SignalFd};
 use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message};
 
-use self::core::{Answer, Core, CoreConfig, Input, NextInvocation, Output, StopKind, UnitKey};
+use self::core::{
+    Answer, Core, CoreConfig, Input, NextInvocation, Output, ReplyTo, StopKind, UnitKey,
+};
 use crate::cgroup::procs::{
     ClockBasis, ProcessTracker, Tracked, earlier_processes, list_processes,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::clock;
 use crate::control::ControlError;
-use crate::control::protocol::{Response, event_line, list_reply};
+use crate::control::protocol::{ErrorKind, Response, event_line, list_reply};
 use crate::control::server::{ClientInput, ControlServer, ServerOptions};
 use crate::control::wire;
 use crate::control::wire::AgentStats;
@@ -54,7 +56,9 @@ use crate::systemd::manager::{self, ManagerError, Subscribed};
 use crate::systemd::read;
 use crate::systemd::runtime::MioRuntime;
 use crate::systemd::signal;
-use crate::systemd::snapshot::UnitSnapshot;
+use crate::systemd::snapshot::{ReadKind, UnitSnapshot};
+use crate::systemd::start::{self, StartError};
+use crate::unit_name::UnitName;
 use cgroup_view::ViewError;
 use dirs::DirError;
 use lock::{LockError, StateLock};
@@ -200,6 +204,13 @@ enum Completion {
         epoch: u64,
         key: UnitKey,
         result: Result<UnitSnapshot, ManagerError>,
+    },
+    /// A start finished. Answered even if its connection is lost since: the invocation it
+    /// names is systemd's word (the connection's owner was verified), and IDs are never reused.
+    Started {
+        reply: ReplyTo,
+        unit: UnitName,
+        result: Result<String, StartError>,
     },
     Stopped {
         key: UnitKey,
@@ -442,6 +453,9 @@ impl Agent {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_error("wait for events")(e)),
             }
+            if let Some(offset) = clock::realtime_minus_monotonic_ns() {
+                self.core.observe_wall_clock(offset);
+            }
             if !events.is_empty() && self.release_heap.is_none() {
                 self.release_heap = Some(clock::now() + RELEASE_HEAP_AFTER);
             }
@@ -555,7 +569,8 @@ impl Agent {
             && let Some(output) = self.core.poll_output()
         {
             match output {
-                Output::ReadUnit { key, unit } => self.read_unit(key, unit),
+                Output::ReadUnit { key, unit, kind } => self.read_unit(key, unit, kind),
+                Output::StartUnit { reply, unit } => self.start_unit(reply, unit),
                 Output::StopUnit { key, unit, kind } => self.stop_unit(key, unit, kind),
                 Output::AddInotifyWatches { key, cgroup } => {
                     let result = self
@@ -612,7 +627,7 @@ impl Agent {
                         .send_streamed(self.poll.registry(), to.client, reply);
                 }
                 Output::Reply { to, mut answer } => {
-                    if let Answer::Status(status) = &mut answer {
+                    if let Answer::Status(status) | Answer::StillRunning(status) = &mut answer {
                         remaining::add_remaining(&self.cgroup_root, status);
                         status.systemd_error = self.systemd_error();
                     }
@@ -704,6 +719,21 @@ impl Agent {
                         self.input(Input::UnitRead { key, result });
                     }
                 }
+                Completion::Started {
+                    reply,
+                    unit,
+                    result,
+                } => {
+                    let result = result.map_err(|e| match e {
+                        StartError::NotFound(message) => (ErrorKind::NotFound, message),
+                        StartError::Failed(message) => (ErrorKind::Internal, message),
+                    });
+                    self.input(Input::UnitStarted {
+                        reply,
+                        unit,
+                        result,
+                    });
+                }
                 Completion::Stopped {
                     key,
                     unit,
@@ -737,7 +767,7 @@ impl Agent {
         }
     }
 
-    fn read_unit(&mut self, key: UnitKey, unit: String) {
+    fn read_unit(&mut self, key: UnitKey, unit: String, kind: ReadKind) {
         let Some(conn) = self.conn.clone() else {
             // The core reads nothing while the bus is down; a read racing a loss is dropped.
             return;
@@ -747,8 +777,35 @@ impl Agent {
         let systemd = self.systemd.clone();
         self.runtime
             .spawn(async move {
-                let result = read::read_unit(&conn, &systemd, &unit).await;
+                let result = read::read_unit(&conn, &systemd, &unit, kind).await;
                 push(&queue, Completion::Read { epoch, key, result });
+            })
+            .detach();
+    }
+
+    fn start_unit(&mut self, reply: ReplyTo, unit: UnitName) {
+        let Some(conn) = self.conn.clone().filter(|_| !self.systemd.is_empty()) else {
+            let message = format!("start {unit}: systemd is not on the bus");
+            self.input(Input::UnitStarted {
+                reply,
+                unit,
+                result: Err((ErrorKind::Internal, message)),
+            });
+            return;
+        };
+        let queue = self.completions.clone();
+        let systemd = self.systemd.clone();
+        self.runtime
+            .spawn(async move {
+                let result = start::start_unit(&conn, &systemd, unit.as_str()).await;
+                push(
+                    &queue,
+                    Completion::Started {
+                        reply,
+                        unit,
+                        result,
+                    },
+                );
             })
             .detach();
     }
@@ -891,8 +948,9 @@ fn answer_line(
     let response = match answer {
         Answer::Done => Response::ok(id, wire::Done {}),
         Answer::Watch(view) => Response::ok(id, wire::WatchAnswer { watch: *view }),
-        Answer::Event(event) => Response::ok(id, wire::EventAnswer { event: *event }),
+        Answer::Event(answer) => Response::ok(id, *answer),
         Answer::Units(units) => Response::ok(id, wire::ListAnswer { units }),
+        Answer::Unwatched(unwatched) => Response::ok(id, wire::UnwatchedAnswer { unwatched }),
         Answer::Version(version) => Response::ok(id, wire::VersionAnswer { version }),
         Answer::Stats(core) => Response::ok(
             id,
@@ -901,6 +959,11 @@ fn answer_line(
             },
         ),
         Answer::Status(status) => Response::ok(id, wire::StatusAnswer { status: *status }),
+        Answer::StillRunning(status) => Response::error(
+            id,
+            ErrorKind::StillRunning,
+            self::core::still_running_message(&status),
+        ),
         Answer::Error(kind, message) => Response::error(id, kind, message),
     };
     response.to_line()

@@ -493,6 +493,7 @@ mod tests {
             ),
             cause,
             proven_mono_ns: 123_456_789,
+            proven_realtime_us: None,
             stop_requested: true,
             systemd: Some(exit_3()),
             record: Some(exit_3()),

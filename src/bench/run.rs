@@ -23,6 +23,7 @@ use crate::clock::monotonic_ns;
 use crate::systemd::manager::{SYSTEMD, start_transient_service};
 use crate::systemd::read::read_unit;
 use crate::systemd::runtime::MioRuntime;
+use crate::systemd::snapshot::ReadKind;
 use crate::systemd::{Bus, connect};
 
 /// How long a round may take, once every kill is done, before the missing proofs are recorded
@@ -376,7 +377,7 @@ fn wait_active(
     for name in names {
         loop {
             let snapshot = runtime
-                .block_on(poll, read_unit(conn, SYSTEMD, name))
+                .block_on(poll, read_unit(conn, SYSTEMD, name, ReadKind::Get))
                 .map_err(|e| BenchError::Io("run the bus".into(), e))?
                 .map_err(BenchError::Manager)?;
             if snapshot.active_state == "active" && !snapshot.control_group.is_empty() {

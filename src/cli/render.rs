@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use serde::Serialize;
 
 use crate::control::wire::{
-    AgentStats, LatencySummary, ProofEvent, UnitStatus, Version, WatchView,
+    AgentStats, EventAnswer, LatencySummary, ProofEvent, UnitStatus, Version, WatchView,
 };
 use crate::unit_name::UnitName;
 
@@ -72,9 +72,29 @@ fn age(nanos: u64) -> String {
     }
 }
 
+/// What a person is told of a unit that had no invocation when it was watched: its proof says
+/// only that nothing ran.
+fn never_ran(unit: &str) -> String {
+    format!(
+        "{unit} is loaded but has not run since systemd started: nothing to prove yet; start it \
+         with `exitproof start {unit}`\n"
+    )
+}
+
+/// ` (now running invocation 0123abcd)` when systemd runs another invocation than the proven.
+fn now_running(invocation: Option<&str>) -> String {
+    invocation.map_or_else(String::new, |id| {
+        format!(" (now running invocation {})", short_invocation(Some(id)))
+    })
+}
+
 /// `watch`: one line saying what is watched and where it stands.
 impl Render for WatchView {
     fn human(&self) -> String {
+        let proven = self.proof.is_some();
+        if proven && self.invocation.as_deref() == Some("") && self.now_running.is_none() {
+            return never_ran(&self.unit);
+        }
         let mut line = format!(
             "{} {} (invocation {}, {}, populated {})",
             self.phase.name(),
@@ -89,6 +109,7 @@ impl Render for WatchView {
         if let Some(proof) = &self.proof {
             let _ = write!(line, ": {}", proof.message);
         }
+        line.push_str(&now_running(self.now_running.as_deref()));
         line.push('\n');
         line
     }
@@ -118,6 +139,49 @@ impl Render for ProofEvent {
     }
 }
 
+/// `wait` and `stop`: the proof's line, saying also when the unit runs another invocation
+/// now, and which proven invocation a `stop` found over before it stopped the running one.
+impl Render for EventAnswer {
+    fn human(&self) -> String {
+        let event = &self.event;
+        if event.invocation.is_empty() && self.now_running.is_none() {
+            return never_ran(&event.unit);
+        }
+        let mut text = String::new();
+        if let Some(proven) = &self.moved_on_from {
+            let _ = writeln!(
+                text,
+                "the proven invocation {} of {} is over; stopped the running invocation {}",
+                short_invocation(Some(proven)),
+                event.unit,
+                short_invocation(Some(&event.invocation)),
+            );
+        }
+        let line = event.human();
+        text.push_str(line.trim_end_matches('\n'));
+        text.push_str(&now_running(self.now_running.as_deref()));
+        text.push('\n');
+        text
+    }
+
+    /// The proof event's line, with `now_running` and `moved_on_from` beside its fields when
+    /// the answer has them.
+    fn json(&self) -> String {
+        let mut value = serde_json::to_value(&self.event).unwrap_or_default();
+        if let serde_json::Value::Object(fields) = &mut value {
+            for (key, extra) in [
+                ("now_running", &self.now_running),
+                ("moved_on_from", &self.moved_on_from),
+            ] {
+                if let Some(invocation) = extra {
+                    fields.insert(key.to_owned(), invocation.clone().into());
+                }
+            }
+        }
+        json_line(&value)
+    }
+}
+
 /// `list`: a table for a person, one JSON line per unit with `--json`.
 pub(super) struct Listing {
     /// The agent's answer.
@@ -128,6 +192,9 @@ pub(super) struct Listing {
 
 impl Render for Listing {
     fn human(&self) -> String {
+        if self.units.is_empty() {
+            return "no unit is watched\n".to_owned();
+        }
         let header = ["UNIT", "INVOCATION", "PHASE", "STATE", "POPULATED", "AGE"];
         let rows: Vec<[String; 6]> = self
             .units
@@ -163,6 +230,27 @@ impl Render for Listing {
             table.push_str(line.trim_end());
             table.push('\n');
         }
+        for view in &self.units {
+            if let (Some(proof), Some(running)) = (&view.proof, &view.now_running) {
+                let _ = writeln!(
+                    table,
+                    "{}: the proven invocation {} is over; systemd now runs invocation {}",
+                    view.unit,
+                    short_invocation(Some(&proof.invocation)),
+                    short_invocation(Some(running)),
+                );
+            }
+        }
+        let proven = self
+            .units
+            .iter()
+            .filter(|view| view.proof.is_some())
+            .count();
+        let count = match self.units.len() {
+            1 => "1 unit watched".to_owned(),
+            n => format!("{n} units watched"),
+        };
+        let _ = writeln!(table, "\n{count}, {proven} proven");
         table
     }
 
@@ -181,6 +269,28 @@ impl Render for Unwatched {
 
     fn json(&self) -> String {
         String::new()
+    }
+}
+
+/// `unwatch --proven`: a line per unit forgotten, or that there was none; with `--json` the
+/// agent's answer, `{"unwatched":[…]}`.
+pub(super) struct UnwatchedProven(pub Vec<String>);
+
+impl Render for UnwatchedProven {
+    fn human(&self) -> String {
+        if self.0.is_empty() {
+            return "no proven watch to unwatch\n".to_owned();
+        }
+        self.0
+            .iter()
+            .map(|unit| format!("unwatched {unit}\n"))
+            .collect()
+    }
+
+    fn json(&self) -> String {
+        json_line(&crate::control::wire::UnwatchedAnswer {
+            unwatched: self.0.clone(),
+        })
     }
 }
 
@@ -357,6 +467,7 @@ mod tests {
             message: "instance exited: exit 3 (exit-code)".to_owned(),
             cause: Cause::Exited,
             proven_mono_ns,
+            proven_realtime_us: None,
             stop_requested: false,
             systemd: Some(SanitizedRecord {
                 result: "exit-code".to_owned(),
@@ -453,16 +564,15 @@ mod tests {
 UNIT                        INVOCATION  PHASE     STATE           POPULATED  AGE
 backup.service              c1a411be    proven    failed/failed   -          4m
 a-much-longer-name.service  c1a411be    watching  active/running  yes        -
+
+2 units watched, 1 proven
 "
         );
         let empty = Listing {
             units: Vec::new(),
             now_mono_ns: 0,
         };
-        assert_eq!(
-            empty.human(),
-            "UNIT  INVOCATION  PHASE  STATE  POPULATED  AGE\n"
-        );
+        assert_eq!(empty.human(), "no unit is watched\n");
     }
 
     #[test]

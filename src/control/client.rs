@@ -14,7 +14,7 @@
 //! let view = client.watch(WatchArgs::new(unit.clone()))?;
 //! println!("watching {} ({:?})", view.unit, view.invocation);
 //! match client.wait(&unit, Some(Duration::from_secs(30))) {
-//!     Ok(event) => println!("{}: {}", event.unit, event.message),
+//!     Ok(answer) => println!("{}: {}", answer.event.unit, answer.event.message),
 //!     Err(e) if e.kind() == Some(ErrorKind::StillRunning) => println!("{unit} still runs"),
 //!     Err(e) => return Err(e.into()),
 //! }
@@ -31,10 +31,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::ControlError;
-use super::protocol::{Command, ErrorKind, Request, StatusArgs, UnwatchArgs, WaitArgs, WatchArgs};
+use super::protocol::{
+    Command, ErrorKind, Request, StartArgs, StatusArgs, UnwatchArgs, WaitArgs, WatchArgs,
+};
 use super::wire::{
     AgentStats, Done, EventAnswer, EventKind, ListAnswer, ProofEvent, StatsAnswer, StatusAnswer,
-    UnitStatus, Version, VersionAnswer, WatchAnswer, WatchView,
+    UnitStatus, UnwatchedAnswer, Version, VersionAnswer, WatchAnswer, WatchView,
 };
 use crate::unit_name::UnitName;
 
@@ -116,6 +118,10 @@ impl Client {
             io::ErrorKind::NotFound | io::ErrorKind::ConnectionRefused => ControlError::NoAgent {
                 path: path.to_owned(),
             },
+            io::ErrorKind::PermissionDenied => ControlError::NotPermitted {
+                path: path.to_owned(),
+                uid: nix::unistd::getuid().as_raw(),
+            },
             _ => ControlError::Io {
                 action: "connect to control socket",
                 path: path.to_owned(),
@@ -153,6 +159,15 @@ impl Client {
             .map(|answer| answer.watch)
     }
 
+    /// Starts the unit (systemd's StartUnit, as `systemctl start`) and watches the invocation
+    /// its start job began; answers with the watch once it is read and saved. A unit systemd
+    /// does not know is refused with [`ErrorKind::NotFound`].
+    pub fn start(&mut self, unit: &UnitName) -> Result<WatchView, ControlError> {
+        let args = StartArgs { unit: unit.clone() };
+        self.call::<WatchAnswer>(Command::Start(args))
+            .map(|answer| answer.watch)
+    }
+
     /// Waits for the unit's proof (watching it first if it is not watched), at most `timeout`
     /// (`None`: as long as it takes). At the timeout the error's kind is
     /// [`ErrorKind::StillRunning`]; the unit stays watched.
@@ -160,7 +175,7 @@ impl Client {
         &mut self,
         unit: &UnitName,
         timeout: Option<Duration>,
-    ) -> Result<ProofEvent, ControlError> {
+    ) -> Result<EventAnswer, ControlError> {
         self.proof(Command::Wait, unit, timeout)
     }
 
@@ -170,7 +185,7 @@ impl Client {
         &mut self,
         unit: &UnitName,
         timeout: Option<Duration>,
-    ) -> Result<ProofEvent, ControlError> {
+    ) -> Result<EventAnswer, ControlError> {
         self.proof(Command::Stop, unit, timeout)
     }
 
@@ -180,19 +195,29 @@ impl Client {
         command: fn(WaitArgs) -> Command,
         unit: &UnitName,
         timeout: Option<Duration>,
-    ) -> Result<ProofEvent, ControlError> {
+    ) -> Result<EventAnswer, ControlError> {
         let args = WaitArgs {
             unit: unit.clone(),
             timeout,
         };
         self.call::<EventAnswer>(command(args))
-            .map(|answer| answer.event)
     }
 
     /// Forgets the unit's watch and its retained proof; answers once that is saved.
     pub fn unwatch(&mut self, unit: &UnitName) -> Result<(), ControlError> {
-        let args = UnwatchArgs { unit: unit.clone() };
+        let args = UnwatchArgs::unit(unit.clone());
         self.call::<Done>(Command::Unwatch(args)).map(|Done {}| ())
+    }
+
+    /// Forgets every proven watch and its retained proof; answers, once that is saved, with
+    /// the units it forgot, sorted.
+    pub fn unwatch_proven(&mut self) -> Result<Vec<String>, ControlError> {
+        let args = UnwatchArgs {
+            unit: None,
+            proven: true,
+        };
+        self.call::<UnwatchedAnswer>(Command::Unwatch(args))
+            .map(|answer| answer.unwatched)
     }
 
     /// Every watch, proven ones included, sorted by unit.
@@ -284,10 +309,23 @@ impl Client {
     pub fn send_json(&mut self, request: &Value) -> Result<(), ControlError> {
         let mut line = request.to_string();
         line.push('\n');
-        self.reader
-            .get_ref()
-            .write_all(line.as_bytes())
-            .map_err(|source| self.io_error("write to control socket", source))
+        match self.reader.get_ref().write_all(line.as_bytes()) {
+            Ok(()) => Ok(()),
+            // An agent that refuses a peer writes why and closes before reading the request,
+            // so the write may find the connection closed: the refusal is still to be read.
+            Err(source)
+                if matches!(
+                    source.kind(),
+                    io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+                ) =>
+            {
+                match self.answer_line() {
+                    Err(refusal @ ControlError::Refused { .. }) => Err(refusal),
+                    _ => Err(self.io_error("write to control socket", source)),
+                }
+            }
+            Err(source) => Err(self.io_error("write to control socket", source)),
+        }
     }
 
     /// Reads the next line (a response or an event) as JSON; `Ok(None)` when the agent closed the

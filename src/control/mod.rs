@@ -56,6 +56,17 @@ pub enum ControlError {
         /// The socket path.
         path: PathBuf,
     },
+    /// The socket's file does not let this user connect (`EACCES`).
+    #[error(
+        "{path} does not let uid {uid} connect: the agent admits it with --allow-uid {uid} or \
+         --allow-gid of its group, and a --socket-mode that lets it connect"
+    )]
+    NotPermitted {
+        /// The socket path.
+        path: PathBuf,
+        /// This process's uid.
+        uid: u32,
+    },
     /// An I/O operation on the socket path failed.
     #[error("cannot {action} {path}: {source}")]
     Io {

@@ -102,6 +102,8 @@ pub enum Command {
     Stats,
     /// Tell one watch, its facts and what blocks its proof.
     Status(StatusArgs),
+    /// Start a unit and watch the invocation its start job began.
+    Start(StartArgs),
 }
 
 impl Command {
@@ -117,6 +119,7 @@ impl Command {
             Command::Version => "version",
             Command::Stats => "stats",
             Command::Status(_) => "status",
+            Command::Start(_) => "start",
         }
     }
 }
@@ -294,12 +297,41 @@ fn timeout_as_ms<S: serde::Serializer>(
     millis.serialize(serializer)
 }
 
-/// Arguments of `unwatch`.
+/// Arguments of `unwatch`: a unit, or every proven watch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UnwatchArgs {
-    /// The unit to stop watching.
-    pub unit: UnitName,
+    /// The unit to stop watching; `None` with `proven`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<UnitName>,
+    /// Forget every proven watch and its retained proof instead of one unit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proven: bool,
+}
+
+impl UnwatchArgs {
+    /// `unwatch` of `unit`.
+    pub fn unit(unit: UnitName) -> UnwatchArgs {
+        UnwatchArgs {
+            unit: Some(unit),
+            proven: false,
+        }
+    }
+
+    /// Exactly one of `unit` and `proven`.
+    fn check(self) -> Result<UnwatchArgs, (ErrorKind, String)> {
+        match (&self.unit, self.proven) {
+            (Some(_), false) | (None, true) => Ok(self),
+            (Some(_), true) => Err((
+                ErrorKind::BadRequest,
+                "give `unit` or `proven`, not both".to_owned(),
+            )),
+            (None, false) => Err((
+                ErrorKind::BadRequest,
+                "missing field `unit` (or `proven`: true)".to_owned(),
+            )),
+        }
+    }
 }
 
 /// Arguments of `status`.
@@ -307,6 +339,14 @@ pub struct UnwatchArgs {
 #[serde(deny_unknown_fields)]
 pub struct StatusArgs {
     /// The watched unit, by the name it was watched by.
+    pub unit: UnitName,
+}
+
+/// Arguments of `start`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartArgs {
+    /// The unit to start and watch.
     pub unit: UnitName,
 }
 
@@ -363,6 +403,9 @@ pub enum ErrorKind {
     LineTooLong,
     /// The unit is not being watched.
     NotWatched,
+    /// systemd does not know the unit (its LoadState is `not-found`, `masked`, `bad-setting`
+    /// or `error`), so there is nothing of it to prove.
+    NotFound,
     /// A timeout expired while the unit still had processes.
     StillRunning,
     /// The server has too many clients, or the connection too many large replies under way.
@@ -387,6 +430,7 @@ impl ErrorKind {
             ErrorKind::InvalidUnit => "invalid-unit",
             ErrorKind::LineTooLong => "line-too-long",
             ErrorKind::NotWatched => "not-watched",
+            ErrorKind::NotFound => "not-found",
             ErrorKind::StillRunning => "still-running",
             ErrorKind::Busy => "busy",
             ErrorKind::Forbidden => "forbidden",
@@ -481,19 +525,22 @@ pub fn parse_request(line: &[u8]) -> Result<Request, RequestError> {
             .map(Command::Watch),
         "wait" => args(fields).map(Command::Wait),
         "stop" => args(fields).map(Command::Stop),
-        "unwatch" => args(fields).map(Command::Unwatch),
+        "unwatch" => args::<UnwatchArgs>(fields)
+            .and_then(UnwatchArgs::check)
+            .map(Command::Unwatch),
         "list" => args::<NoArgs>(fields).map(|NoArgs {}| Command::List),
         "events" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Events),
         "version" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Version),
         "stats" => args::<NoArgs>(fields).map(|NoArgs {}| Command::Stats),
         "status" => args(fields).map(Command::Status),
+        "start" => args(fields).map(Command::Start),
         other => {
             let quoted: String = other.chars().take(64).collect();
             Err((
                 ErrorKind::UnknownCommand,
                 format!(
-                    "unknown command \"{}\" (expected watch, wait, stop, unwatch, list, events, version, \
-                     stats or status)",
+                    "unknown command \"{}\" (expected watch, start, wait, stop, unwatch, list, events, \
+                     version, stats or status)",
                     quoted.escape_debug()
                 ),
             ))

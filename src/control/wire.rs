@@ -183,6 +183,11 @@ pub struct ProofEvent {
     pub cause: Cause,
     /// CLOCK_MONOTONIC at the proof, in nanoseconds, for latency measured in another process.
     pub proven_mono_ns: u64,
+    /// CLOCK_REALTIME at the proof, in microseconds since the epoch (as the journal's
+    /// `__REALTIME_TIMESTAMP`), to find it in `journalctl`; `null` for a proof an agent of an
+    /// earlier version made.
+    #[serde(default)]
+    pub proven_realtime_us: Option<u64>,
     /// A stop of ours was requested.
     pub stop_requested: bool,
     /// How the main process ended, as systemd itself reported it (terminal proofs of services).
@@ -226,6 +231,10 @@ pub struct WatchView {
     pub launch_file: Option<String>,
     /// The proof event, once proven.
     pub proof: Option<ProofEvent>,
+    /// Once proven, the invocation systemd runs now instead of the one proven (started since
+    /// by someone else), as last heard; absent when the unit runs nothing or that one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_running: Option<String>,
 }
 
 /// The payload of a successful `watch` answer: `{"watch":…}`.
@@ -240,6 +249,15 @@ pub struct WatchAnswer {
 pub struct EventAnswer {
     /// The proof.
     pub event: ProofEvent,
+    /// The invocation systemd runs now instead of the one proven, when the answer is a proof
+    /// made before it started (a `wait` of a unit started again since); see
+    /// [`WatchView::now_running`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub now_running: Option<String>,
+    /// The proven invocation a `stop` found over while systemd ran another: the watch moved on
+    /// to the one running, stopped it, and this is its proof.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_on_from: Option<String>,
 }
 
 /// The payload of a successful `list` answer: `{"units":[…]}`.
@@ -259,6 +277,14 @@ pub struct VersionAnswer {
 /// The payload of an answer with nothing more to say (`unwatch`, `events`): `{}`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Done {}
+
+/// The payload of `unwatch` with `proven`: `{"unwatched":[…]}`, the units whose proven watches
+/// it forgot, sorted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnwatchedAnswer {
+    /// The units, by the names they were watched by.
+    pub unwatched: Vec<String>,
+}
 
 /// The payload of a successful `stats` answer: `{"stats":…}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

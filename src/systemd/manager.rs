@@ -14,7 +14,7 @@ pub(crate) use super::owner::SYSTEMD;
 use super::owner::{Credentials, Expected, NotSystemd, ProcessView, cgroup_v2_path, judge};
 use super::signal::{MANAGER_INTERFACE, UNIT_PATH_PREFIX};
 
-const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
+pub(super) const MANAGER_PATH: &str = "/org/freedesktop/systemd1";
 /// The bus daemon's own name and object.
 const BUS_DAEMON: &str = "org.freedesktop.DBus";
 const BUS_DAEMON_PATH: &str = "/org/freedesktop/DBus";
@@ -170,7 +170,7 @@ fn process_view(pid: u32) -> ProcessView {
 
 /// Adds the match rule `rule` and returns the stream of what it matches, with a queue of
 /// `queue` messages.
-async fn signal_stream(
+pub(super) async fn signal_stream(
     conn: &Connection,
     rule: zbus::match_rule::Builder<'_>,
     queue: usize,

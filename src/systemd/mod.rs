@@ -7,6 +7,7 @@ pub(crate) mod read;
 pub mod runtime;
 pub(crate) mod signal;
 pub(crate) mod snapshot;
+pub(crate) mod start;
 
 use std::fmt;
 use std::time::Duration;

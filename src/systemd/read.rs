@@ -12,12 +12,13 @@ use zbus::{Connection, OwnedObjectPath, OwnedVariant};
 use super::manager::{ManagerError, NO_SUCH_UNIT, PROPERTIES, call_manager};
 use super::signal::{SERVICE_INTERFACE, UNIT_INTERFACE, hex, unit_path};
 use super::snapshot::{
-    self, Attempt, InvocationAnswer, Property, PropertyAnswers, SERVICE_PROPERTIES,
+    self, Attempt, InvocationAnswer, Property, PropertyAnswers, ReadKind, SERVICE_PROPERTIES,
     UNIT_PROPERTIES, UnitSnapshot, cgroup_interface, properties_asked,
 };
 
 /// Reads the state of `unit` from `systemd`: `GetUnit` (an unloaded unit is inactive with no
-/// invocation and is not loaded by asking), then the properties the agent uses.
+/// invocation and is not loaded by asking), or for [`ReadKind::Load`] `LoadUnit` and LoadState
+/// besides, then the properties the agent uses.
 ///
 /// They are asked for one by one, between two reads of InvocationID: `GetAll` of the `Unit`
 /// interface costs systemd several times what the handful of `Get`s do (it computes every
@@ -36,9 +37,16 @@ pub(crate) async fn read_unit(
     conn: &Connection,
     systemd: &str,
     unit: &str,
+    kind: ReadKind,
 ) -> Result<UnitSnapshot, ManagerError> {
     let what = || format!("read {unit}");
-    let path = match call_manager(conn, systemd, "GetUnit", &(unit,)).await {
+    let method = match kind {
+        ReadKind::Get => "GetUnit",
+        // systemd's `method_load_unit` answers for any valid name, with a unit object whose
+        // LoadState says whether a unit file was found (`manager_load_unit`).
+        ReadKind::Load => "LoadUnit",
+    };
+    let path = match call_manager(conn, systemd, method, &(unit,)).await {
         Ok(reply) => reply
             .body()
             .deserialize::<OwnedObjectPath>()
@@ -51,13 +59,13 @@ pub(crate) async fn read_unit(
     };
     let mut attempt = Attempt::FIRST;
     while attempt.by_property() {
-        if let Some(snapshot) = read_properties(conn, systemd, unit, &path).await? {
+        if let Some(snapshot) = read_properties(conn, systemd, unit, &path, kind).await? {
             return Ok(snapshot);
         }
         attempt = attempt.next();
     }
     log::debug!("{unit} began another invocation during each read; reading it with GetAll");
-    read_all_properties(conn, systemd, unit, &path).await
+    read_all_properties(conn, systemd, unit, &path, kind).await
 }
 
 /// One read property by property; `None` if the unit began another invocation meanwhile.
@@ -66,9 +74,10 @@ async fn read_properties(
     systemd: &str,
     unit: &str,
     path: &OwnedObjectPath,
+    kind: ReadKind,
 ) -> Result<Option<UnitSnapshot>, ManagerError> {
     let what = || format!("read {unit}");
-    let asked = properties_asked(unit);
+    let asked = properties_asked(unit, kind);
     let before = get_invocation(conn, systemd, path)
         .await
         .map_err(ManagerError::new(what()))?;
@@ -96,14 +105,21 @@ async fn read_all_properties(
     systemd: &str,
     unit: &str,
     path: &OwnedObjectPath,
+    kind: ReadKind,
 ) -> Result<UnitSnapshot, ManagerError> {
     let what = || format!("read {unit}");
+    let load_state: &[&str] = match kind {
+        ReadKind::Get => &[],
+        ReadKind::Load => &["LoadState"],
+    };
     let (mut unit_properties, serial) = get_all(conn, systemd, path, UNIT_INTERFACE)
         .await
         .map_err(ManagerError::new(what()))?;
     let mut properties = take_properties(
         &mut unit_properties,
-        std::iter::once("InvocationID").chain(UNIT_PROPERTIES),
+        std::iter::once("InvocationID")
+            .chain(UNIT_PROPERTIES)
+            .chain(load_state.iter().copied()),
     )
     .map_err(ManagerError::new(what()))?;
     let service = match cgroup_interface(unit) {
@@ -162,6 +178,7 @@ fn decode(name: &str, value: OwnedVariant) -> zbus::Result<Property> {
         "ExecMainStatus" => Property::ExecMainStatus(value.try_into()?),
         "MainPID" => Property::MainPid(value.try_into()?),
         "ControlPID" => Property::ControlPid(value.try_into()?),
+        "LoadState" => Property::LoadState(value.try_into()?),
         other => {
             return Err(zbus::Error::Failure(format!(
                 "the agent does not read the property {other}"

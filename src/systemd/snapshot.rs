@@ -26,6 +26,22 @@ pub(crate) struct UnitSnapshot {
     pub exit: Option<(ServiceExit, u32)>,
     /// What tells the current invocation's processes from earlier ones'.
     pub current: CurrentInvocation,
+    /// systemd's LoadState (`loaded`, `not-found`, `masked`, ...), when the read asked for it
+    /// (a read that loads the unit: [`ReadKind::Load`]).
+    pub load_state: Option<String>,
+}
+
+/// How a read finds the unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ReadKind {
+    /// `GetUnit`: a unit systemd does not have loaded is inactive with no invocation, and
+    /// asking does not load it (nor does a watched unit garbage-collected after it ended come
+    /// back as `not-found`).
+    Get,
+    /// `LoadUnit`, and LoadState besides: whether systemd knows the unit at all (`not-found`,
+    /// `masked`, `bad-setting`), for a new watch that names no invocation. Loading a unit
+    /// systemd knows changes nothing it does; it unloads it again when it collects garbage.
+    Load,
 }
 
 /// When the unit's current invocation began and which processes are its roots: with a stamp
@@ -85,6 +101,7 @@ pub(crate) enum Property {
     ExecMainStatus(i32),
     MainPid(u32),
     ControlPid(u32),
+    LoadState(String),
 }
 
 /// Which attempt of a read this is: the first ones ask property by property, and once each
@@ -142,16 +159,22 @@ pub(crate) fn cgroup_interface(unit: &str) -> Option<&'static str> {
 }
 
 /// The properties an attempt asks for one by one, between its two InvocationIDs, each with
-/// its interface: the `Unit` ones, then a service's, or another unit type's ControlGroup.
-pub(crate) fn properties_asked(unit: &str) -> Vec<(&'static str, &'static str)> {
+/// its interface: the `Unit` ones (with LoadState for a read that loads the unit), then a
+/// service's, or another unit type's ControlGroup.
+pub(crate) fn properties_asked(unit: &str, kind: ReadKind) -> Vec<(&'static str, &'static str)> {
     let interface = cgroup_interface(unit);
     let extra: &[&str] = match interface {
         Some(SERVICE_INTERFACE) => &SERVICE_PROPERTIES,
         Some(_) => &["ControlGroup"],
         None => &[],
     };
+    let load_state: &[&str] = match kind {
+        ReadKind::Get => &[],
+        ReadKind::Load => &["LoadState"],
+    };
     UNIT_PROPERTIES
         .iter()
+        .chain(load_state)
         .map(|name| (UNIT_INTERFACE, *name))
         .chain(
             extra
@@ -210,6 +233,7 @@ pub(crate) fn snapshot(
         control_group: String::new(),
         exit: None,
         current: CurrentInvocation::default(),
+        load_state: None,
     };
     let mut exit = ServiceExit::default();
     let (mut main_pid, mut control_pid) = (0, 0);
@@ -227,6 +251,7 @@ pub(crate) fn snapshot(
             Property::ExecMainStatus(status) => exit.exec_main_status = Some(status),
             Property::MainPid(pid) => main_pid = pid,
             Property::ControlPid(pid) => control_pid = pid,
+            Property::LoadState(state) => read.load_state = Some(state),
         }
     }
     if let Some(service_serial) = service {
@@ -250,6 +275,7 @@ pub(crate) fn not_loaded(unit: &str, path: &str, serial: u32) -> UnitSnapshot {
         control_group: String::new(),
         exit: None,
         current: CurrentInvocation::default(),
+        load_state: None,
     }
 }
 
@@ -319,6 +345,7 @@ mod tests {
                     inactive_exit_us: Some(7),
                     pids: Some(((0, 42), 10)),
                 },
+                load_state: None,
             }
         );
     }
@@ -405,7 +432,7 @@ mod tests {
     #[test]
     fn the_properties_asked_follow_the_unit_type() {
         let names = |unit| -> Vec<&str> {
-            properties_asked(unit)
+            properties_asked(unit, ReadKind::Get)
                 .into_iter()
                 .map(|(_, name)| name)
                 .collect()
@@ -419,11 +446,15 @@ mod tests {
         assert_eq!(names("a.service"), service);
         assert_eq!(names("a.scope"), [&unit[..], &["ControlGroup"]].concat());
         assert_eq!(names("a.target"), unit);
+        assert_eq!(
+            properties_asked("a.target", ReadKind::Load).last(),
+            Some(&(UNIT_INTERFACE, "LoadState"))
+        );
         assert!(
-            properties_asked("a.service")
+            properties_asked("a.service", ReadKind::Load)
                 .iter()
                 .all(|(interface, name)| (*interface == UNIT_INTERFACE)
-                    == UNIT_PROPERTIES.contains(name))
+                    == (UNIT_PROPERTIES.contains(name) || *name == "LoadState"))
         );
     }
 

@@ -52,7 +52,7 @@ fn the_exit_status_is_the_main_processs_or_128_plus_its_signal() {
 }
 
 #[test]
-fn a_bare_command_is_found_in_path_and_a_relative_path_made_absolute() {
+fn a_bare_command_is_found_in_path_and_a_path_made_absolute_if_executable() {
     let dir = tempfile::tempdir().expect("a temp dir");
     let tool = dir.path().join("tool");
     std::fs::write(&tool, "#!/bin/sh\n").expect("write");
@@ -67,11 +67,18 @@ fn a_bare_command_is_found_in_path_and_a_relative_path_made_absolute() {
         "not executable"
     );
     assert!(find_program("absent", Some(&path)).is_err());
-    let relative = find_program("./x", None).expect("absolute");
+    // The tests run in the crate's directory.
+    let relative = find_program("./scripts/test", None).expect("absolute");
     assert!(
-        relative.is_absolute() && relative.ends_with("x"),
+        relative.is_absolute() && relative.ends_with("scripts/test"),
         "{relative:?}"
     );
+    let error = find_program("/nonexistent/prog", None).expect_err("not there");
+    assert_eq!(
+        error.to_string(),
+        "/nonexistent/prog: no such executable file"
+    );
+    assert!(find_program(&plain.display().to_string(), None).is_err());
 }
 
 #[test]

@@ -275,6 +275,7 @@ fn proof_event(unit: &str) -> ProofEvent {
         message: "instance exited (exit 0)".to_owned(),
         cause: Cause::Exited,
         proven_mono_ns: 53_121_678_244_136,
+        proven_realtime_us: Some(1_764_921_600_000_000),
         stop_requested: true,
         systemd: Some(SanitizedRecord {
             result: "success".to_owned(),
@@ -301,6 +302,7 @@ fn watch_view(unit: &str) -> WatchView {
         generation: Some(7),
         launch_file: Some("/run/web-7.env".to_owned()),
         proof: None,
+        now_running: None,
     }
 }
 
@@ -318,6 +320,12 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
             },
         )
         .to_line(),
+        Command::Start(args) => Response::error(
+            id,
+            ErrorKind::NotFound,
+            format!("start {}: Unit {} not found.", args.unit, args.unit),
+        )
+        .to_line(),
         Command::Wait(args) => Response::error(
             id,
             ErrorKind::StillRunning,
@@ -328,16 +336,20 @@ fn typed_answer(_: ClientId, request: Request) -> Reply {
             id,
             EventAnswer {
                 event: proof_event(args.unit.as_str()),
+                now_running: None,
+                moved_on_from: None,
             },
         )
         .to_line(),
-        Command::Unwatch(args) if args.unit.as_str() == "web.service" => {
+        Command::Unwatch(args)
+            if args.unit.as_ref().map(UnitName::as_str) == Some("web.service") =>
+        {
             Response::ok(id, ()).to_line()
         }
         Command::Unwatch(args) => Response::error(
             id,
             ErrorKind::NotWatched,
-            format!("{} is not watched", args.unit),
+            format!("{} is not watched", args.unit.expect("a unit")),
         )
         .to_line(),
         Command::List => {
@@ -476,7 +488,9 @@ fn typed_requests_get_typed_answers() {
     let event = client
         .stop(&web, Some(Duration::from_secs(30)))
         .expect("stop");
-    assert_eq!(event, proof_event("web.service"));
+    assert_eq!(event.event, proof_event("web.service"));
+    let err = client.start(&web).expect_err("not found");
+    assert_eq!(err.kind(), Some(ErrorKind::NotFound), "{err:?}");
     let units = client.list().expect("list");
     assert_eq!(
         units,
@@ -621,6 +635,8 @@ fn every_answer_the_agent_builds_reads_back_into_its_wire_type() {
     });
     round_trip(&EventAnswer {
         event: proof_event("web.service"),
+        now_running: Some("b".repeat(32)),
+        moved_on_from: Some("c".repeat(32)),
     });
     round_trip(&ListAnswer {
         units: vec![proven, watch_view("a.service")],

@@ -841,7 +841,8 @@ fn peers_of_other_users_are_refused_unless_allowed() {
     }
     let forbidden = format!(
         "{{\"ok\":false,\"error\":{{\"kind\":\"forbidden\",\"message\":\"uid {NOBODY} is not \
-         allowed to use this socket\"}}}}\n"
+         allowed to use this socket (the agent admits it with --allow-uid {NOBODY} or \
+         --allow-gid {NOBODY})\"}}}}\n"
     );
     // (allowed uids, allowed gids, whether the foreign peer is admitted)
     let cases = [

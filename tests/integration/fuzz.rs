@@ -567,8 +567,16 @@ fn check_accepted(bytes: &[u8], request: &Request) -> Result<(), String> {
                     .map(u128::from),
             )?;
         }
-        Command::Unwatch(args) => check_unit(&args.unit, &fields)?,
+        Command::Unwatch(args) => match &args.unit {
+            Some(unit) => check_unit(unit, &fields)?,
+            None => same(
+                "proven",
+                Some(true),
+                fields.get("proven").and_then(Value::as_bool),
+            )?,
+        },
         Command::Status(args) => check_unit(&args.unit, &fields)?,
+        Command::Start(args) => check_unit(&args.unit, &fields)?,
         Command::List | Command::Events | Command::Version | Command::Stats => {
             let extra = fields.keys().find(|name| *name != "id" && *name != "cmd");
             same("extra field", extra, None)?;

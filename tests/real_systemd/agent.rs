@@ -44,8 +44,8 @@ pub const TESTS: &[Test] = &[
         a_stop_then_a_fresh_invocation_beside_a_leftover_waits_for_it,
     ),
     (
-        "a_unit_already_dead_and_gone_is_proven_at_once",
-        a_unit_already_dead_and_gone_is_proven_at_once,
+        "a_unit_dead_and_gone_is_not_found_unless_its_invocation_is_named",
+        a_unit_dead_and_gone_is_not_found_unless_its_invocation_is_named,
     ),
     (
         "two_hundred_units_killed_at_once_are_all_proven_none_early",
@@ -347,25 +347,29 @@ fn a_stop_then_a_fresh_invocation_beside_a_leftover_waits_for_it() {
     assert_eq!(event["invocation"], ours.as_str());
 }
 
-fn a_unit_already_dead_and_gone_is_proven_at_once() {
+fn a_unit_dead_and_gone_is_not_found_unless_its_invocation_is_named() {
     let sandbox = Sandbox::start("gone");
     let agent = Agent::start(&sandbox);
-    let event = cli_event(
-        &agent,
+    agent.cli_json(
         &["wait", "never-existed.service", "--timeout", PATIENCE_ARG],
+        4,
     );
-    assert_eq!(event["cause"], "exited");
-    assert_eq!(event["invocation"], "");
-    // A unit that ran and was garbage-collected.
+    // A unit that ran and was garbage-collected: systemd no longer knows it.
     run_unit(&sandbox, "brief.service", &[], &["true"]);
+    let ran = sandbox.show("brief.service", "InvocationID");
     sandbox.wait_until("brief.service is unloaded", PATIENCE, || {
         sandbox.show("brief.service", "LoadState") != "loaded"
     });
-    let event = cli_event(
-        &agent,
-        &["stop", "brief.service", "--timeout", PATIENCE_ARG],
-    );
-    assert_eq!(event["cause"], "exited");
+    agent.cli_json(&["stop", "brief.service", "--timeout", PATIENCE_ARG], 4);
+    // Named, its invocation is proven at once: inactive with no invocation is over.
+    let invocation = if ran.is_empty() {
+        "0123456789abcdef0123456789abcdef"
+    } else {
+        ran.as_str()
+    };
+    let view = agent.one(&["watch", "brief.service", "--invocation", invocation]);
+    assert_eq!(view["phase"], "proven", "{view}");
+    assert_eq!(view["proof"]["cause"], "exited", "{view}");
 }
 
 fn two_hundred_units_killed_at_once_are_all_proven_none_early() {
@@ -494,7 +498,7 @@ fn cli_usage_errors_exit_2() {
     let agent = Agent::start(&sandbox);
     for args in [
         &["wait", "bad/name.service"][..],
-        &["wait", "x.service", "--timeout", "10"],
+        &["wait", "x.service", "--timeout", "10x"],
         &["watch", "x.service", "--invocation", "not-hex"],
         &["stop"],
         &["frobnicate"],
@@ -506,7 +510,7 @@ fn cli_usage_errors_exit_2() {
         .args(["--socket", "/nonexistent/exitproof.sock", "list"])
         .output()
         .expect("run the CLI");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("no agent listening"), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
@@ -529,12 +533,18 @@ fn cli_version_tells_both_sides() {
         ])
         .output()
         .expect("run the CLI");
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
-    let stdout: Value = serde_json::from_slice(&out.stdout).expect("one JSON line");
-    assert_eq!(stdout, json!({"cli": version, "agent": null}));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("no agent listening"), "{stderr}");
-    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert_eq!(out.status.code(), Some(69), "{out:?}");
+    // The versions, then the failure: both JSON lines on stdout.
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0], json!({"cli": version, "agent": null}));
+    assert_eq!(lines[1]["error"]["kind"], "no-agent", "{lines:?}");
+    let message = lines[1]["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("no agent listening"), "{message}");
+    assert_eq!(out.stderr, b"", "with --json the failure is on stdout");
 }
 
 fn cli_watch_unwatch_and_the_event_stream() {
@@ -574,7 +584,7 @@ fn cli_watch_unwatch_and_the_event_stream() {
     let out = agent.cli(&["unwatch", "dropped.service"]);
     assert_eq!(
         out.status.code(),
-        Some(1),
+        Some(3),
         "unwatching twice is an error: {out:?}"
     );
 
@@ -608,7 +618,10 @@ fn cli_watch_unwatch_and_the_event_stream() {
             "exitproof events never streamed"
         );
         probe += 1;
-        cli_event(&agent, &["wait", &format!("probe-{probe}.service")]);
+        // A probe names an invocation: a unit systemd does not know is otherwise refused.
+        let invocation = format!("{probe:032x}");
+        let unit = format!("probe-{probe}.service");
+        agent.one(&["watch", &unit, "--invocation", &invocation]);
         if rx.recv_timeout(Duration::from_millis(500)).is_ok() {
             break;
         }

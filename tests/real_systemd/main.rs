@@ -23,6 +23,7 @@ mod records;
 mod run;
 mod sandbox_smoke;
 mod scale;
+mod truth;
 
 use libtest_mimic::{Arguments, Completion, Trial};
 use support::Sandbox;
@@ -43,6 +44,7 @@ const SUITES: &[(&str, &[Test])] = &[
     ("run", run::TESTS),
     ("proof_defects", proof_defects::TESTS),
     ("boundaries", boundaries::TESTS),
+    ("truth", truth::TESTS),
 ];
 
 /// The benchmark's suite, built with the `bench` feature only (scripts/test enables it).

@@ -28,6 +28,14 @@ pub const TESTS: &[Test] = &[
         "run_refuses_a_property_it_cannot_set_and_starts_nothing",
         run_refuses_a_property_it_cannot_set_and_starts_nothing,
     ),
+    (
+        "run_names_its_unit_adds_service_and_leaves_no_watch_behind",
+        run_names_its_unit_adds_service_and_leaves_no_watch_behind,
+    ),
+    (
+        "run_refuses_a_program_it_cannot_find_and_starts_nothing",
+        run_refuses_a_program_it_cannot_find_and_starts_nothing,
+    ),
 ];
 
 /// An `exitproof run` inside the sandbox, killed by pid if the test fails before it exits.
@@ -178,8 +186,52 @@ fn run_refuses_a_property_it_cannot_set_and_starts_nothing() {
     let (code, stdout, stderr) = run.finish(&sandbox);
     assert_eq!(code, Some(1), "stdout {stdout} stderr {stderr}");
     assert!(
-        stderr.contains("-p CPUQuota=20%: not a property exitproof run can set"),
-        "{stderr}"
+        failure_message(&stdout).contains("-p CPUQuota=20%: not a property exitproof run can set"),
+        "{stdout}"
     );
     assert_eq!(sandbox.show("rb.service", "LoadState"), "not-found");
+}
+
+/// The message of the one `--json` failure line `stdout` holds.
+fn failure_message(stdout: &str) -> String {
+    let line: Value = serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    line["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn run_names_its_unit_adds_service_and_leaves_no_watch_behind() {
+    let sandbox = Sandbox::start("run-named");
+    let agent = Agent::start(&sandbox);
+    let run = Run::spawn(&sandbox, &["--unit", "bare", "--", "true"]);
+    let (code, stdout, stderr) = run.finish(&sandbox);
+    assert_eq!(code, Some(0), "stdout {stdout} stderr {stderr}");
+    assert_eq!(event(&stdout, &stderr)["unit"], "bare.service");
+    assert!(
+        stderr.starts_with("Running as unit: bare.service; invocation ID: "),
+        "{stderr}"
+    );
+    assert_eq!(
+        agent.list(),
+        Vec::<Value>::new(),
+        "run unwatched its own unit"
+    );
+}
+
+fn run_refuses_a_program_it_cannot_find_and_starts_nothing() {
+    let sandbox = Sandbox::start("run-ghost");
+    let agent = Agent::start(&sandbox);
+    let run = Run::spawn(
+        &sandbox,
+        &["--unit", "ghost.service", "--", "/nonexistent/prog"],
+    );
+    let (code, stdout, stderr) = run.finish(&sandbox);
+    assert_eq!(code, Some(1), "stdout {stdout} stderr {stderr}");
+    assert_eq!(
+        failure_message(&stdout),
+        "/nonexistent/prog: no such executable file"
+    );
+    assert_eq!(sandbox.show("ghost.service", "LoadState"), "not-found");
+    assert_eq!(agent.list(), Vec::<Value>::new());
 }

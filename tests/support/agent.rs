@@ -221,14 +221,16 @@ impl Agent {
     }
 
     /// Returns once the agent has handled every signal systemd sent before this call: it has
-    /// the agent prove a unit that does not exist, which takes a call to systemd whose reply
-    /// comes after those signals on the agent's connection, then unwatches that unit.
+    /// the agent prove an invocation of a unit that does not exist (named: a watch without one
+    /// would be refused), which takes a call to systemd whose reply comes after those signals
+    /// on the agent's connection, then unwatches that unit.
     pub fn barrier(&self) {
         static BARRIERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = BARRIERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let unit = format!("exitproof-barrier-{}-{n}.service", std::process::id());
-        let event = self.one(&["wait", &unit, "--timeout", "60s"]);
-        assert_eq!(event["unit"], unit.as_str(), "{event}");
+        let invocation = format!("{:032x}", n + 1);
+        let view = self.one(&["watch", &unit, "--invocation", &invocation]);
+        assert_eq!(view["phase"], "proven", "{view}");
         self.cli_json(&["unwatch", &unit], 0);
     }
 

@@ -404,6 +404,14 @@ impl UnitFacts {
         };
     }
 
+    /// The oldest message known to name the current invocation, if there is one.
+    pub(super) fn invocation_since(&self) -> Option<u32> {
+        self.invocation
+            .value
+            .as_ref()
+            .map(|_| self.invocation_since)
+    }
+
     /// Whether a read is in on this connection.
     pub(super) fn read_in(&self) -> bool {
         self.first_read.is_some()
@@ -501,6 +509,7 @@ mod tests {
             control_group: String::new(),
             exit: None,
             current: Default::default(),
+            load_state: None,
         }
     }
 

@@ -44,10 +44,11 @@ use std::time::{Duration, Instant};
 
 pub(crate) use crate::cgroup::procs::NextInvocation;
 pub(crate) use crate::control::wire::CoreStats;
+pub(crate) use crate::control::wire::EventAnswer;
 pub(crate) use crate::control::wire::{RemainingProcess, UnitStatus};
 pub(crate) use event::{ProofEvent, WatchView};
 use persist::Unsaved;
-pub(crate) use status::MAX_REMAINING;
+pub(crate) use status::{MAX_REMAINING, still_running_message};
 use waiters::Waiters;
 use watch::{Watch, Watches};
 
@@ -59,7 +60,8 @@ use crate::memory::{shrink_when_drained, shrink_when_sparse};
 use crate::proof::{Input as ProofInput, StopReason, UnitProof};
 use crate::record_name::RecordName;
 use crate::systemd::signal::SystemdSignal;
-use crate::systemd::snapshot::UnitSnapshot;
+use crate::systemd::snapshot::{ReadKind, UnitSnapshot};
+use crate::unit_name::UnitName;
 
 pub(crate) use super::saved::{AgentState, ChangeSet, StateSave};
 
@@ -101,16 +103,21 @@ pub(crate) enum Answer {
     Done,
     /// The watch as it stands (`watch`).
     Watch(Box<WatchView>),
-    /// The proof (`wait`, `stop`).
-    Event(Box<ProofEvent>),
+    /// The proof, and what became of the unit since (`wait`, `stop`).
+    Event(Box<EventAnswer>),
     /// Every watch, sorted by unit (`list`).
     Units(Vec<WatchView>),
+    /// The units whose proven watches `unwatch` with `proven` forgot, sorted.
+    Unwatched(Vec<String>),
     /// The protocol's and the agent's versions (`version`).
     Version(Version),
     /// The core's figures (`stats`); the driver adds its own.
     Stats(Box<CoreStats>),
     /// One watch (`status`); the driver lists the processes that block it.
     Status(Box<UnitStatus>),
+    /// A `wait` or `stop` past its deadline, unproven: the `still-running` error, which the
+    /// driver words with [`still_running_message`] once it has counted what blocks the proof.
+    StillRunning(Box<UnitStatus>),
     Error(ErrorKind, String),
 }
 
@@ -137,6 +144,13 @@ pub(crate) enum Input {
     UnitRead {
         key: UnitKey,
         result: Result<UnitSnapshot, String>,
+    },
+    /// The answer to [`Output::StartUnit`]: the invocation the start job began, or why there
+    /// is none to watch.
+    UnitStarted {
+        reply: ReplyTo,
+        unit: UnitName,
+        result: Result<String, (ErrorKind, String)>,
     },
     /// The answer to [`Output::StopUnit`].
     StopDone {
@@ -185,9 +199,16 @@ pub(crate) enum Input {
 /// Everything the driver must do.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Output {
-    /// Read the unit's state and cgroup path (`GetUnit`, `GetAll`); answer with
-    /// [`Input::UnitRead`].
-    ReadUnit { key: UnitKey, unit: String },
+    /// Read the unit's state and cgroup path (`GetUnit` or `LoadUnit`, as `kind` says, then
+    /// its properties); answer with [`Input::UnitRead`].
+    ReadUnit {
+        key: UnitKey,
+        unit: String,
+        kind: ReadKind,
+    },
+    /// Start the unit (StartUnit) and learn the invocation its start job began; answer with
+    /// [`Input::UnitStarted`].
+    StartUnit { reply: ReplyTo, unit: UnitName },
     /// Issue StopUnit; answer with [`Input::StopDone`].
     StopUnit {
         key: UnitKey,
@@ -319,7 +340,15 @@ pub(crate) struct Core {
     /// Answers that promise a change of the watch set (`watch`, `unwatch`): held until the
     /// change is saved, so an agent killed in between has promised nothing it forgot.
     replies_when_saved: Vec<(ReplyTo, Answer)>,
+    /// Watches a `stop` made for the invocation running after a proven one, with the proven
+    /// invocation, until their proof is answered; kept here, not in every watch, as few have
+    /// one.
+    moved_on: HashMap<UnitKey, String>,
     counters: stats::Counters,
+    /// CLOCK_REALTIME minus CLOCK_MONOTONIC, as the driver last read it: a proof's wall-clock
+    /// time, to match it with the journal. Read afresh each turn, so a clock step since the
+    /// start does not shift it.
+    wall_minus_mono_ns: Option<i128>,
 }
 
 /// Keys by a string, several per string (an alias and its unit may both be watched), in the
@@ -412,10 +441,24 @@ impl Core {
             last_save: None,
             save_due: None,
             replies_when_saved: Vec::new(),
+            moved_on: HashMap::new(),
             counters: stats::Counters::default(),
+            wall_minus_mono_ns: None,
         };
         core.restore(restored, now);
         core
+    }
+
+    /// The wall clock's offset from CLOCK_MONOTONIC now (realtime minus monotonic, in
+    /// nanoseconds), which the driver reads at each turn of its loop.
+    pub(crate) fn observe_wall_clock(&mut self, wall_minus_mono_ns: i128) {
+        self.wall_minus_mono_ns = Some(wall_minus_mono_ns);
+    }
+
+    /// CLOCK_REALTIME at `at`, in microseconds since the epoch, if the driver said the offset.
+    pub(super) fn realtime_us(&self, at: Instant) -> Option<u64> {
+        let wall_ns = i128::from(self.mono_ns(at)) + self.wall_minus_mono_ns?;
+        u64::try_from(wall_ns / 1000).ok()
     }
 
     /// Hands one input to the core.
@@ -430,6 +473,11 @@ impl Core {
             Input::BusLost => self.on_bus_lost(now),
             Input::Signal { serial, signal } => self.on_signal(serial, signal, now),
             Input::UnitRead { key, result } => self.on_unit_read(key, result, now),
+            Input::UnitStarted {
+                reply,
+                unit,
+                result,
+            } => self.on_unit_started(reply, unit, result),
             Input::StopDone {
                 key,
                 kind,
@@ -488,12 +536,10 @@ impl Core {
             self.on_unit_timer(key, now);
         }
         for (key, reply) in self.waiters.take_expired(now) {
-            let unit = self.units.get(&key).map(|w| w.unit.to_string());
-            let message = format!(
-                "{} still running: not proven before the timeout; it stays watched",
-                unit.unwrap_or_default()
-            );
-            self.reply(reply, Answer::Error(ErrorKind::StillRunning, message));
+            // A waiter's watch outlives it: unwatching answers its waiters first.
+            if let Some(status) = self.unit_status(key, now) {
+                self.reply(reply, Answer::StillRunning(Box::new(status)));
+            }
         }
         while let Some(&(at, key)) = self.proven_order.front() {
             if now.saturating_duration_since(at) < self.config.retain_for {
@@ -659,6 +705,14 @@ impl Core {
                 cause,
             })
         });
+        // Named in the text too, not only as a field: a line on stderr is matched with
+        // `journalctl _SYSTEMD_INVOCATION_ID=` by it.
+        let line = match about.as_deref() {
+            Some(about) if !about.invocation.is_empty() => {
+                format!("{line} (invocation {})", about.invocation)
+            }
+            _ => line,
+        };
         self.outputs.push_back(Output::Log { level, line, about });
     }
 
@@ -806,7 +860,7 @@ impl Core {
         let cgroup = watch.control_group.to_string();
         let mut next = watch.facts.next_invocation();
         if let Some(after_ours) = &watch.after_ours {
-            next.absorb(after_ours);
+            next.absorb(&after_ours.known);
         }
         let held = watch.leftovers.iter().chain(gone).copied().collect();
         self.outputs.push_back(Output::CountLeftovers {
@@ -903,11 +957,49 @@ impl Core {
     /// another read (one that found its unit under another name). Before the first read of a
     /// new watch, a signal sent before ours began may name an earlier invocation.
     fn note_after_ours(&mut self, key: UnitKey, invocation: &str) {
-        let Some(watch) = self.units.get(&key) else {
+        let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
         let later = watch.facts.next_invocation();
-        self.absorb_after_ours(key, invocation, &later);
+        let past_ours = watch.proof.is_some() || watch.restored || watch.facts.read_in();
+        if past_ours {
+            self.absorb_after_ours(key, invocation, &later);
+            return;
+        }
+        // Before the first read: kept until it tells whether this invocation is after ours.
+        let Some(since) = watch.facts.invocation_since() else {
+            return;
+        };
+        if later == NextInvocation::default() {
+            return;
+        }
+        let after_ours = watch.after_ours.get_or_insert_default();
+        match after_ours
+            .unconfirmed
+            .iter_mut()
+            .find(|(of, ..)| of == invocation)
+        {
+            Some(entry) => *entry = (invocation.to_owned(), since, later),
+            None => after_ours
+                .unconfirmed
+                .push((invocation.to_owned(), since, later)),
+        }
+    }
+
+    /// The first read is in, stamped `serial`: what was heard before it of an invocation
+    /// named in a message newer than it is of ours or a later one.
+    pub(super) fn confirm_after_ours(&mut self, key: UnitKey, serial: u32) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        let Some(after_ours) = watch.after_ours.as_mut() else {
+            return;
+        };
+        for (invocation, since, later) in std::mem::take(&mut after_ours.unconfirmed) {
+            if since.wrapping_sub(serial) as i32 > 0 {
+                self.absorb_after_ours(key, &invocation, &later);
+            }
+        }
     }
 
     /// Keeps what `later` tells of the processes of `invocation`, if it is not ours.
@@ -915,13 +1007,12 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let past_ours = watch.proof.is_some() || watch.restored || watch.facts.read_in();
         let ours = watch.our_invocation();
-        if !past_ours || ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
+        if ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
             return;
         }
         if *later != NextInvocation::default() {
-            watch.after_ours.get_or_insert_default().absorb(later);
+            watch.after_ours.get_or_insert_default().known.absorb(later);
         }
     }
 
@@ -981,6 +1072,20 @@ impl Core {
         }
         self.read_queue.retain(|k| *k != key);
         self.proven_order.retain(|(_, k)| *k != key);
+        if self.moved_on.remove(&key).is_some() {
+            shrink_when_sparse(&mut self.moved_on);
+        }
+    }
+
+    /// The answer to `wait` and `stop` once the watch of `key` is proven: its proof, what
+    /// systemd runs now if another invocation, and the proven one a `stop` moved on from.
+    fn event_answer(&self, key: UnitKey, event: ProofEvent) -> Answer {
+        let watch = self.units.get(&key);
+        Answer::Event(Box::new(EventAnswer {
+            event,
+            now_running: watch.and_then(Watch::now_running),
+            moved_on_from: self.moved_on.get(&key).cloned(),
+        }))
     }
 }
 

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use super::event::{EventKind, ProofEvent, systemd_record, terminal_wording};
-use super::{Answer, Core, Output, StopKind, UnitKey, to_log_level};
+use super::{Core, Output, StopKind, UnitKey, to_log_level};
 use crate::exit::record::{ExitRecord, SanitizedRecord};
 use crate::proof::release::{ReleaseInput, ReleaseOutput};
 use crate::proof::{Cause, Proof};
@@ -61,6 +61,7 @@ impl Core {
             message: proof.message,
             cause: proof.cause.into(),
             proven_mono_ns: self.mono_ns(now),
+            proven_realtime_us: self.realtime_us(now),
             stop_requested: watch.stop_requested(),
             systemd: None,
             record: None,
@@ -163,8 +164,11 @@ impl Core {
             ),
         );
         for to in self.waiters.take_key(key) {
-            self.reply(to, Answer::Event(Box::new(event.clone())));
+            let answer = self.event_answer(key, event.clone());
+            self.reply(to, answer);
         }
+        // Said to those who waited for this proof; a later `wait` or `stop` gets the proof.
+        self.moved_on.remove(&key);
         if !self.subscribers.is_empty() {
             let clients = self.subscribers.iter().copied().collect();
             self.outputs.push_back(Output::Broadcast {

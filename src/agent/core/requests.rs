@@ -1,13 +1,14 @@
-//! The request rules: watch, wait, stop, unwatch, list, events, version.
+//! The request rules: watch, start, wait, stop, unwatch, list, events, version.
 
 use std::rc::Rc;
 use std::time::Instant;
 
 use super::watch::Watch;
-use super::{Answer, Core, ReplyTo, UnitKey};
+use super::{Answer, Core, Output, ReplyTo, UnitKey};
 use crate::control::ClientId;
 use crate::control::protocol::{
-    Command, ErrorKind, Request, StatusArgs, UnwatchArgs, Version, WaitArgs, WatchArgs, WatchSpec,
+    Command, ErrorKind, Request, StartArgs, StatusArgs, UnwatchArgs, Version, WaitArgs, WatchArgs,
+    WatchSpec,
 };
 use crate::proof::Input as ProofInput;
 use crate::unit_name::UnitName;
@@ -29,7 +30,7 @@ impl Core {
                 self.wait_for(key, reply, timeout.map(|t| now + t));
             }
             Command::Stop(WaitArgs { unit, timeout }) => {
-                let key = self.ensure_watch(&unit);
+                let key = self.watch_to_stop(&unit);
                 if let Some(watch) = self.units.get_mut(&key)
                     && watch.event.is_none()
                 {
@@ -42,15 +43,11 @@ impl Core {
                 }
                 self.wait_for(key, reply, timeout.map(|t| now + t));
             }
-            Command::Unwatch(UnwatchArgs { unit }) => match self.by_name.get(unit.as_str()) {
+            Command::Unwatch(UnwatchArgs {
+                unit: Some(unit), ..
+            }) => match self.by_name.get(unit.as_str()) {
                 Some(&key) => {
-                    for waiter in self.waiters.take_key(key) {
-                        self.reply(
-                            waiter,
-                            Answer::Error(ErrorKind::NotWatched, "unwatched".to_owned()),
-                        );
-                    }
-                    self.drop_watch(key);
+                    self.unwatch(key);
                     self.reply_when_saved(reply, Answer::Done);
                 }
                 None => self.reply(
@@ -58,6 +55,21 @@ impl Core {
                     Answer::Error(ErrorKind::NotWatched, format!("{unit} is not watched")),
                 ),
             },
+            Command::Unwatch(UnwatchArgs { unit: None, .. }) => {
+                // A proven watch has no waiters: its proof answered them.
+                let mut proven: Vec<(String, UnitKey)> = self
+                    .units
+                    .iter()
+                    .filter(|(_, watch)| watch.event.is_some())
+                    .map(|(key, watch)| (watch.unit.to_string(), *key))
+                    .collect();
+                proven.sort();
+                for (_, key) in &proven {
+                    self.unwatch(*key);
+                }
+                let units = proven.into_iter().map(|(unit, _)| unit).collect();
+                self.reply_when_saved(reply, Answer::Unwatched(units));
+            }
             Command::List => {
                 let mut views: Vec<_> = self.units.values().map(Watch::view).collect();
                 views.sort_by(|a, b| a.unit.cmp(&b.unit));
@@ -70,7 +82,45 @@ impl Core {
             Command::Version => self.reply(reply, Answer::Version(Version::CURRENT)),
             Command::Stats => self.reply(reply, Answer::Stats(Box::new(self.stats()))),
             Command::Status(StatusArgs { unit }) => self.cmd_status(reply, &unit, now),
+            Command::Start(StartArgs { unit }) => {
+                self.outputs.push_back(Output::StartUnit { reply, unit });
+            }
         }
+    }
+
+    /// A `start` is done: the invocation its start job began is watched, by name, so the
+    /// proof is of that invocation however soon it ends. Watching before starting is the
+    /// natural order, and a watch that adopts whatever runs cannot tell a start from it.
+    pub(super) fn on_unit_started(
+        &mut self,
+        reply: ReplyTo,
+        unit: UnitName,
+        result: Result<String, (ErrorKind, String)>,
+    ) {
+        match result {
+            Ok(invocation) => {
+                self.log(
+                    log::Level::Info,
+                    format!("{unit}: started, invocation {invocation}"),
+                );
+                self.cmd_watch(reply, unit, Some(invocation), WatchSpec::default());
+            }
+            Err((kind, message)) => {
+                self.log(log::Level::Warn, message.clone());
+                self.reply(reply, Answer::Error(kind, message));
+            }
+        }
+    }
+
+    /// Forgets the watch under `key`: its waiters are told, its retained proof goes.
+    fn unwatch(&mut self, key: UnitKey) {
+        for waiter in self.waiters.take_key(key) {
+            self.reply(
+                waiter,
+                Answer::Error(ErrorKind::NotWatched, "unwatched".to_owned()),
+            );
+        }
+        self.drop_watch(key);
     }
 
     fn cmd_watch(
@@ -135,6 +185,30 @@ impl Core {
         }
     }
 
+    /// The watch a `stop` of `unit` stops: the unit's, started if there is none. A proven one
+    /// whose unit runs another invocation now (started since by someone else) moves on to it:
+    /// `stop` must never answer with an older invocation's proof while systemd runs another.
+    /// The new watch names that invocation, so the stop reaches it only while it runs.
+    fn watch_to_stop(&mut self, unit: &UnitName) -> UnitKey {
+        let key = self.ensure_watch(unit);
+        let Some(watch) = self.units.get(&key) else {
+            return key;
+        };
+        let (Some(event), Some(running)) = (&watch.event, watch.now_running()) else {
+            return key;
+        };
+        let proven = event.invocation.clone();
+        let line = format!(
+            "{unit}: the proven invocation {proven} is over; stopping the running invocation \
+             {running}"
+        );
+        self.log_about(key, None, log::Level::Info, line);
+        self.drop_watch(key);
+        let key = self.new_watch(unit, Some(running), WatchSpec::default());
+        self.moved_on.insert(key, proven);
+        key
+    }
+
     /// The unit's watch, started (adopting its current invocation) if there is none.
     fn ensure_watch(&mut self, unit: &UnitName) -> UnitKey {
         match self.by_name.get(unit.as_str()) {
@@ -165,8 +239,8 @@ impl Core {
         };
         match &watch.event {
             Some(event) => {
-                let event = event.clone();
-                self.reply(reply, Answer::Event(event));
+                let answer = self.event_answer(key, (**event).clone());
+                self.reply(reply, answer);
             }
             None => {
                 self.waiters.add(key, reply, deadline);

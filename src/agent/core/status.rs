@@ -4,25 +4,58 @@
 
 use std::time::Instant;
 
-use super::{Answer, Core, ReplyTo};
+use super::{Answer, Core, ReplyTo, UnitKey};
 use crate::control::protocol::ErrorKind;
 use crate::control::wire::UnitStatus;
 use crate::unit_name::UnitName;
+
+/// The `still-running` message of a `wait` or `stop` past its deadline: what systemd says of
+/// the unit and, when systemd calls it over, how many processes its cgroup still holds, rather
+/// than "still running" of a unit systemd calls dead. Pure: the driver has listed the
+/// processes.
+pub(crate) fn still_running_message(status: &UnitStatus) -> String {
+    let view = &status.watch;
+    let state = match (&view.active_state, &view.sub_state) {
+        (Some(active), Some(sub)) => format!("systemd says {active}/{sub}"),
+        (Some(active), None) => format!("systemd says {active}"),
+        _ => "systemd has not said how it stands".to_owned(),
+    };
+    let unit = &view.unit;
+    if !status.blocked {
+        return format!(
+            "{unit} still running: not proven before the timeout ({state}); it stays watched"
+        );
+    }
+    let remain = match status.remaining_total {
+        Some(1) => "1 process remains in its cgroup".to_owned(),
+        Some(n) => format!("{n} processes remain in its cgroup"),
+        None => "its cgroup still holds processes".to_owned(),
+    };
+    format!(
+        "{unit} not proven before the timeout: {state}, but {remain} (`exitproof status \
+         {unit}` lists them); it stays watched"
+    )
+}
 
 /// At most this many remaining processes are listed; `remaining_total` counts them all.
 pub(crate) const MAX_REMAINING: usize = 32;
 
 impl Core {
     pub(super) fn cmd_status(&mut self, reply: ReplyTo, unit: &UnitName, now: Instant) {
-        let Some(watch) = self
-            .by_name
-            .get(unit.as_str())
-            .and_then(|key| self.units.get(key))
-        else {
+        let Some(&key) = self.by_name.get(unit.as_str()) else {
             let message = format!("{unit} is not watched");
             self.reply(reply, Answer::Error(ErrorKind::NotWatched, message));
             return;
         };
+        if let Some(status) = self.unit_status(key, now) {
+            self.reply(reply, Answer::Status(Box::new(status)));
+        }
+    }
+
+    /// The status of the watch under `key`, as `status` answers it and as a `wait` past its
+    /// deadline tells what blocks the proof.
+    pub(super) fn unit_status(&self, key: UnitKey, now: Instant) -> Option<UnitStatus> {
+        let watch = self.units.get(&key)?;
         let unproven = watch.event.is_none();
         let terminal_at = watch.terminal_at.filter(|_| unproven);
         let status = UnitStatus {
@@ -40,7 +73,7 @@ impl Core {
             remaining_error: None,
             systemd_error: None,
         };
-        self.reply(reply, Answer::Status(Box::new(status)));
+        Some(status)
     }
 
     /// CLOCK_MONOTONIC nanoseconds at `at`, from the clock anchor the driver gave.

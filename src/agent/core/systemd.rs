@@ -21,11 +21,30 @@ use crate::control::protocol::ErrorKind;
 use crate::proof::release::ReleaseInput;
 use crate::proof::{Input as ProofInput, StopReason, UnitProof};
 use crate::systemd::signal::{SystemdSignal, unit_of_path};
-use crate::systemd::snapshot::UnitSnapshot;
+use crate::systemd::snapshot::{ReadKind, UnitSnapshot};
 
 /// ActiveStates in which the unit runs nothing.
 fn is_terminal(active_state: &str) -> bool {
     matches!(active_state, "inactive" | "failed")
+}
+
+/// Why a new watch's first read shows a unit systemd does not know, if it does: its LoadState
+/// (asked only by such a read) says it found no unit file, or a masked or invalid one, and the
+/// unit runs nothing. One that still runs (its unit file removed since it started) is known
+/// by its invocation. systemd's words for these states: `unit_load_state_to_string`.
+fn unknown_to_systemd(unit: &str, snapshot: &UnitSnapshot) -> Option<String> {
+    let state = snapshot.load_state.as_deref()?;
+    if !is_terminal(&snapshot.active_state) {
+        return None;
+    }
+    Some(match state {
+        "not-found" => format!("{unit} not found: systemd has no such unit"),
+        "masked" => format!("{unit} is masked: systemd will not start it"),
+        "bad-setting" | "error" => {
+            format!("{unit} could not be loaded by systemd (LoadState {state})")
+        }
+        _ => return None,
+    })
 }
 
 impl Core {
@@ -56,8 +75,12 @@ impl Core {
         // connection only.
         for key in self.keys_where(|_| true) {
             if let Some(watch) = self.units.get_mut(&key) {
-                // Serial numbers belong to one connection; the next one starts afresh.
+                // Serial numbers belong to one connection; the next one starts afresh, so what
+                // waits for a read's serial to be placed is dropped with them.
                 watch.facts.clear();
+                if let Some(after_ours) = watch.after_ours.as_mut() {
+                    after_ours.unconfirmed.clear();
+                }
                 watch.stale = true;
                 watch.reads.in_flight = false;
                 watch.reads.again = false;
@@ -174,7 +197,15 @@ impl Core {
         watch.reads.sent += 1;
         self.reads_in_flight += 1;
         let unit = watch.unit.to_string();
-        self.outputs.push_back(Output::ReadUnit { key, unit });
+        // Only a client's new watch that names no invocation asks whether systemd knows the
+        // unit at all: any other read must never load a unit (one garbage-collected after it
+        // ended is inactive with no invocation, `not-found` only to a new watch).
+        let kind = if watch.proof.is_none() && !watch.restored && watch.asked_invocation.is_none() {
+            ReadKind::Load
+        } else {
+            ReadKind::Get
+        };
+        self.outputs.push_back(Output::ReadUnit { key, unit, kind });
     }
 
     /// A read came back: the next queued one may go.
@@ -233,7 +264,7 @@ impl Core {
                 let message = format!("{}: {e}", watch.unit);
                 if watch.proof.is_none() && !watch.restored {
                     // Only a client's own new watch may be refused.
-                    self.fail_watch(key, &message);
+                    self.fail_watch(key, ErrorKind::Internal, &message);
                 } else {
                     self.log_about(
                         key,
@@ -246,6 +277,14 @@ impl Core {
                 return;
             }
         };
+        if watch.proof.is_none()
+            && let Some(why) = unknown_to_systemd(&watch.unit, &snapshot)
+        {
+            // Refused, never proven: a proof of a unit systemd does not know (a typo, say)
+            // would be a proof of nothing the person meant.
+            self.fail_watch(key, ErrorKind::NotFound, &why);
+            return;
+        }
         watch.facts.apply_snapshot(&snapshot);
         self.share_snapshot(key, &snapshot, now);
         let Some(watch) = self.units.get_mut(&key) else {
@@ -282,6 +321,11 @@ impl Core {
                 .unwrap_or_else(|| snapshot.invocation.clone());
             watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
             self.unsaved.unit(&watch.unit);
+            // Ours is known now: what was heard before of the invocations after it counts.
+            self.confirm_after_ours(key, snapshot.serial);
+            let Some(watch) = self.units.get_mut(&key) else {
+                return;
+            };
             if watch.control_group.is_empty() {
                 self.first_read_done(key, now);
             } else {
@@ -319,6 +363,7 @@ impl Core {
         self.by_id.remove(&old_id, key);
         self.by_id.insert(&id, key);
         self.share_snapshot(key, snapshot, now);
+        self.confirm_after_ours(key, snapshot.serial);
         self.read_unit(key);
     }
 
@@ -391,7 +436,7 @@ impl Core {
                 if asked == InotifyWatches::First && !watch.restored {
                     // A watch that cannot see its cgroup change is no watch: refuse it
                     // clearly (the inotify watch limit, typically) rather than prove late.
-                    self.fail_watch(key, &message);
+                    self.fail_watch(key, ErrorKind::Internal, &message);
                     return;
                 }
                 self.log_about(
@@ -410,10 +455,10 @@ impl Core {
         }
     }
 
-    /// Refuses a client's new watch whose first read failed or whose cgroup cannot be
-    /// watched: everyone waiting on it gets the error, nothing of it stays, and its
-    /// generation number is not used up.
-    pub(super) fn fail_watch(&mut self, key: UnitKey, message: &str) {
+    /// Refuses a client's new watch whose first read failed, found a unit systemd does not
+    /// know, or whose cgroup cannot be watched: everyone waiting on it gets the error (of
+    /// `kind`), nothing of it stays, and its generation number is not used up.
+    pub(super) fn fail_watch(&mut self, key: UnitKey, kind: ErrorKind, message: &str) {
         self.log_about(key, None, log::Level::Warn, message.to_owned());
         let Some(watch) = self.units.get_mut(&key) else {
             return;
@@ -427,7 +472,7 @@ impl Core {
             self.unsaved.generation(&watch.unit, generation, false);
         }
         for to in replies.into_iter().chain(self.waiters.take_key(key)) {
-            self.reply(to, Answer::Error(ErrorKind::Internal, message.to_owned()));
+            self.reply(to, Answer::Error(kind, message.to_owned()));
         }
         self.drop_watch(key);
     }

@@ -193,7 +193,7 @@ impl Script {
         let outputs = self.take();
         for output in outputs {
             match output {
-                Output::ReadUnit { key, unit } => {
+                Output::ReadUnit { key, unit, .. } => {
                     let result = answer(&unit).map(|mut s| {
                         s.serial = self.next_serial();
                         s
@@ -215,13 +215,21 @@ impl Script {
     }
 
     fn proofs(&self) -> Vec<ProofEvent> {
+        self.event_answers()
+            .into_iter()
+            .map(|answer| answer.event)
+            .collect()
+    }
+
+    /// The `wait` and `stop` answers so far, whole.
+    fn event_answers(&self) -> Vec<EventAnswer> {
         self.outputs
             .iter()
             .filter_map(|o| match o {
                 Output::Reply {
-                    answer: Answer::Event(event),
+                    answer: Answer::Event(answer),
                     ..
-                } => Some((**event).clone()),
+                } => Some((**answer).clone()),
                 _ => None,
             })
             .collect()
@@ -260,11 +268,14 @@ impl Script {
     }
 
     fn phase(&mut self, unit: &str) -> Phase {
-        let views = self.list();
-        views
-            .iter()
+        self.view(unit).phase
+    }
+
+    /// The unit's entry in `list`.
+    fn view(&mut self, unit: &str) -> WatchView {
+        self.list()
+            .into_iter()
             .find(|v| v.unit == unit)
-            .map(|v| v.phase)
             .expect("the unit is listed")
     }
 }
@@ -281,6 +292,7 @@ fn snapshot(unit: &str, active: &str, invocation: &str, cgroup: &str) -> UnitSna
         control_group: cgroup.into(),
         exit: None,
         current: Default::default(),
+        load_state: None,
     }
 }
 
@@ -1415,7 +1427,7 @@ fn answered(outputs: &[Output]) -> (usize, usize) {
     };
     (
         count(|a| matches!(a, Answer::Event(_))),
-        count(|a| matches!(a, Answer::Error(ErrorKind::StillRunning, _))),
+        count(|a| matches!(a, Answer::StillRunning(_))),
     )
 }
 
@@ -1741,4 +1753,384 @@ fn a_restored_watch_gathers_later_invocations_before_its_first_read() {
         counted.gone_roots.contains(&77),
         "B's MainPID is a root after ours: {counted:?}"
     );
+}
+
+/// What a new watch hears before its first read comes back is kept until that read tells
+/// whose it is: an invocation named in a message newer than the read is ours or a later one,
+/// so the MainPID said of it is a root after ours.
+#[test]
+fn what_a_new_watch_hears_before_its_first_read_counts_once_the_read_places_it() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"w.service"}"#);
+    let key = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::ReadUnit { key, .. } => Some(key),
+            _ => None,
+        })
+        .expect("the first read");
+    let read_serial = s.next_serial();
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("w.service"),
+        change: UnitChange {
+            main_pid: Some(77),
+            control_pid: Some(0),
+            ..UnitChange::default()
+        },
+    });
+    s.changed("w.service", "active", B);
+    s.changed("w.service", "inactive", B);
+    s.changed("w.service", "active", C);
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Populated);
+    let read = UnitSnapshot {
+        serial: read_serial,
+        ..snapshot("w.service", "active", A, "/app.slice/w.service")
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    assert_eq!(
+        s.stops(),
+        [("w.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
+    );
+    s.changed("w.service", "inactive", C);
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert!(
+        counted.gone_roots.contains(&77),
+        "B's MainPID is a root after ours: {counted:?}"
+    );
+}
+
+/// What a new watch heard before its first read is placed by that read's serial only on the
+/// same connection: serials start afresh on the next one, where an earlier invocation's
+/// message may look newer than the read.
+#[test]
+fn what_a_new_watch_heard_on_a_lost_connection_is_not_placed_by_a_read_on_the_next() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"w.service"}"#);
+    s.take();
+    // B, before ours (C), with MainPID 77, said on a connection then lost.
+    s.serial = 40;
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("w.service"),
+        change: UnitChange {
+            main_pid: Some(77),
+            control_pid: Some(0),
+            ..UnitChange::default()
+        },
+    });
+    s.changed("w.service", "inactive", B);
+    s.input(Input::BusLost);
+    s.input(Input::BusUp);
+    let key = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::ReadUnit { key, .. } => Some(key),
+            _ => None,
+        })
+        .expect("read on the next connection");
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Populated);
+    let read = UnitSnapshot {
+        serial: 21,
+        ..snapshot("w.service", "active", C, "/app.slice/w.service")
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    s.serial = 30;
+    s.changed("w.service", "active", A);
+    s.changed("w.service", "inactive", A);
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert!(
+        !counted.gone_roots.contains(&77),
+        "B began before ours: {counted:?}"
+    );
+}
+
+/// The kinds of the unit reads asked for so far, by unit (the outputs stay).
+fn read_kinds(s: &Script) -> Vec<(String, ReadKind)> {
+    s.outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::ReadUnit { unit, kind, .. } => Some((unit.clone(), *kind)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The error answers so far.
+fn errors(s: &Script) -> Vec<(ErrorKind, String)> {
+    s.outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Reply {
+                answer: Answer::Error(kind, message),
+                ..
+            } => Some((*kind, message.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What a `LoadUnit` read says of a unit systemd has no unit file for.
+fn not_found(unit: &str) -> UnitSnapshot {
+    UnitSnapshot {
+        load_state: Some("not-found".into()),
+        ..snapshot(unit, "inactive", "", "")
+    }
+}
+
+#[test]
+fn a_unit_systemd_does_not_know_is_refused_never_proven() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    for (cmd, unit) in [
+        ("watch", "wbe.service"),
+        ("wait", "wbf.service"),
+        ("stop", "wbg.service"),
+    ] {
+        s.request(&format!(r#"{{"cmd":"{cmd}","unit":"{unit}"}}"#));
+        assert_eq!(read_kinds(&s), [(unit.to_owned(), ReadKind::Load)], "{cmd}");
+        s.answer_reads(|u| Ok(not_found(u)));
+        assert_eq!(
+            errors(&s),
+            [(
+                ErrorKind::NotFound,
+                format!("{unit} not found: systemd has no such unit")
+            )],
+            "{cmd}"
+        );
+        assert!(s.proofs().is_empty(), "{cmd}");
+        assert!(s.stops().is_empty(), "{cmd}");
+        s.take();
+    }
+    assert!(s.list().is_empty(), "nothing of a refused watch stays");
+    for state in ["masked", "bad-setting", "error"] {
+        s.request(r#"{"cmd":"watch","unit":"m.service"}"#);
+        s.answer_reads(|u| {
+            Ok(UnitSnapshot {
+                load_state: Some(state.into()),
+                ..not_found(u)
+            })
+        });
+        assert_eq!(errors(&s).len(), 1, "{state}");
+        assert_eq!(errors(&s)[0].0, ErrorKind::NotFound, "{state}");
+        s.take();
+    }
+}
+
+#[test]
+fn a_named_invocation_of_a_unit_systemd_no_longer_has_is_proven() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"gone.service","invocation":"{A}"}}"#
+    ));
+    // A read that names an invocation never loads the unit: collected, it is inactive.
+    assert_eq!(read_kinds(&s), [("gone.service".to_owned(), ReadKind::Get)]);
+    s.answer_reads(|u| Ok(unloaded(u)));
+    assert_eq!(s.phase("gone.service"), Phase::Proven);
+    assert!(errors(&s).is_empty());
+}
+
+#[test]
+fn a_running_unit_whose_unit_file_is_gone_is_still_watched() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.cgroups
+        .insert("/app.slice/r.service".into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"r.service"}"#);
+    s.answer_reads(|u| {
+        Ok(UnitSnapshot {
+            load_state: Some("not-found".into()),
+            ..snapshot(u, "active", A, "/app.slice/r.service")
+        })
+    });
+    assert!(errors(&s).is_empty());
+    assert_eq!(s.phase("r.service"), Phase::Watching);
+}
+
+#[test]
+fn stop_of_a_proven_unit_running_another_invocation_stops_and_proves_that_one() {
+    let mut s = watching("w.service", "active");
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Gone);
+    s.changed("w.service", "inactive", A);
+    assert_eq!(s.phase("w.service"), Phase::Proven);
+    // Started again by someone else: a proven watch still hears it.
+    s.changed("w.service", "activating", B);
+    s.changed("w.service", "active", B);
+    assert_eq!(s.view("w.service").now_running.as_deref(), Some(B));
+    s.take();
+    s.request(r#"{"cmd":"wait","unit":"w.service"}"#);
+    let answers = s.event_answers();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0].event.invocation, A);
+    assert_eq!(answers[0].now_running.as_deref(), Some(B));
+    s.take();
+
+    s.request(r#"{"cmd":"stop","unit":"w.service"}"#);
+    assert!(s.proofs().is_empty(), "never the older invocation's proof");
+    assert_eq!(read_kinds(&s), [("w.service".to_owned(), ReadKind::Get)]);
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Populated);
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/w.service")));
+    assert_eq!(
+        s.stops(),
+        [(
+            "w.service".to_owned(),
+            StopKind::Proof(StopReason::Requested)
+        )]
+    );
+    s.cgroups
+        .insert("/app.slice/w.service".into(), CgroupReading::Gone);
+    s.changed("w.service", "inactive", B);
+    let answers = s.event_answers();
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].event.invocation, B);
+    assert!(answers[0].event.stop_requested);
+    assert_eq!(answers[0].moved_on_from.as_deref(), Some(A));
+    assert_eq!(answers[0].now_running, None);
+}
+
+#[test]
+fn stop_of_a_proven_unit_that_runs_nothing_answers_with_its_proof() {
+    let mut s = watching("n.service", "active");
+    s.cgroups
+        .insert("/app.slice/n.service".into(), CgroupReading::Gone);
+    s.changed("n.service", "inactive", A);
+    // Started and ended again since: it runs nothing now.
+    s.changed("n.service", "active", B);
+    s.changed("n.service", "inactive", B);
+    assert_eq!(s.view("n.service").now_running, None);
+    s.take();
+    s.request(r#"{"cmd":"stop","unit":"n.service"}"#);
+    let answers = s.event_answers();
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0].event.invocation, A);
+    assert_eq!(answers[0].moved_on_from, None);
+    assert!(s.stops().is_empty());
+}
+
+#[test]
+fn start_watches_the_invocation_its_start_job_began() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"id":1,"cmd":"start","unit":"web.service"}"#);
+    let started: Vec<(ReplyTo, UnitName)> = s
+        .take()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::StartUnit { reply, unit } => Some((reply, unit)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(started.len(), 1, "{started:?}");
+    let (reply, unit) = started[0].clone();
+    s.input(Input::UnitStarted {
+        reply,
+        unit,
+        result: Ok(B.to_owned()),
+    });
+    assert_eq!(read_kinds(&s), [("web.service".to_owned(), ReadKind::Get)]);
+    s.cgroups
+        .insert("/app.slice/web.service".into(), CgroupReading::Populated);
+    // Even if a read first finds another invocation, the watch is of the one started.
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/web.service")));
+    s.save();
+    let watched: Vec<WatchView> = s
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Reply {
+                answer: Answer::Watch(view),
+                ..
+            } => Some((**view).clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(watched.len(), 1, "{:?}", s.outputs);
+    assert_eq!(watched[0].invocation.as_deref(), Some(B));
+    assert_eq!(watched[0].phase, Phase::Watching);
+
+    s.take();
+    s.request(r#"{"id":2,"cmd":"start","unit":"typo.service"}"#);
+    let Some(Output::StartUnit { reply, unit }) = s.take().into_iter().next() else {
+        panic!("a start");
+    };
+    let message = "start typo.service: Unit typo.service not found.".to_owned();
+    s.input(Input::UnitStarted {
+        reply,
+        unit,
+        result: Err((ErrorKind::NotFound, message.clone())),
+    });
+    assert_eq!(errors(&s), [(ErrorKind::NotFound, message)]);
+    assert!(
+        !s.list().iter().any(|v| v.unit == "typo.service"),
+        "nothing watched"
+    );
+}
+
+#[test]
+fn unwatch_proven_forgets_every_proven_watch_and_only_those() {
+    let mut s = watching("done.service", "active");
+    s.request(r#"{"cmd":"watch","unit":"runs.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "/app.slice/runs.service")));
+    s.cgroups
+        .insert("/app.slice/done.service".into(), CgroupReading::Empty);
+    s.changed("done.service", "inactive", A);
+    assert_eq!(s.phase("done.service"), Phase::Proven);
+    assert_eq!(s.phase("runs.service"), Phase::Watching);
+    s.take();
+    s.request(r#"{"cmd":"unwatch","proven":true}"#);
+    s.pass(SAVE_INTERVAL);
+    let answered: Vec<_> = s
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::Reply {
+                answer: Answer::Unwatched(units),
+                ..
+            } => Some(units.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(answered, [vec!["done.service".to_owned()]]);
+    let listed: Vec<String> = s.list().into_iter().map(|v| v.unit).collect();
+    assert_eq!(listed, ["runs.service"]);
+}
+
+/// A log line about a unit names the invocation watched, in its text as well as its fields;
+/// a proof carries the wall-clock time once the driver said the clock's offset.
+#[test]
+fn log_lines_name_the_invocation_and_proofs_carry_the_wall_clock() {
+    let mut s = watching("l.service", "active");
+    s.core.observe_wall_clock(1_000_000_000_000_000_000);
+    s.cgroups
+        .insert("/app.slice/l.service".into(), CgroupReading::Gone);
+    s.changed("l.service", "inactive", A);
+    let outputs = s.take();
+    let proven_line = outputs
+        .iter()
+        .find_map(|o| match o {
+            Output::Log { line, .. } if line.contains(": proven: ") => Some(line.clone()),
+            _ => None,
+        })
+        .expect("the proof is logged");
+    assert!(
+        proven_line.ends_with(&format!("(invocation {A})")),
+        "{proven_line}"
+    );
+    let views = s.list();
+    let proof = views[0].proof.as_ref().expect("proven");
+    let wall_us = 1_000_000_000_000_000 + proof.proven_mono_ns / 1000;
+    assert_eq!(proof.proven_realtime_us, Some(wall_us));
 }

@@ -133,7 +133,7 @@ pub(super) struct Watch {
     /// What systemd said of the invocations after ours, gathered as they came: the facts keep
     /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
     /// most watches never see one.
-    pub after_ours: Option<Box<NextInvocation>>,
+    pub after_ours: Option<Box<AfterOurs>>,
     /// A proof waiting for its exit record before it is told.
     pub proof_pending: Option<Box<Proof>>,
     pub event: Option<Box<ProofEvent>>,
@@ -141,6 +141,18 @@ pub(super) struct Watch {
     /// A generation's files to release after the proof; `None` for a watch without `gen`
     /// (boxed: most watches have none).
     pub release: Option<Box<Release>>,
+}
+
+/// What systemd said of the invocations after ours.
+#[derive(Debug, Default)]
+pub(super) struct AfterOurs {
+    /// Gathered from invocations known to come after ours.
+    pub known: NextInvocation,
+    /// Heard before the watch's first read, so not yet known to come after ours: each
+    /// invocation other than the current one, the oldest message known to name it, and what
+    /// was said of it. The first read decides: one named in a message newer than the read is
+    /// ours or later.
+    pub unconfirmed: Vec<(String, u32, NextInvocation)>,
 }
 
 impl Watch {
@@ -244,6 +256,18 @@ impl Watch {
         }
     }
 
+    /// Once proven: the invocation systemd runs now, if another than the one proven. A proven
+    /// watch still hears the unit's signals (nothing is read for it), so this costs nothing;
+    /// after the bus is lost it is unknown until the next signal.
+    pub(super) fn now_running(&self) -> Option<String> {
+        let proven = &self.event.as_ref()?.invocation;
+        let state = self.facts.state()?;
+        let runs = !matches!(state.active_state.as_str(), "inactive" | "failed")
+            && !self.facts.restarting();
+        (runs && !state.invocation.is_empty() && state.invocation != *proven)
+            .then_some(state.invocation)
+    }
+
     pub(super) fn view(&self) -> WatchView {
         let proof = self.proof.as_ref();
         WatchView {
@@ -270,6 +294,7 @@ impl Watch {
                 .as_ref()
                 .map(|p| p.display().to_string()),
             proof: self.event.as_deref().cloned(),
+            now_running: self.now_running(),
         }
     }
 }

@@ -248,6 +248,14 @@ impl Sim {
         let Request { id, client, json } = request;
         let parsed = parse_request(json.to_string().as_bytes()).expect("a valid request");
         let unit = json["unit"].as_str().map(str::to_owned);
+        // An unwatched unit's next watch is a new one: what was told to the one before is not
+        // told to it.
+        if json["cmd"] == "unwatch"
+            && let Some(u) = unit.as_deref().and_then(|name| self.world.resolve(name))
+        {
+            self.read_units.retain(|(of, _), _| *of != u);
+            self.told_roots.retain(|(of, _), _| *of != u);
+        }
         let inv = json["invocation"].as_str().map(parse_inv);
         self.asking = unit.clone().map(|u| (u, inv));
         self.input(Input::Request {
@@ -380,7 +388,7 @@ impl Sim {
         }
         let now = self.now();
         match output {
-            Output::ReadUnit { key, unit } => {
+            Output::ReadUnit { key, unit, .. } => {
                 if self.key_names.insert(key, unit.clone()).is_none() {
                     let inv = self.new_key_invocation(&unit);
                     self.key_invs.insert(key, inv);
@@ -392,6 +400,21 @@ impl Sim {
                 }
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
+            // The simulated clients never send `start`.
+            Output::StartUnit { reply, unit } => {
+                let result = Err((
+                    crate::control::protocol::ErrorKind::Internal,
+                    "the simulator starts no units".to_owned(),
+                ));
+                if let Some(core) = &mut self.core {
+                    let started = Input::UnitStarted {
+                        reply,
+                        unit,
+                        result,
+                    };
+                    core.handle_input(started, now);
+                }
+            }
             Output::AddInotifyWatches { key, cgroup } => {
                 if let Some(old) = self.watches.insert(key, cgroup.clone()) {
                     self.world.kernel.unwatch(&old);
@@ -977,7 +1000,7 @@ fn driver_read(unit: &str, attempt: Attempt, parts: &[Snapshot]) -> Option<UnitS
         serial: part.serial,
     };
     let before = answer(parts.next()?);
-    let asked = properties_asked(unit);
+    let asked = properties_asked(unit, snapshot::ReadKind::Get);
     let answered: Vec<&Snapshot> = parts.by_ref().take(asked.len()).collect();
     let after = answer(parts.next()?);
     let properties: Vec<Property> = asked

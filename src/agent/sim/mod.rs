@@ -408,8 +408,8 @@ impl Tolerated {
 const KNOWN_DEFECTS: &[Tolerated] = &[
     Tolerated {
         kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
-        why: "issue 23 (4), what is left of it: 14 of 40,000 random seeds, most in healing mode \
-         (`h`), not yet diagnosed (docs/sim-findings-2026-12-04.md)",
+        why: "issue 23 (4), what is left of it: 4 of 40,000 random seeds (two bases), almost all \
+         in healing mode (`h`), not yet diagnosed (docs/sim-findings-2026-12-04.md)",
         per_10k: 20,
     },
     Tolerated {

@@ -104,9 +104,7 @@ fn parses_every_command() {
             r#"{"cmd":"unwatch","unit":"x.service","id":-3}"#.to_owned(),
             Request {
                 id: Some(RequestId::Number((-3i64).into())),
-                command: Command::Unwatch(UnwatchArgs {
-                    unit: unit("x.service"),
-                }),
+                command: Command::Unwatch(UnwatchArgs::unit(unit("x.service"))),
             },
         ),
         (

@@ -28,7 +28,10 @@ pub(super) fn admitted(stream: &UnixStream, options: &ServerOptions, own_euid: u
         refuse(
             stream,
             ErrorKind::Forbidden,
-            format!("uid {uid} is not allowed to use this socket"),
+            format!(
+                "uid {uid} is not allowed to use this socket (the agent admits it with \
+                 --allow-uid {uid} or --allow-gid {gid})"
+            ),
         );
         return false;
     }
