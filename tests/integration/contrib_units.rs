@@ -50,3 +50,14 @@ fn the_socket_has_the_modes_the_agent_would_give_it() {
     assert!(values("exitproof.service", "RuntimeDirectoryMode").is_empty());
     assert_eq!(one("exitproof.socket", "DirectoryMode"), "0755");
 }
+
+#[test]
+fn the_units_documentation_is_the_crates_repository() {
+    for unit in ["exitproof.service", "exitproof.socket"] {
+        assert_eq!(
+            one(unit, "Documentation"),
+            env!("CARGO_PKG_REPOSITORY"),
+            "{unit}"
+        );
+    }
+}

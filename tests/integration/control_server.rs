@@ -1109,10 +1109,7 @@ fn events_behind_a_stalled_stream_still_count_toward_the_limit() {
 
 #[test]
 fn streamed_replies_beyond_the_limit_are_answered_busy_in_order() {
-    assert_eq!(
-        MAX_STREAMS_PER_CLIENT, 2,
-        "README and the protocol docs say 2"
-    );
+    assert_eq!(MAX_STREAMS_PER_CLIENT, 2, "the protocol docs say 2");
     let mut h = Harness::new(ServerOptions::default());
     let mut client = h.connect();
     client.write(b"{\"cmd\":\"events\"}\n");

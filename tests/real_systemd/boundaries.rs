@@ -234,7 +234,7 @@ fn try_to_leave(sandbox: &Sandbox, properties: &[&str], destinations: &[String])
     String::from_utf8(out.stdout).expect("the report is text")
 }
 
-/// The trust model's central claim (README, "What a proof cannot see"): a tenant that runs
+/// The trust model's central claim (README, "Trust model"): a tenant that runs
 /// under `User=` in a unit without `Delegate=` cannot leave its unit's cgroup, since moving a
 /// process needs write access to `cgroup.procs` of the common ancestor of where it is and
 /// where it goes, and systemd leaves every cgroup above such a unit to the manager's user.

@@ -274,7 +274,7 @@ fn a_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives() {
 ///
 /// The unit's ExecStop= forks only once (it consumes a marker the test sets before the
 /// restart), so the one leftover is surely ours, whatever the agent then does to the new
-/// invocation. By the rules (README, "The rules of the proof") the agent stops an invocation
+/// invocation. By the rules (docs/rules.md) the agent stops an invocation
 /// started outside it, which makes the proof `restarted-outside`; `exited` is accepted too, and
 /// the new invocation's fate is not asserted: this test guards the false proof alone.
 ///

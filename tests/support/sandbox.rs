@@ -13,8 +13,17 @@ use std::time::{Duration, Instant};
 const CGROUP_PREFIX: &str = "exitproof-test-";
 
 /// The environment that makes `systemctl --user` and D-Bus clients inside the namespace find the
-/// sandbox's manager; the same as the script's `exec`.
-const INNER_ENV: [&str; 2] = [
+/// sandbox's manager, with the sandbox's own HOME; the same as the script's `exec`.
+const INNER_ENV: [&str; 11] = [
+    "-u",
+    "XDG_CONFIG_HOME",
+    "-u",
+    "XDG_DATA_HOME",
+    "-u",
+    "XDG_STATE_HOME",
+    "-u",
+    "XDG_CACHE_HOME",
+    "HOME=/run/sandbox-home",
     "XDG_RUNTIME_DIR=/run/user/0",
     "DBUS_SESSION_BUS_ADDRESS=unix:path=/run/user/0/bus",
 ];
@@ -249,7 +258,7 @@ impl Drop for Sandbox {
 }
 
 /// The path of `scripts/sandbox` in this repository.
-fn script() -> PathBuf {
+pub fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/sandbox")
 }
 

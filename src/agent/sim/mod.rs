@@ -439,7 +439,7 @@ const KNOWN_DEFECTS: &[Tolerated] = &[
 /// `EXITPROOF_SIM_STRICT=1`. An orphan in a session whose leader is gone, when the agent was
 /// never told that leader as a MainPID or ControlPID, may be another invocation's, or a child
 /// our own leftover forked after the next invocation began: the agent counts it as possibly
-/// ours and waits for it (README, "What a proof means").
+/// ours and waits for it (docs/rules.md).
 const LIMITS: &[Tolerated] = &[Tolerated {
     kind: "NO PROOF within the liveness bound, orphans of another invocation's untold sessions alive",
     why: "a limit no agent can avoid",
