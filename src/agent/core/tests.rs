@@ -170,6 +170,38 @@ impl Script {
         });
     }
 
+    /// systemd's Service interface says `unit`'s MainPID is `pid` (no ControlPID).
+    fn main_pid(&mut self, unit: &str, pid: u32) {
+        self.signal(SystemdSignal::UnitChanged {
+            path: unit_path(unit),
+            change: UnitChange {
+                main_pid: Some(pid),
+                control_pid: Some(0),
+                ..UnitChange::default()
+            },
+        });
+    }
+
+    /// The key of the read asked for last; every output so far is taken.
+    fn read_asked(&mut self) -> UnitKey {
+        self.take()
+            .into_iter()
+            .rev()
+            .find_map(|o| match o {
+                Output::ReadUnit { key, .. } => Some(key),
+                _ => None,
+            })
+            .expect("a read was asked for")
+    }
+
+    /// The gone roots the last count of leftovers was made against.
+    fn counted_gone_roots(&mut self) -> Vec<i32> {
+        self.counted_against
+            .take()
+            .expect("leftovers counted")
+            .gone_roots
+    }
+
     /// Lets `time` pass: timers fire, and a save that was due is made.
     fn pass(&mut self, time: Duration) {
         self.now += time;
@@ -1727,15 +1759,7 @@ fn a_restored_watch_gathers_later_invocations_before_its_first_read() {
     let mut s = Script::restored(state("boot-1", vec![saved("r.service", A)]), "boot-1");
     s.input(Input::BusUp);
     let reads = s.take();
-    let main_of_b = UnitChange {
-        main_pid: Some(77),
-        control_pid: Some(0),
-        ..UnitChange::default()
-    };
-    s.signal(SystemdSignal::UnitChanged {
-        path: unit_path("r.service"),
-        change: main_of_b,
-    });
+    s.main_pid("r.service", 77);
     s.changed("r.service", "active", B);
     s.changed("r.service", "inactive", B);
     s.changed("r.service", "active", C);
@@ -1748,10 +1772,10 @@ fn a_restored_watch_gathers_later_invocations_before_its_first_read() {
         [("r.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
     );
     s.changed("r.service", "inactive", C);
-    let counted = s.counted_against.take().expect("leftovers counted");
+    let gone_roots = s.counted_gone_roots();
     assert!(
-        counted.gone_roots.contains(&77),
-        "B's MainPID is a root after ours: {counted:?}"
+        gone_roots.contains(&77),
+        "B's MainPID is a root after ours: {gone_roots:?}"
     );
 }
 
@@ -1763,23 +1787,9 @@ fn what_a_new_watch_hears_before_its_first_read_counts_once_the_read_places_it()
     let mut s = Script::new();
     s.input(Input::BusUp);
     s.request(r#"{"cmd":"watch","unit":"w.service"}"#);
-    let key = s
-        .take()
-        .into_iter()
-        .find_map(|o| match o {
-            Output::ReadUnit { key, .. } => Some(key),
-            _ => None,
-        })
-        .expect("the first read");
+    let key = s.read_asked();
     let read_serial = s.next_serial();
-    s.signal(SystemdSignal::UnitChanged {
-        path: unit_path("w.service"),
-        change: UnitChange {
-            main_pid: Some(77),
-            control_pid: Some(0),
-            ..UnitChange::default()
-        },
-    });
+    s.main_pid("w.service", 77);
     s.changed("w.service", "active", B);
     s.changed("w.service", "inactive", B);
     s.changed("w.service", "active", C);
@@ -1798,10 +1808,10 @@ fn what_a_new_watch_hears_before_its_first_read_counts_once_the_read_places_it()
         [("w.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
     );
     s.changed("w.service", "inactive", C);
-    let counted = s.counted_against.take().expect("leftovers counted");
+    let gone_roots = s.counted_gone_roots();
     assert!(
-        counted.gone_roots.contains(&77),
-        "B's MainPID is a root after ours: {counted:?}"
+        gone_roots.contains(&77),
+        "B's MainPID is a root after ours: {gone_roots:?}"
     );
 }
 
@@ -1816,25 +1826,11 @@ fn what_a_new_watch_heard_on_a_lost_connection_is_not_placed_by_a_read_on_the_ne
     s.take();
     // B, before ours (C), with MainPID 77, said on a connection then lost.
     s.serial = 40;
-    s.signal(SystemdSignal::UnitChanged {
-        path: unit_path("w.service"),
-        change: UnitChange {
-            main_pid: Some(77),
-            control_pid: Some(0),
-            ..UnitChange::default()
-        },
-    });
+    s.main_pid("w.service", 77);
     s.changed("w.service", "inactive", B);
     s.input(Input::BusLost);
     s.input(Input::BusUp);
-    let key = s
-        .take()
-        .into_iter()
-        .find_map(|o| match o {
-            Output::ReadUnit { key, .. } => Some(key),
-            _ => None,
-        })
-        .expect("read on the next connection");
+    let key = s.read_asked();
     s.cgroups
         .insert("/app.slice/w.service".into(), CgroupReading::Populated);
     let read = UnitSnapshot {
@@ -1848,10 +1844,10 @@ fn what_a_new_watch_heard_on_a_lost_connection_is_not_placed_by_a_read_on_the_ne
     s.serial = 30;
     s.changed("w.service", "active", A);
     s.changed("w.service", "inactive", A);
-    let counted = s.counted_against.take().expect("leftovers counted");
+    let gone_roots = s.counted_gone_roots();
     assert!(
-        !counted.gone_roots.contains(&77),
-        "B began before ours: {counted:?}"
+        !gone_roots.contains(&77),
+        "B began before ours: {gone_roots:?}"
     );
 }
 
