@@ -155,6 +155,13 @@ fn an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing() 
         "[Service]\nKillMode=process\nExecStart=/bin/sh -c 'sleep 1000 & exec sleep 1000'\n",
     );
     sandbox.systemctl_ok(&["start", "leftover.service"]);
+    // The shell must have forked its background sleep before its main process is killed;
+    // killed earlier, it leaves nothing, and a proof is then right.
+    let cgroup = sandbox.unit_cgroup_dir("leftover.service");
+    sandbox.wait_until("both sleeps run", PATIENCE, || {
+        std::fs::read_to_string(cgroup.join("cgroup.procs"))
+            .is_ok_and(|procs| procs.lines().count() == 2)
+    });
     sandbox.systemctl_ok(&["kill", "--kill-whom=main", "-s", "KILL", "leftover.service"]);
     sandbox.wait_until("the main process is dead", PATIENCE, || {
         matches!(
@@ -162,7 +169,6 @@ fn an_agent_in_a_private_cgroup_namespace_refuses_to_start_and_proves_nothing() 
             "inactive" | "failed"
         )
     });
-    let cgroup = sandbox.unit_cgroup_dir("leftover.service");
     let procs =
         std::fs::read_to_string(cgroup.join("cgroup.procs")).expect("the leftover's cgroup");
     assert!(!procs.trim().is_empty(), "the leftover runs on");
