@@ -190,8 +190,23 @@ fn the_typed_client_reads_exactly_what_the_agent_sends() {
         .expect_err("still running");
     assert_eq!(err.kind(), Some(ErrorKind::StillRunning), "{err:?}");
 
+    let before_us = wall_clock_us();
     sandbox.systemctl_ok(&["kill", "-s", "KILL", "typed.service"]);
     let event = client.wait(&unit, Some(PATIENCE)).expect("the proof").event;
+    // The proof carries the wall clock, to be found in the journal, and the agent's log
+    // line of it names the invocation in its text.
+    let proven_us = event.proven_realtime_us.expect("a wall-clock time");
+    assert!(
+        (before_us..=wall_clock_us()).contains(&proven_us),
+        "proven at {proven_us} us, not between the kill and now"
+    );
+    let log = agent.log_text();
+    assert!(
+        log.lines()
+            .any(|line| line.contains("typed.service: proven: ")
+                && line.ends_with(&format!("(invocation {})", event.invocation))),
+        "{log}"
+    );
     // The proof is retained: asked again, the agent sends the same event.
     let again = raw.request(&json!({"cmd": "wait", "unit": "typed.service"}));
     assert_eq!(as_json(&event), again["event"], "{again}");
@@ -205,6 +220,14 @@ fn the_typed_client_reads_exactly_what_the_agent_sends() {
     client.unwatch(&unit).expect("unwatch");
     let err = client.unwatch(&unit).expect_err("not watched");
     assert_eq!(err.kind(), Some(ErrorKind::NotWatched), "{err:?}");
+}
+
+/// CLOCK_REALTIME now, in microseconds since the epoch.
+fn wall_clock_us() -> u64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("the clock is after 1970");
+    u64::try_from(since_epoch.as_micros()).expect("fits")
 }
 
 /// A typed value as JSON, to compare with the agent's raw line.
