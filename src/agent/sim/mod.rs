@@ -427,6 +427,14 @@ const KNOWN_DEFECTS: &[Tolerated] = &[
         per_10k: 20,
     },
     Tolerated {
+        kind: "NO PROOF within the liveness bound",
+        why: "found by the healing mode, not yet diagnosed: 1 of 20,000 seeds of the CI run at \
+         78409cc (178979252672436h: a RemainAfterExit unit restarted outside twice, its watch \
+         waiting on a read of 13 answers under load when the bound ran out), 0 of 100,000 on \
+         other bases; the 26 of 40,000 of this kind before e0af87a were fixed there",
+        per_10k: 2,
+    },
+    Tolerated {
         kind: "StopUnit (Requested) hits the invocation started after ours was over",
         why: "found by the healing mode, not yet diagnosed (2 of 20,000 random seeds, e.g. \
          210592724535922h): the agent's facts still said ours was deactivating; the cause \
