@@ -255,9 +255,14 @@ impl Agent {
                         // systemd may have come back re-executed: its view is proven again
                         // (an owner that is not systemd is asked nothing).
                         if let Subscribed::Systemd(subscription) = &subscribed {
-                            cgroup_view::prove(&conn, &subscription.systemd, &mount)
-                                .await
-                                .map_err(ReconnectError::View)?;
+                            cgroup_view::prove(
+                                &conn,
+                                &subscription.systemd,
+                                subscription.manager_pid,
+                                &mount,
+                            )
+                            .await
+                            .map_err(ReconnectError::View)?;
                         }
                         Ok(Box::new((conn, subscribed)))
                     };

@@ -46,10 +46,15 @@ pub enum ViewError {
     },
 }
 
-/// Asks systemd (the bus name `systemd`) where its own process is and checks that `mount`
-/// shows it there.
-pub(super) async fn prove(conn: &Connection, systemd: &str, mount: &Path) -> Result<(), ViewError> {
-    let manager = manager_process(conn, systemd)
+/// Asks systemd (the bus name `systemd`, whose process the bus verified as `pid`) where its
+/// own process is and checks that `mount` shows it there.
+pub(super) async fn prove(
+    conn: &Connection,
+    systemd: &str,
+    pid: u32,
+    mount: &Path,
+) -> Result<(), ViewError> {
+    let manager = manager_process(conn, systemd, pid)
         .await
         .map_err(|source| ViewError::Ask {
             mount: mount.to_owned(),

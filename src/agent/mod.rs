@@ -333,7 +333,12 @@ impl Agent {
             runtime
                 .block_on(
                     &mut poll,
-                    cgroup_view::prove(&conn, &subscription.systemd, &root),
+                    cgroup_view::prove(
+                        &conn,
+                        &subscription.systemd,
+                        subscription.manager_pid,
+                        &root,
+                    ),
                 )
                 .map_err(io_error("run the bus connection"))?
                 .map_err(AgentError::CgroupView)?;

@@ -272,7 +272,7 @@ const SCOPE_INTERFACE: &str = "org.freedesktop.systemd1.Scope";
 /// systemd's own process, and the control group systemd says it is in.
 #[derive(Debug)]
 pub(crate) struct ManagerProcess {
-    /// The pid of `systemd` (a bus name) as the bus knows it.
+    /// systemd's pid, as the bus daemon's credentials of its connection gave it (verified).
     pub pid: u32,
     /// The ControlGroup of the unit systemd answers for that pid: `init.scope`, since systemd's
     /// `manager_get_unit_by_pid` (`src/core/cgroup.c`) answers with it for its own pid, and
@@ -280,26 +280,14 @@ pub(crate) struct ManagerProcess {
     pub control_group: String,
 }
 
-/// Asks where systemd's own process is: its pid from the bus (`GetConnectionUnixProcessID`),
-/// then the ControlGroup of the unit systemd says holds that pid (`GetUnitByPID`).
+/// Asks where systemd's own process `pid` (verified from the bus daemon's credentials when the
+/// owner of its name was checked) is: the ControlGroup of the unit systemd says holds that pid
+/// (`GetUnitByPID`).
 pub(crate) async fn manager_process(
     conn: &Connection,
     systemd: &str,
+    pid: u32,
 ) -> Result<ManagerProcess, ManagerError> {
-    let reply = conn
-        .call_method(
-            Some("org.freedesktop.DBus"),
-            "/org/freedesktop/DBus",
-            Some("org.freedesktop.DBus"),
-            "GetConnectionUnixProcessID",
-            &(systemd,),
-        )
-        .await
-        .map_err(ManagerError::new("ask the bus for systemd's pid"))?;
-    let pid = reply
-        .body()
-        .deserialize::<u32>()
-        .map_err(ManagerError::new("ask the bus for systemd's pid"))?;
     let what = || format!("ask systemd for the unit of its own pid {pid}");
     let unit = call_manager(conn, systemd, "GetUnitByPID", &(pid,))
         .await
