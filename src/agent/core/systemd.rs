@@ -15,7 +15,7 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::watch::{InotifyWatches, UnsentStop};
+use super::watch::{InotifyWatches, NoCgroupRead, UnsentStop};
 use super::{Answer, Core, Output, StopKind, UnitKey};
 use crate::control::protocol::ErrorKind;
 use crate::proof::release::ReleaseInput;
@@ -294,7 +294,14 @@ impl Core {
             watch.stale = false;
         }
         watch.retry = None;
-        watch.no_cgroup_read = snapshot.control_group.is_empty().then_some(snapshot.serial);
+        watch.no_cgroup_read = snapshot.control_group.is_empty().then(|| NoCgroupRead {
+            serial: snapshot.serial,
+            // A client names an invocation systemd told it of, so one the read does not name
+            // ended before the read; without a name, ours is the one read.
+            of_a_later_invocation: watch
+                .our_invocation()
+                .is_some_and(|ours| ours != snapshot.invocation),
+        });
         // Our invocation's processes stay in its cgroup: another invocation's cgroup (a Slice=
         // change between the two) is taken only while the watch knows none of ours.
         let of_ours = watch.proof.is_none()

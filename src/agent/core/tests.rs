@@ -1221,6 +1221,47 @@ fn a_remain_after_exit_unit_is_proven_once_a_read_after_its_stop_finds_no_cgroup
     assert_eq!(s.phase("rae.service"), Phase::Proven);
 }
 
+/// A read that finds no ControlGroup while the unit runs an invocation after ours is a fact
+/// about ours for good, however much systemd said since: systemd let go of the cgroup, so found
+/// it empty, after ours ended, and never runs ours again. Without this, a RemainAfterExit= unit
+/// restarted outside faster than it is read is read again and again, and never proven.
+#[test]
+fn a_read_that_finds_no_cgroup_under_a_later_invocation_proves_ours_despite_newer_signals() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"rae.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    s.changed("rae.service", "inactive", A);
+    s.changed("rae.service", "inactive", B);
+    s.changed("rae.service", "active", B);
+    s.answer_reads(|u| Ok(snapshot(u, "active", B, "")));
+    assert_eq!(
+        s.stops(),
+        [("rae.service".into(), StopKind::Proof(StopReason::Foreign))]
+    );
+    let key = s.read_asked();
+    s.changed("rae.service", "inactive", B);
+    s.changed("rae.service", "inactive", C);
+    s.changed("rae.service", "active", C);
+    let serial = s.serial;
+    s.changed("rae.service", "deactivating", C);
+    let read = UnitSnapshot {
+        serial,
+        ..snapshot("rae.service", "active", C, "")
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    assert_eq!(s.phase("rae.service"), Phase::Proven);
+    assert!(
+        !s.take()
+            .iter()
+            .any(|o| matches!(o, Output::ReadUnit { .. })),
+        "not read again"
+    );
+}
+
 /// A Slice= change between two invocations: the next one runs in another cgroup. Our
 /// invocation's KillMode=process leftover is in ours, so the count of leftovers looks there,
 /// not in the cgroup of the invocation that replaced it.

@@ -102,11 +102,8 @@ pub(super) struct Watch {
     /// removed the cgroup, and another invocation may run in another cgroup (a Slice= change),
     /// where none of ours are.
     pub control_group: ControlGroup,
-    /// The serial of the last read, if it found no ControlGroup: systemd forgets the path only
-    /// once the cgroup is empty (`unit_maybe_release_cgroup`), but realizes it again for a
-    /// control process of the same invocation (ExecStop= of a RemainAfterExit= unit), so "no
-    /// cgroup" holds only for a state said no later than that read.
-    pub no_cgroup_read: Option<u32>,
+    /// The last read, if it found no ControlGroup.
+    pub no_cgroup_read: Option<NoCgroupRead>,
     pub inotify_watches: InotifyWatches,
     /// A stop asked for before the first read came back.
     pub pending_stop: bool,
@@ -141,6 +138,17 @@ pub(super) struct Watch {
     /// A generation's files to release after the proof; `None` for a watch without `gen`
     /// (boxed: most watches have none).
     pub release: Option<Box<Release>>,
+}
+
+/// A read of the unit that found no ControlGroup. systemd forgets the path only once the cgroup
+/// is empty (`unit_maybe_release_cgroup`), but realizes it again for a control process of the
+/// same invocation (ExecStop= of a RemainAfterExit= unit). So "no cgroup" holds for a state
+/// said no later than that read, and, if the read named an invocation after ours, for good:
+/// systemd never runs ours again, and nothing of ours enters a cgroup after it was let go.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct NoCgroupRead {
+    pub serial: u32,
+    pub of_a_later_invocation: bool,
 }
 
 /// What systemd said of the invocations after ours.
@@ -221,13 +229,14 @@ impl Watch {
             && self.facts.invocation().as_deref() == self.our_invocation()
     }
 
-    /// Whether the unit has no cgroup for the state its proof decides on: the watch knows none,
-    /// and the last read, which found none, is no older than that state.
+    /// Whether the unit has no cgroup for what its proof decides: the watch knows none, and
+    /// the last read, which found none, is no older than the state, or named an invocation
+    /// after ours.
     pub(super) fn has_no_cgroup(&self) -> bool {
         self.control_group.is_empty()
-            && self
-                .no_cgroup_read
-                .is_some_and(|serial| !self.facts.state_said_after(serial))
+            && self.no_cgroup_read.is_some_and(|read| {
+                read.of_a_later_invocation || !self.facts.state_said_after(read.serial)
+            })
     }
 
     /// Whether a stop of ours was requested, before or after the first read or a restart.
