@@ -165,8 +165,15 @@ const MAX_ROOTS_SEEN: usize = 8;
 impl UnitFacts {
     /// Applies a read. Returns true if the invocation changed.
     pub(super) fn apply_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
-        let before = self.invocation.value.clone();
         self.first_read.get_or_insert(snapshot.serial);
+        self.apply_shared_snapshot(snapshot)
+    }
+
+    /// Applies another watch's read of the same unit (an alias, or the unit of an alias): what
+    /// it says holds, but it is no read of this watch, which places what it heard by its own
+    /// first read. Returns true if the invocation changed.
+    pub(super) fn apply_shared_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
+        let before = self.invocation.value.clone();
         self.loaded.offer(&snapshot.loaded, snapshot.serial);
         self.active_state
             .offer(&word(&snapshot.active_state), snapshot.serial);
@@ -201,6 +208,40 @@ impl UnitFacts {
         self.note_roots(pids, serial);
         self.note_beginning();
         before.is_some() && before != self.invocation.value
+    }
+
+    /// What a read of this watch said of another invocation than the current one, when it was
+    /// handled after messages that named a later one (systemd answered it before it sent them,
+    /// or they were lost with a connection): the invocation it names, and its MainPID,
+    /// ControlPID and beginning. A read is sent after the watch was made, so after ours began:
+    /// that invocation is ours or a later one.
+    pub(super) fn late_read_roots(
+        &self,
+        snapshot: &UnitSnapshot,
+    ) -> Option<(String, NextInvocation)> {
+        let named = Invocation::new(&snapshot.invocation);
+        if snapshot.invocation.is_empty() || self.invocation.value.as_ref() == Some(&named) {
+            return None;
+        }
+        let ((main, control), _) = snapshot.current.pids?;
+        let gone_roots: Vec<i32> = [main, control]
+            .into_iter()
+            .filter(|pid| *pid > 0)
+            .filter_map(|pid| i32::try_from(pid).ok())
+            .collect();
+        let began = !matches!(snapshot.active_state.as_str(), "inactive" | "failed");
+        let began_us = snapshot
+            .current
+            .inactive_exit_us
+            .filter(|us| began && *us > 0);
+        (!gone_roots.is_empty()).then(|| {
+            let roots = NextInvocation {
+                began_us,
+                gone_roots,
+                ..NextInvocation::default()
+            };
+            (snapshot.invocation.clone(), roots)
+        })
     }
 
     /// Applies a signal. Returns true if the invocation changed.

@@ -1003,7 +1003,12 @@ impl Core {
     }
 
     /// Keeps what `later` tells of the processes of `invocation`, if it is not ours.
-    fn absorb_after_ours(&mut self, key: UnitKey, invocation: &str, later: &NextInvocation) {
+    pub(super) fn absorb_after_ours(
+        &mut self,
+        key: UnitKey,
+        invocation: &str,
+        later: &NextInvocation,
+    ) {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };

@@ -233,6 +233,11 @@ impl Core {
         }
         self.read_done();
         let Some(watch) = self.units.get_mut(&key) else {
+            // Unwatched or refused meanwhile: what systemd said still holds for the unit's
+            // other watches.
+            if let Ok(snapshot) = &result {
+                self.share_snapshot(key, snapshot, now);
+            }
             return;
         };
         if !watch.reads.in_flight {
@@ -286,6 +291,10 @@ impl Core {
             return;
         }
         watch.facts.apply_snapshot(&snapshot);
+        let late = watch.facts.late_read_roots(&snapshot);
+        if let Some((invocation, roots)) = late {
+            self.absorb_after_ours(key, &invocation, &roots);
+        }
         self.share_snapshot(key, &snapshot, now);
         let Some(watch) = self.units.get_mut(&key) else {
             return;
@@ -376,7 +385,8 @@ impl Core {
 
     /// What systemd said of the unit holds for every watch of it (an alias and its unit, a
     /// proven one included): one that has not heard it yet must not act on what it heard
-    /// before.
+    /// before, nor, still waiting for its first read, on an older read of its own (a stop
+    /// asked for then would reach the invocation after ours).
     fn share_snapshot(&mut self, key: UnitKey, snapshot: &UnitSnapshot, now: Instant) {
         if !snapshot.loaded {
             return;
@@ -384,10 +394,11 @@ impl Core {
         for other in self.by_id.get(&snapshot.id) {
             if let Some(sibling) = self.units.get_mut(&other)
                 && other != key
-                && sibling.proof.is_some()
             {
-                sibling.facts.apply_snapshot(snapshot);
-                self.feed_state(other, now);
+                sibling.facts.apply_shared_snapshot(snapshot);
+                if sibling.proof.is_some() {
+                    self.feed_state(other, now);
+                }
             }
         }
     }

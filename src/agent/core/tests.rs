@@ -459,6 +459,37 @@ fn an_alias_is_followed_under_the_units_own_name_and_reported_under_the_clients(
     assert_eq!(proofs[0].unit, "nick.service");
 }
 
+/// A watch still waiting for its first read takes what a read of another watch of the same
+/// unit (here an alias's) said: its own read, sent earlier and answered later, is older, and a
+/// stop asked for on it would reach the invocation after ours (found by the simulator).
+#[test]
+fn a_first_read_older_than_an_alias_watchs_read_does_not_bring_back_a_running_state() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/real1.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Gone);
+    s.request(r#"{"cmd":"watch","unit":"real1.service"}"#);
+    let unit_key = s.read_asked();
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    let read = s.answer_reads(|_| Ok(snapshot("real1.service", "inactive", A, "")));
+    assert_eq!(read, ["nick.service"], "the alias is followed");
+    let read = s.answer_reads(|_| Ok(snapshot("real1.service", "inactive", A, "")));
+    assert_eq!(read, ["nick.service"]);
+    let older = UnitSnapshot {
+        serial: 1,
+        ..snapshot("real1.service", "deactivating", A, cgroup)
+    };
+    s.input(Input::UnitRead {
+        key: unit_key,
+        result: Ok(older),
+    });
+    s.take();
+    s.request(r#"{"cmd":"stop","unit":"real1.service"}"#);
+    assert_eq!(s.stops(), [], "systemd said ours is over");
+}
+
 #[test]
 fn a_watch_made_with_an_alias_adopts_the_invocation_read_after_the_name_resolved() {
     // Signals under the unit's own path were not routed to the watch before its first read
@@ -1854,6 +1885,77 @@ fn what_a_new_watch_hears_before_its_first_read_counts_once_the_read_places_it()
         gone_roots.contains(&77),
         "B's MainPID is a root after ours: {gone_roots:?}"
     );
+}
+
+/// A read handled after signals that named a later invocation (systemd answered it before it
+/// sent them, or they were lost with a connection) still tells the MainPID of the invocation
+/// it names, which is after ours: a leftover in that root's session is not ours.
+#[test]
+fn a_late_read_places_its_main_pid_with_the_invocation_it_names() {
+    let mut s = watching("l.service", "active");
+    // A process whose session's leader is gone: ours, unless the leader was another's root.
+    s.leftovers.insert("/app.slice/l.service".into(), vec![78]);
+    s.changed("l.service", "inactive", A);
+    s.changed("l.service", "active", B);
+    let key = s.read_asked();
+    let read_serial = s.serial;
+    s.changed("l.service", "inactive", B);
+    s.changed("l.service", "active", C);
+    let mut read = UnitSnapshot {
+        serial: read_serial,
+        ..snapshot("l.service", "active", B, "/app.slice/l.service")
+    };
+    read.current.pids = Some(((77, 0), read_serial));
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    s.changed("l.service", "inactive", C);
+    let gone_roots = s.counted_gone_roots();
+    assert!(
+        gone_roots.contains(&77),
+        "B's MainPID is a root after ours: {gone_roots:?}"
+    );
+}
+
+/// A read answered after its watch was refused or unwatched still says what systemd said of
+/// the unit: another watch of it, whose own read is older, takes it (found by the simulator:
+/// a stop asked for on the older read reached the invocation after ours).
+#[test]
+fn a_read_of_a_watch_gone_meanwhile_still_tells_the_units_other_watches() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/g.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"g.service"}"#);
+    let unit_key = s.read_asked();
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    let read = s.answer_reads(|_| Ok(snapshot("g.service", "deactivating", A, cgroup)));
+    assert_eq!(read, ["nick.service"], "the alias is followed");
+    let alias_key = s.read_asked();
+    s.request(r#"{"cmd":"unwatch","unit":"nick.service"}"#);
+    s.take();
+    let newer = UnitSnapshot {
+        serial: s.next_serial(),
+        ..snapshot("g.service", "inactive", A, "")
+    };
+    s.input(Input::UnitRead {
+        key: alias_key,
+        result: Ok(newer),
+    });
+    let older = UnitSnapshot {
+        serial: 1,
+        ..snapshot("g.service", "deactivating", A, cgroup)
+    };
+    s.input(Input::UnitRead {
+        key: unit_key,
+        result: Ok(older),
+    });
+    s.take();
+    s.request(r#"{"cmd":"stop","unit":"g.service"}"#);
+    assert_eq!(s.stops(), [], "systemd said ours is over");
 }
 
 /// What a new watch heard before its first read is placed by that read's serial only on the
