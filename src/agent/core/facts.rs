@@ -281,14 +281,20 @@ impl UnitFacts {
     /// until the late signal right after it names their invocation. Signals come in serial
     /// order, so no signal of this unit lies between the two.
     fn note_late_roots(&mut self, change: &UnitChange, pids: [u32; 2], serial: u32) {
-        if self.said_of_current(serial) {
-            self.late_roots = None;
-            return;
-        }
         let unplaced = match self.late_roots.take().map(|late| *late) {
             Some(LateRoots::Unplaced { pids, serial: said }) if newer(serial, said) => Some(pids),
             _ => None,
         };
+        if self.said_of_current(serial) {
+            // A late change that names the current invocation (it moved when that was first
+            // said back to this one): the roots said right before it are the current's.
+            if let Some(pids) = unplaced
+                && change.invocation.is_some()
+            {
+                self.note_roots(pids, serial);
+            }
+            return;
+        }
         // Only an invocation named after the first read is known to come after the watch's.
         let after_first_read = self.first_read.is_some_and(|read| !newer(read, serial));
         // As for the current invocation: InactiveExitTimestamp tells when it began only once
@@ -774,6 +780,17 @@ mod tests {
         facts.apply_change(&pids(0, 0), 12);
         assert_eq!(facts.next_invocation().gone_roots, [32]);
     }
+    /// A late signal that names the current invocation, handled after the read that told it:
+    /// the MainPID said right before it is the current invocation's, one of its roots.
+    #[test]
+    fn a_late_signal_naming_the_current_invocation_keeps_the_main_pid_said_before_it() {
+        let mut facts = UnitFacts::default();
+        facts.apply_snapshot(&snapshot(660, "deactivating", "f"));
+        facts.apply_change(&pids(126, 0), 601);
+        facts.apply_change(&change(Some("activating"), Some("f")), 602);
+        assert_eq!(facts.next_invocation().gone_roots, [126]);
+    }
+
     /// A late signal, handled after a read that told a later invocation, still places the
     /// MainPID said right before it with the invocation it names, if that was named after
     /// the first read: it is an invocation after the watch's. Before the first read it may be
