@@ -138,6 +138,8 @@ pub(super) struct JournalFile {
     path: PathBuf,
     len: u64,
     next_seq: u64,
+    /// An append since the last sync.
+    unsynced: bool,
 }
 
 impl JournalFile {
@@ -161,24 +163,43 @@ impl JournalFile {
             path,
             len: header.len() as u64,
             next_seq: 1,
+            unsynced: false,
         })
     }
 
-    /// Appends one turn's changes and syncs them; returns the bytes written. After a failure
-    /// the journal may end in part of the line, which a load drops: the agent must stop.
+    /// Appends one turn's changes, unsynced: in the page cache, which an agent killed after it
+    /// finds at its restart, but not on disk before [`JournalFile::sync`]. Returns the bytes
+    /// written. After a failure the journal may end in part of the line, which a load drops:
+    /// the agent must stop.
     pub(super) fn append(&mut self, changes: &ChangeSet) -> Result<usize, StateError> {
         let bytes = line(self.next_seq, changes)
             .map_err(|error| io_error(&self.path, "encode a change set for", error))?;
         self.file
             .write_all(&bytes)
             .map_err(|error| io_error(&self.path, "append to", error))?;
+        self.next_seq += 1;
+        self.len += bytes.len() as u64;
+        self.unsynced = true;
+        Ok(bytes.len())
+    }
+
+    /// Makes every append so far durable on disk (one `fdatasync`, for all of them); `false`
+    /// if there was none to sync.
+    pub(super) fn sync(&mut self) -> Result<bool, StateError> {
+        if !self.unsynced {
+            return Ok(false);
+        }
         // The file's size is metadata fdatasync writes too; its times are not needed.
         self.file
             .sync_data()
             .map_err(|error| io_error(&self.path, "sync", error))?;
-        self.next_seq += 1;
-        self.len += bytes.len() as u64;
-        Ok(bytes.len())
+        self.unsynced = false;
+        Ok(true)
+    }
+
+    /// Whether an append is not yet synced.
+    pub(super) fn unsynced(&self) -> bool {
+        self.unsynced
     }
 
     /// The journal's length in bytes.

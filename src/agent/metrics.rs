@@ -108,6 +108,52 @@ pub(super) fn render(stats: &AgentStats) -> String {
         "From the agent learning of systemd's terminal state of an invocation to its proof.",
         &core.proof_latency,
     );
+    let event_loop = &stats.event_loop;
+    histogram(
+        &mut out,
+        "exitproof_loop_proof_latency_seconds",
+        "The agent's own time per proof: from the loop's receipt of the message or notice that \
+         decided it to the proof written to its subscribers.",
+        &event_loop.proof_latency,
+    );
+    let work = &event_loop.work;
+    family(
+        &mut out,
+        "exitproof_loop_turns_total",
+        "counter",
+        "Turns of the agent's loop.",
+        [(String::new(), event_loop.turns)],
+    );
+    family(
+        &mut out,
+        "exitproof_loop_work_total",
+        "counter",
+        "What the loop's turns did, by kind of work.",
+        labelled(
+            "work",
+            [
+                ("save", work.saves),
+                ("sync", work.syncs),
+                ("cgroup-read", work.cgroup_reads),
+                ("trim", work.trims),
+            ],
+        ),
+    );
+    family(
+        &mut out,
+        "exitproof_loop_work_microseconds_total",
+        "counter",
+        "The time the loop's turns spent on each kind of work, in microseconds.",
+        labelled(
+            "work",
+            [
+                ("save", work.save_us),
+                ("sync", work.sync_us),
+                ("cgroup-read", work.cgroup_read_us),
+                ("trim", work.trim_us),
+            ],
+        ),
+    );
     out
 }
 

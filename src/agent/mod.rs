@@ -21,6 +21,7 @@ mod sim;
 pub(crate) mod state;
 pub(crate) mod stats;
 mod store;
+mod turns;
 
 use std::collections::VecDeque;
 use std::io;
@@ -37,7 +38,8 @@ use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message};
 
 use self::core::{
-    Answer, Core, CoreConfig, Input, NextInvocation, Output, ReplyTo, StopKind, UnitKey,
+    Answer, Core, CoreConfig, Input, NextInvocation, Output, ReplyTo, SAVE_INTERVAL, StopKind,
+    UnitKey,
 };
 use crate::cgroup::procs::{
     ClockBasis, ProcessTracker, Tracked, earlier_processes, list_processes,
@@ -66,6 +68,7 @@ use saved::{AgentState, StateSave};
 use state::StateError;
 use stats::DriverCounters;
 use store::StateStore;
+use turns::{LoopAccount, Work};
 
 /// Reads of units in flight at once. A burst of watches is read a window at a time, which
 /// bounds what waits on the bus and in memory: a read is a dozen calls, and each read in flight
@@ -275,6 +278,13 @@ struct Agent {
     /// When to give the heap's free pages back, set by the first event after the last time.
     release_heap: Option<Instant>,
     counters: DriverCounters,
+    /// What each turn of the loop did, and each proof's time in it.
+    account: LoopAccount,
+    /// When the journal was last synced, and when the next sync is due (a save written since).
+    last_sync: Option<Instant>,
+    sync_due: Option<Instant>,
+    /// Exit records read for a proof, removed once the proof holding them is written.
+    records_to_remove: Vec<(PathBuf, RecordName)>,
     metrics: Option<metrics::MetricsFile>,
 }
 
@@ -425,6 +435,10 @@ impl Agent {
             next_ping: None,
             release_heap: None,
             counters: DriverCounters::default(),
+            account: LoopAccount::new(),
+            last_sync: None,
+            sync_due: None,
+            records_to_remove: Vec::new(),
             metrics,
         };
         agent.carry_out();
@@ -458,6 +472,7 @@ impl Agent {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) => return Err(io_error("wait for events")(e)),
             }
+            self.account.turn_begins(clock::now());
             if let Some(offset) = clock::realtime_minus_monotonic_ns() {
                 self.core.observe_wall_clock(offset);
             }
@@ -484,6 +499,7 @@ impl Agent {
                             }
                             self.core.save_now(clock::now());
                             self.carry_out();
+                            self.sync_state(clock::now());
                             return match self.save_failed.take() {
                                 Some(e) => Err(AgentError::Save(e)),
                                 None => Ok(()),
@@ -526,9 +542,11 @@ impl Agent {
                 self.core.save_snapshot(clock::now());
                 self.carry_out();
             }
+            self.sync_when_due(clock::now());
             if let Some(e) = self.save_failed.take() {
                 return Err(AgentError::Save(e));
             }
+            self.account.turn_ends(clock::now());
         }
     }
 
@@ -539,6 +557,7 @@ impl Agent {
             self.bus_timeout(),
             self.next_ping,
             self.release_heap,
+            self.sync_due,
             self.metrics.as_ref().and_then(metrics::MetricsFile::due),
         ]
         .into_iter()
@@ -554,6 +573,7 @@ impl Agent {
     /// Hands one input to the core and carries out everything it asks for.
     fn input(&mut self, input: Input) {
         let now = clock::now();
+        self.account.input();
         self.metrics_changed(now);
         self.core.handle_input(input, now);
         self.carry_out();
@@ -600,12 +620,18 @@ impl Agent {
                         .handle_input(Input::Leftovers { key, result }, clock::now());
                 }
                 Output::ReadCgroup { key, cgroup } => {
+                    let started = clock::now();
                     let reading = self.cgroups.read_cgroup(&cgroup);
+                    let now = clock::now();
+                    self.account.worked(Work::CgroupRead, started, now);
+                    self.account.input();
                     self.core
-                        .handle_input(Input::CgroupRead { key, reading }, clock::now());
+                        .handle_input(Input::CgroupRead { key, reading }, now);
                 }
                 Output::TakeExitRecord { key, run_dir, name } => {
-                    let record = take_exit_record(&run_dir, &name);
+                    let record = read_exit_record(&run_dir, &name);
+                    self.records_to_remove.push((run_dir, name));
+                    self.account.input();
                     self.core
                         .handle_input(Input::ExitRecord { key, record }, clock::now());
                 }
@@ -623,6 +649,10 @@ impl Agent {
                     }
                 }
                 // At 100,000 watches the list is tens of MB: it is written as the client reads.
+                // An answer may promise that what was saved before it survives any crash (a
+                // watch, an unwatch): it waits for the sync. Nothing else does (see
+                // ARCHITECTURE.md, "What is written before whom").
+                Output::Reply { .. } if !self.sync_state(clock::now()) => {}
                 Output::Reply {
                     to,
                     answer: Answer::Units(views),
@@ -644,6 +674,7 @@ impl Agent {
                         for client in clients {
                             self.server.send(self.poll.registry(), client, &line);
                         }
+                        self.account.proof_told(clock::now());
                     }
                     Err(e) => log::error!("{}: encode the proof event: {e}", event.unit),
                 },
@@ -675,15 +706,73 @@ impl Agent {
                                 changes.watches.len() + changes.removed.len()
                             ),
                         };
-                        match store.save(*save) {
+                        let saved = store.save(*save);
+                        let now = clock::now();
+                        self.account.worked(Work::Save, started, now);
+                        match saved {
                             Ok(bytes) => log::debug!(
                                 "saved {what} ({bytes} bytes) in {} us",
-                                started.elapsed().as_micros()
+                                now.saturating_duration_since(started).as_micros()
                             ),
                             Err(e) => self.save_failed = Some(e),
                         }
                     }
+                    self.remove_taken_records();
                 }
+            }
+        }
+        if self.save_failed.is_none() {
+            self.remove_taken_records();
+        }
+    }
+
+    /// Removes the exit records read for proofs: after the save holding them is written, so
+    /// that an agent killed in between finds either the record or the proof that holds it.
+    fn remove_taken_records(&mut self) {
+        for (run_dir, name) in self.records_to_remove.drain(..) {
+            if let Err(e) = remove_beneath(&run_dir, name.as_str()) {
+                log::warn!("remove the exit record: {e}");
+            }
+        }
+    }
+
+    /// Makes every save so far durable on disk, if one is not; `false` if that failed (the
+    /// agent then stops, carrying out nothing more).
+    fn sync_state(&mut self, now: Instant) -> bool {
+        if self.save_failed.is_some() {
+            return false;
+        }
+        let Some(store) = self.state_store.as_mut().filter(|s| s.unsynced()) else {
+            return true;
+        };
+        let synced = store.sync();
+        let done = clock::now();
+        self.account.worked(Work::Sync, now, done);
+        self.last_sync = Some(done);
+        self.sync_due = None;
+        match synced {
+            Ok(_) => true,
+            Err(e) => {
+                self.save_failed = Some(e);
+                false
+            }
+        }
+    }
+
+    /// Syncs what was written, at most once per [`SAVE_INTERVAL`]: a sync holds the loop
+    /// (milliseconds on a disk), and what it makes durable is needed only against a crash of
+    /// the machine, which takes every client with it.
+    fn sync_when_due(&mut self, now: Instant) {
+        if !self.state_store.as_ref().is_some_and(StateStore::unsynced) {
+            self.sync_due = None;
+            return;
+        }
+        match self.last_sync {
+            Some(last) if now.saturating_duration_since(last) < SAVE_INTERVAL => {
+                self.sync_due = Some(last + SAVE_INTERVAL);
+            }
+            _ => {
+                self.sync_state(now);
             }
         }
     }
@@ -906,6 +995,7 @@ impl Agent {
             self.cgroups.watch_count(),
             journald_dropped(),
             self.systemd_error(),
+            self.account.stats(),
         )
     }
 
@@ -924,9 +1014,13 @@ impl Agent {
             }
             self.next_ping = notifier.watchdog_interval().map(|every| now + every);
         }
+        if self.sync_due.is_some_and(|at| at <= now) {
+            self.sync_state(now);
+        }
         if self.release_heap.is_some_and(|at| at <= now) {
             self.release_heap = None;
             crate::memory::trim_free_heap();
+            self.account.worked(Work::Trim, now, clock::now());
         }
         if let Some(mut metrics) = self.metrics.take() {
             metrics.refresh_if_due(now, || self.stats(self.core.stats()));
@@ -974,23 +1068,20 @@ fn answer_line(
     response.to_line()
 }
 
-/// Reads the advisory exit record once and removes it: it must never count for a later
-/// invocation. A record that cannot be read words the proof as having none.
-fn take_exit_record(
+/// Reads the advisory exit record once; it is removed once the proof is written, as it must
+/// never count for a later invocation. A record that cannot be read words the proof as having
+/// none.
+fn read_exit_record(
     run_dir: &std::path::Path,
     name: &RecordName,
 ) -> Option<crate::exit::record::ExitRecord> {
-    let record = match read_record(run_dir, name) {
+    match read_record(run_dir, name) {
         Ok(record) => record,
         Err(e) => {
             log::info!("no exit record: {e}");
             None
         }
-    };
-    if let Err(e) = remove_beneath(run_dir, name.as_str()) {
-        log::warn!("remove the exit record: {e}");
     }
-    record
 }
 
 /// This boot's id, or `None` (said once) if the kernel does not tell.

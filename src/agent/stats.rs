@@ -2,7 +2,7 @@
 //! sees (bus reconnects, why systemd is not heard, inotify watches and overflows), as the `stats` answer and the metrics
 //! file carry them.
 
-use crate::control::wire::{AgentStats, CoreStats, InotifyStats, JournaldStats};
+use crate::control::wire::{AgentStats, CoreStats, InotifyStats, JournaldStats, LoopStats};
 
 /// What only the driver counts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -21,6 +21,7 @@ impl AgentStats {
         inotify_watches: usize,
         journald_dropped: u64,
         systemd_error: Option<String>,
+        event_loop: LoopStats,
     ) -> AgentStats {
         AgentStats {
             core,
@@ -33,6 +34,7 @@ impl AgentStats {
             journald: JournaldStats {
                 dropped: journald_dropped,
             },
+            event_loop,
         }
     }
 }

@@ -122,8 +122,10 @@ impl StateStore {
         Err(self.move_journal_aside_because(seconds, reason))
     }
 
-    /// Writes a save: a snapshot replaces the snapshot file and starts a new journal; a change
-    /// set is appended to the journal. Durable when it returns `Ok`, with the bytes written.
+    /// Writes a save: a snapshot replaces the snapshot file and starts a new journal, durable
+    /// when it returns `Ok`; a change set is appended to the journal, which a restart after
+    /// the agent is killed finds, but which survives the machine's crash only once
+    /// [`StateStore::sync`]ed. Returns the bytes written.
     pub(super) fn save(&mut self, save: StateSave) -> Result<usize, StateError> {
         match save {
             StateSave::Snapshot(mut state) => {
@@ -157,6 +159,19 @@ impl StateStore {
                 journal.append(&changes)
             }
         }
+    }
+
+    /// Makes every save so far durable on disk; `false` if nothing needed it.
+    pub(super) fn sync(&mut self) -> Result<bool, StateError> {
+        match self.journal.as_mut() {
+            Some(journal) => journal.sync(),
+            None => Ok(false),
+        }
+    }
+
+    /// Whether a save is not yet durable on disk.
+    pub(super) fn unsynced(&self) -> bool {
+        self.journal.as_ref().is_some_and(JournalFile::unsynced)
     }
 
     /// Whether the journal is long enough to be compacted into a snapshot.
@@ -250,6 +265,26 @@ mod tests {
             .iter()
             .map(|w| w.unit.as_str())
             .collect()
+    }
+
+    /// An append is written before anything after it is carried out and synced later: an
+    /// agent killed in between finds it at its restart (the kernel keeps what was written),
+    /// and the sync makes it durable on disk once.
+    #[test]
+    fn an_unsynced_append_is_taken_up_by_a_restart_and_synced_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut store = StateStore::new(dir.path().to_owned());
+        store.load().expect("first start");
+        store
+            .save(StateSave::Snapshot(state_of(&["a.service"])))
+            .expect("snapshot");
+        assert!(!store.unsynced(), "a snapshot is durable when saved");
+        store.save(put("b.service")).expect("append");
+        assert!(store.unsynced());
+        assert_eq!(watches(&load(dir.path())), ["a.service", "b.service"]);
+        assert!(store.sync().expect("sync"));
+        assert!(!store.unsynced());
+        assert!(!store.sync().expect("nothing to sync"));
     }
 
     #[test]

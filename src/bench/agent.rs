@@ -11,7 +11,7 @@ use super::setup::{BenchConfig, StartedUnit, unit_name};
 use super::{BenchError, reap, schedstat_ns};
 use crate::control::client::Client;
 use crate::control::protocol::{self, Request, WatchArgs};
-use crate::control::wire::WatchAnswer;
+use crate::control::wire::{AgentStats, WatchAnswer};
 use crate::systemd::Bus;
 
 /// The agent contender, a child process of the bench.
@@ -34,7 +34,7 @@ impl AgentChild {
             .arg("--socket")
             .arg(&socket)
             .arg("--state-dir")
-            .arg(config.work_dir.join("state"));
+            .arg(state_dir(config));
         if config.bus == Bus::User {
             command.arg("--user");
         }
@@ -60,6 +60,11 @@ impl AgentChild {
         Ok(agent)
     }
 
+    /// The agent's own figures (`stats`), `None` if it does not answer.
+    pub(super) fn stats(&self) -> Option<AgentStats> {
+        Client::connect(&self.socket).ok()?.stats().ok()
+    }
+
     fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -75,6 +80,18 @@ impl AgentChild {
     pub(super) fn cpu_ns(&self) -> u64 {
         schedstat_ns(&format!("/proc/{}/schedstat", self.pid())).unwrap_or(0)
     }
+}
+
+/// The agent's state directory, empty: each phase's agent starts with no watches.
+fn state_dir(config: &BenchConfig) -> PathBuf {
+    let dir = config
+        .state_dir
+        .clone()
+        .unwrap_or_else(|| config.work_dir.join("state"));
+    for file in ["state.json", "state.journal"] {
+        let _ = std::fs::remove_file(dir.join(file));
+    }
+    dir
 }
 
 impl Drop for AgentChild {

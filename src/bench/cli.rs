@@ -47,6 +47,10 @@ pub struct BenchCli {
     /// Where bench.json, bench.md and latency.svg are written.
     #[arg(long, default_value = ".")]
     out: PathBuf,
+    /// The agent's state directory, to measure it on another filesystem [default: `state` in
+    /// the bench's temporary directory]. Emptied before the run; each phase's agent starts anew.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// Be the bench's observer process (the bench starts it itself).
     #[arg(long, hide = true)]
     observer: bool,
@@ -96,6 +100,7 @@ fn bench(cli: BenchCli, bus: Bus) -> Result<(), String> {
         // with another /tmp): the child's /proc/self/exe is ours.
         bench_binary: PathBuf::from("/proc/self/exe"),
         work_dir: work_dir.clone(),
+        state_dir: cli.state_dir,
     };
     let run = run(&config)
         .map_err(|e| format!("{e} (agent log: {})", work_dir.join("agent.log").display()))?;

@@ -137,6 +137,8 @@ pub fn render_markdown(run: &BenchRun, summary: &Summary) -> String {
          latency: {floor_ratio}"
     );
 
+    own_time_section(&mut md, run, summary);
+
     let _ = writeln!(md, "\n## run\n");
     let _ = writeln!(md, "- units: {}", run.units);
     let _ = writeln!(md, "- rounds: {}", run.rounds);
@@ -144,9 +146,86 @@ pub fn render_markdown(run: &BenchRun, summary: &Summary) -> String {
     let _ = writeln!(md, "- kills: {} (seed {})", kill_words(run), run.seed);
     let _ = writeln!(md, "- poll interval: {} ms", run.poll_interval_ms);
     let _ = writeln!(md, "- idle window: {} ms", run.idle_ms);
+    let _ = writeln!(
+        md,
+        "- the agent's state: {}",
+        run.state_dir
+            .as_deref()
+            .unwrap_or("in the bench's temporary directory")
+    );
     let _ = writeln!(md, "- machine: {}", run.machine);
     let _ = writeln!(md, "- date: {}", run.date);
     md
+}
+
+/// The agent's own time per proof and its slowest turns, from its `stats` (`loop`).
+fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
+    let _ = writeln!(
+        md,
+        "\n## the agent's own time per proof (its `stats`)\n\nFrom the loop's receipt of \
+         what decided a proof (its wake from `epoll_wait`) to the proof written to its \
+         subscribers; p50 and p99 are the upper bounds of the histogram's buckets that hold \
+         them.\n"
+    );
+    let (Some(own), Some(event_loop)) = (summary.agent_own_ms, &run.agent_loop) else {
+        let _ = writeln!(md, "- not taken");
+        return;
+    };
+    let _ = writeln!(
+        md,
+        "- {} proofs: p50 ≤ {} ms, p99 ≤ {} ms, max {} ms",
+        own.proofs,
+        fmt_ms(own.p50_at_most),
+        fmt_ms(own.p99_at_most),
+        fmt_ms(own.max)
+    );
+    let work = &event_loop.work;
+    let _ = writeln!(
+        md,
+        "- {} turns: {} saves ({} ms), {} syncs ({} ms), {} cgroup reads ({} ms), {} heap \
+         trims ({} ms)",
+        event_loop.turns,
+        work.saves,
+        fmt_ms(work.save_us as f64 / 1000.0),
+        work.syncs,
+        fmt_ms(work.sync_us as f64 / 1000.0),
+        work.cgroup_reads,
+        fmt_ms(work.cgroup_read_us as f64 / 1000.0),
+        work.trims,
+        fmt_ms(work.trim_us as f64 / 1000.0),
+    );
+    for (title, slow) in [
+        (
+            "slowest proofs (the work of their turn before them)",
+            &event_loop.slowest_proofs,
+        ),
+        ("slowest turns", &event_loop.slowest_turns),
+    ] {
+        let _ = writeln!(
+            md,
+            "\n{title}:\n\n| at (CLOCK_MONOTONIC ms) | took (ms) | inputs | proofs | saves \
+             (ms) | syncs (ms) | cgroup reads (ms) | trims (ms) |\n|---:|---:|---:|---:|---|---|---|---|"
+        );
+        for turn in slow {
+            let w = &turn.work;
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+                turn.at_mono_ns / 1_000_000,
+                fmt_ms(turn.us as f64 / 1000.0),
+                w.inputs,
+                w.proofs,
+                w.saves,
+                fmt_ms(w.save_us as f64 / 1000.0),
+                w.syncs,
+                fmt_ms(w.sync_us as f64 / 1000.0),
+                w.cgroup_reads,
+                fmt_ms(w.cgroup_read_us as f64 / 1000.0),
+                w.trims,
+                fmt_ms(w.trim_us as f64 / 1000.0),
+            );
+        }
+    }
 }
 
 /// How the contenders shared the run, in words.
@@ -529,6 +608,8 @@ mod tests {
                 threads: None,
                 spawned_cpu_ms: Some(5000.0),
             },
+            state_dir: None,
+            agent_loop: None,
         }
     }
 

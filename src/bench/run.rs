@@ -193,6 +193,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchRun, BenchError> {
     let mut samples = Vec::new();
     let mut event = Resources::default();
     let mut poll = Resources::default();
+    let mut agent_loop = None;
     for &phase in config.mode.phases() {
         let mut contenders = Contenders::start(phase, config)?;
         // An observer per phase, subscribed after the contenders and running at a higher
@@ -277,6 +278,7 @@ pub fn run(config: &BenchConfig) -> Result<BenchRun, BenchError> {
             }
         }
         if let Some(agent) = &contenders.agent {
+            agent_loop = agent.child.stats().map(|stats| stats.event_loop);
             event = Resources {
                 idle_cpu_ms: ms(idle.agent_ns),
                 round_cpu_ms: ms(rounds_cpu.agent_ns),
@@ -311,6 +313,11 @@ pub fn run(config: &BenchConfig) -> Result<BenchRun, BenchError> {
         samples,
         event,
         poll,
+        state_dir: config
+            .state_dir
+            .as_ref()
+            .map(|dir| dir.display().to_string()),
+        agent_loop,
     })
 }
 

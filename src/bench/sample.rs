@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::control::wire::LoopStats;
+
 /// How the contenders share the run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -125,6 +127,13 @@ pub struct BenchRun {
     pub samples: Vec<UnitSample>,
     pub event: Resources,
     pub poll: Resources,
+    /// The agent's state directory, if not the bench's temporary one.
+    #[serde(default)]
+    pub state_dir: Option<String>,
+    /// The agent's own accounting at the end of its phase (its `stats`' `loop`): its time per
+    /// proof and its slowest turns. `None` in runs before it, or if the agent did not answer.
+    #[serde(default)]
+    pub agent_loop: Option<LoopStats>,
 }
 
 fn together() -> Mode {

@@ -29,6 +29,8 @@ pub struct BenchConfig {
     pub bench_binary: PathBuf,
     /// Where the agent's socket and log go.
     pub work_dir: PathBuf,
+    /// The agent's state directory (`None`: `state` in `work_dir`).
+    pub state_dir: Option<PathBuf>,
 }
 
 /// The bench's own unit names are valid; one that is not is the bench's bug, reported.

@@ -7,6 +7,7 @@
 use serde::Serialize;
 
 use super::sample::{BenchRun, Mode, Resources, UnitSample};
+use crate::control::wire::LoopStats;
 
 /// Nanoseconds in a millisecond, for converting monotonic timestamp differences.
 const NS_PER_MS: f64 = 1_000_000.0;
@@ -184,6 +185,42 @@ pub struct Summary {
     /// systemd's own D-Bus signal as seen by the bench: the floor the others are compared to.
     pub systemd: Latency,
     pub ratios: Ratios,
+    /// The agent's own time per proof, from its `stats`; `null` where it was not taken.
+    pub agent_own_ms: Option<OwnTime>,
+}
+
+/// The agent's own time per proof, as its histogram tells it (`stats`' `loop`): from the
+/// loop's receipt of what decided a proof to the proof written to its subscribers.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct OwnTime {
+    /// Proofs in the histogram.
+    pub proofs: u64,
+    /// The upper bound of the bucket holding the median (nearest rank), in ms: the median is
+    /// at most this.
+    pub p50_at_most: f64,
+    /// The same for the 99th percentile.
+    pub p99_at_most: f64,
+    /// The longest, exactly, in ms.
+    pub max: f64,
+}
+
+impl OwnTime {
+    pub fn of(event_loop: &LoopStats) -> Option<OwnTime> {
+        let histogram = &event_loop.proof_latency;
+        let max_us = event_loop.proof_latency_max_us;
+        let at_most = |p: u64| {
+            let rank = histogram.count.saturating_mul(p).div_ceil(100).max(1);
+            let bucket = histogram.buckets.iter().find(|b| b.count >= rank)?;
+            Some(bucket.le_us.map_or(max_us, |le| le.min(max_us)) as f64 / 1000.0)
+        };
+        (histogram.count > 0).then_some(())?;
+        Some(OwnTime {
+            proofs: histogram.count,
+            p50_at_most: at_most(50)?,
+            p99_at_most: at_most(99)?,
+            max: max_us as f64 / 1000.0,
+        })
+    }
 }
 
 /// One of the three contenders of the benchmark.
@@ -259,6 +296,7 @@ pub fn summarize(run: &BenchRun) -> Summary {
         poll,
         systemd,
         ratios,
+        agent_own_ms: run.agent_loop.as_ref().and_then(OwnTime::of),
     }
 }
 
@@ -461,6 +499,8 @@ mod tests {
             samples,
             event,
             poll,
+            state_dir: None,
+            agent_loop: None,
         }
     }
 
@@ -530,8 +570,31 @@ mod tests {
                 // The agent's p50 (4 ms) over systemd's on the same units (3 ms).
                 "p50_e2e_event_over_systemd": 4.0 / 3.0,
             },
+            "agent_own_ms": null,
         });
         assert_eq!(json, expected);
+    }
+
+    #[test]
+    fn the_agent_s_own_time_is_read_off_its_histogram_as_bucket_bounds() {
+        let mut event_loop = LoopStats {
+            proof_latency_max_us: 900,
+            ..LoopStats::default()
+        };
+        // 98 proofs at most 50 us, one at most 200 us, one of 900 us past the last bound.
+        let counts = [(Some(50), 98), (Some(200), 99), (None, 100)];
+        event_loop.proof_latency.buckets = counts
+            .iter()
+            .map(|&(le_us, count)| crate::control::wire::Bucket { le_us, count })
+            .collect();
+        event_loop.proof_latency.count = 100;
+        let own = OwnTime::of(&event_loop).expect("proofs were counted");
+        assert_eq!(
+            (own.proofs, own.p50_at_most, own.p99_at_most),
+            (100, 0.05, 0.2)
+        );
+        assert_eq!(own.max, 0.9);
+        assert_eq!(OwnTime::of(&LoopStats::default()), None);
     }
 
     #[test]

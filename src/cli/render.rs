@@ -342,6 +342,15 @@ impl Render for AgentStats {
             "proof latency: {}",
             latency_words(&core.proof_latency)
         );
+        let own = &self.event_loop;
+        if own.proof_latency.count > 0 {
+            let _ = writeln!(
+                text,
+                "the agent's own time per proof: {}, max {}",
+                latency_words(&own.proof_latency),
+                micros(own.proof_latency_max_us)
+            );
+        }
         let _ = writeln!(
             text,
             "resyncs: {}; bus reconnects: {}; inotify: {} watches, {} overflows; journald: {} \
@@ -631,7 +640,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
     #[test]
     fn stats_read_as_lines_for_a_person_with_the_latency_in_words() {
         use crate::control::wire::{
-            Bucket, CoreStats, InotifyStats, JournaldStats, LatencySummary, PhaseCounts,
+            Bucket, CoreStats, InotifyStats, JournaldStats, LatencySummary, LoopStats, PhaseCounts,
             ProofCounts,
         };
         let stats = AgentStats {
@@ -673,6 +682,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
                 overflows: 0,
             },
             journald: JournaldStats { dropped: 0 },
+            event_loop: LoopStats::default(),
         };
         assert_eq!(
             stats.human(),

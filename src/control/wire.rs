@@ -303,7 +303,7 @@ pub struct Bucket {
 }
 
 /// A histogram as reported, in microseconds.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LatencySummary {
     /// Cumulative buckets, in increasing bound.
     pub buckets: Vec<Bucket>,
@@ -378,6 +378,69 @@ pub struct AgentStats {
     pub inotify: InotifyStats,
     /// Structured logging to journald.
     pub journald: JournaldStats,
+    /// The loop's own time: per proof, and what its slowest turns did (absent from agents
+    /// older than it).
+    #[serde(rename = "loop", default)]
+    pub event_loop: LoopStats,
+}
+
+/// The agent's own time, measured by its loop: per proof, from the loop's receipt of what
+/// decided it (its wake from `epoll_wait`, on the monotonic clock) to the proof written to
+/// its subscribers; and what the turns of the loop did, so a slow proof is explained by the
+/// agent's own figures.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoopStats {
+    /// Per proof told to subscribers (`events`), in microseconds; proofs made while nobody
+    /// subscribed are not in it.
+    pub proof_latency: LatencySummary,
+    /// The longest of those, in microseconds.
+    pub proof_latency_max_us: u64,
+    /// Turns of the loop since the agent started.
+    pub turns: u64,
+    /// What every turn did, summed.
+    pub work: TurnWork,
+    /// The proofs that took longest, slowest first: each one's time and what its turn had
+    /// done by then.
+    pub slowest_proofs: Vec<SlowTurn>,
+    /// The longest turns, slowest first: each one's time and what it did. A message that
+    /// arrives during a turn waits for its end.
+    pub slowest_turns: Vec<SlowTurn>,
+}
+
+/// What the loop did in a turn (or in all of them), with the time each kind of work took.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnWork {
+    /// Inputs handed to the rules (messages, notices, requests, answers of synchronous reads).
+    pub inputs: u64,
+    /// Proofs told to subscribers.
+    pub proofs: u64,
+    /// Saves of the state: a journal line written, or a whole snapshot.
+    pub saves: u64,
+    /// Their time, in microseconds.
+    pub save_us: u64,
+    /// `fdatasync`s of the journal.
+    pub syncs: u64,
+    /// Their time, in microseconds.
+    pub sync_us: u64,
+    /// Reads of a unit's `cgroup.events`.
+    pub cgroup_reads: u64,
+    /// Their time, in microseconds.
+    pub cgroup_read_us: u64,
+    /// Free heap pages given back (`malloc_trim`).
+    pub trims: u64,
+    /// Their time, in microseconds.
+    pub trim_us: u64,
+}
+
+/// One slow proof or turn: how long it took and what its turn did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlowTurn {
+    /// CLOCK_MONOTONIC, in nanoseconds, when the turn began (the loop's wake).
+    pub at_mono_ns: u64,
+    /// The proof's time from the turn's beginning, or the turn's whole time, in microseconds.
+    pub us: u64,
+    /// What the turn had done by then.
+    pub work: TurnWork,
 }
 
 /// The payload of a successful `status` answer: `{"status":…}`.

@@ -14,9 +14,9 @@ use exitproof::control::protocol::{
 use exitproof::control::server::{ClientInput, ControlServer, ServerOptions};
 use exitproof::control::wire::{
     AgentStats, Bucket, Cause, CoreStats, EventAnswer, EventKind, InotifyStats, JournaldStats,
-    LatencySummary, Level, ListAnswer, Phase, PhaseCounts, ProofCounts, ProofEvent,
-    RemainingProcess, SanitizedRecord, StatsAnswer, StatusAnswer, UnitStatus, VersionAnswer,
-    WatchAnswer, WatchView,
+    LatencySummary, Level, ListAnswer, LoopStats, Phase, PhaseCounts, ProofCounts, ProofEvent,
+    RemainingProcess, SanitizedRecord, SlowTurn, StatsAnswer, StatusAnswer, TurnWork, UnitStatus,
+    VersionAnswer, WatchAnswer, WatchView,
 };
 use exitproof::unit_name::UnitName;
 use mio::{Events, Poll, Token, Waker};
@@ -464,6 +464,36 @@ fn sample_stats() -> AgentStats {
             overflows: 15,
         },
         journald: JournaldStats { dropped: 16 },
+        event_loop: LoopStats {
+            proof_latency: LatencySummary {
+                buckets: vec![Bucket {
+                    le_us: None,
+                    count: 17,
+                }],
+                sum_us: 18,
+                count: 17,
+            },
+            proof_latency_max_us: 19,
+            turns: 20,
+            work: TurnWork {
+                inputs: 21,
+                proofs: 22,
+                saves: 23,
+                save_us: 24,
+                syncs: 25,
+                sync_us: 26,
+                cgroup_reads: 27,
+                cgroup_read_us: 28,
+                trims: 29,
+                trim_us: 30,
+            },
+            slowest_proofs: vec![SlowTurn {
+                at_mono_ns: 31,
+                us: 32,
+                work: TurnWork::default(),
+            }],
+            slowest_turns: Vec::new(),
+        },
     }
 }
 

@@ -14,9 +14,11 @@
 //! [`Input::CgroupRead`], [`Input::Leftovers`], [`Input::ExitRecord`]) before any other input,
 //! so a reading is never older than the state that asked for it.
 //!
-//! Driver contract for saves: [`Output::Save`] is durable before the next output is carried
-//! out, or nothing after it is carried out at all (the real driver stops; a restart resumes
-//! from the last save). A save is a change set of one turn, or a snapshot of everything at
+//! Driver contract for saves: [`Output::Save`] is written before the next output is carried
+//! out (an agent killed after it finds it at its restart), or nothing after it is carried out
+//! at all (the real driver stops; a restart resumes from the last save); an answer after it
+//! ([`Output::Reply`]) goes out only once it is durable on disk (against a crash of the
+//! machine too). A save is a change set of one turn, or a snapshot of everything at
 //! start and whenever the driver asks ([`Core::save_snapshot`], to compact its journal).
 //!
 //! Driver contract for the bus: [`Input::BusUp`] after every (re)connection and subscription;
@@ -254,10 +256,11 @@ pub(crate) enum Output {
         /// The unit the line is about, for structured logging (journald fields).
         about: Option<Box<LogSubject>>,
     },
-    /// Make this durable (a turn's changes, or the whole state) before carrying out any output
-    /// after it: those may promise that it is saved (answers to `watch` and `unwatch`, the
-    /// release of a proven generation). A driver that cannot save must carry out nothing after
-    /// it.
+    /// Write this (a turn's changes, or the whole state) before carrying out any output after
+    /// it, and make it durable on disk before any answer after it: those may promise that it
+    /// is saved (a proof told, the release of a proven generation; answers to `watch` and
+    /// `unwatch`, against a crash of the machine too). A driver that cannot save must carry out
+    /// nothing after it.
     Save(Box<StateSave>),
 }
 

@@ -97,17 +97,18 @@ impl Core {
             Cause::ReplacedAfterStop => None,
         };
         // The proof is saved, with its release unfinished, before any file of the generation
-        // is released: an agent killed in between neither proves it again after its restart
-        // nor forgets the release, which it then carries out (`restore`).
+        // is released and before anyone is told: an agent killed in between neither proves
+        // it again after its restart (with another cause, or without the exit record it
+        // consumed) nor forgets the release, which it then carries out (`restore`).
         if let Some(watch) = self.units.get_mut(&key) {
             watch.event = Some(Box::new(event.clone()));
             self.unsaved.unit(&watch.unit);
-            if let Some(release) = watch.release.as_mut() {
-                if let Some(input) = release_input {
-                    release.handle(input);
-                }
-                self.save_now(now);
+            if let Some(release) = watch.release.as_mut()
+                && let Some(input) = release_input
+            {
+                release.handle(input);
             }
+            self.save_now(now);
         }
         self.carry_out_release(key);
         // Released before anyone is told: a caller that hears "proven" finds the launch file

@@ -31,40 +31,57 @@ pub(crate) const LATENCY_BOUNDS_US: [u64; 16] = [
     300_000_000,
 ];
 
-/// A histogram with the fixed buckets of [`LATENCY_BOUNDS_US`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Histogram {
-    /// Per bucket (not cumulative), the last one for what exceeds every bound.
-    counts: [u64; LATENCY_BOUNDS_US.len() + 1],
+/// A histogram with fixed buckets: `N` upper bounds in microseconds, and a last bucket (`le`
+/// null, `+Inf`) for the rest.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Histogram<const N: usize> {
+    bounds: &'static [u64; N],
+    /// Per bound (not cumulative).
+    counts: [u64; N],
+    /// What exceeds every bound.
+    above: u64,
     sum_us: u64,
 }
 
-impl Histogram {
+impl<const N: usize> Histogram<N> {
+    pub(crate) const fn new(bounds: &'static [u64; N]) -> Self {
+        Histogram {
+            bounds,
+            counts: [0; N],
+            above: 0,
+            sum_us: 0,
+        }
+    }
+
     pub(crate) fn observe(&mut self, value: Duration) {
         let us = u64::try_from(value.as_micros()).unwrap_or(u64::MAX);
-        let bucket = LATENCY_BOUNDS_US
-            .iter()
-            .position(|bound| us <= *bound)
-            .unwrap_or(LATENCY_BOUNDS_US.len());
-        self.counts[bucket] += 1;
+        match self.bounds.iter().position(|bound| us <= *bound) {
+            Some(bucket) => self.counts[bucket] += 1,
+            None => self.above += 1,
+        }
         self.sum_us = self.sum_us.saturating_add(us);
     }
 
     /// What the wire and the metrics file show: cumulative counts per bound.
     pub(crate) fn summary(&self) -> LatencySummary {
         let mut running = 0;
-        let buckets = self
-            .counts
+        let mut buckets: Vec<Bucket> = self
+            .bounds
             .iter()
-            .enumerate()
-            .map(|(i, count)| {
+            .zip(self.counts)
+            .map(|(bound, count)| {
                 running += count;
                 Bucket {
-                    le_us: LATENCY_BOUNDS_US.get(i).copied(),
+                    le_us: Some(*bound),
                     count: running,
                 }
             })
             .collect();
+        running += self.above;
+        buckets.push(Bucket {
+            le_us: None,
+            count: running,
+        });
         LatencySummary {
             buckets,
             sum_us: self.sum_us,
@@ -86,11 +103,21 @@ impl ProofCounts {
 }
 
 /// What the core counts as it goes.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct Counters {
     proofs: ProofCounts,
     resyncs: u64,
-    latency: Histogram,
+    latency: Histogram<{ LATENCY_BOUNDS_US.len() }>,
+}
+
+impl Default for Counters {
+    fn default() -> Self {
+        Counters {
+            proofs: ProofCounts::default(),
+            resyncs: 0,
+            latency: Histogram::new(&LATENCY_BOUNDS_US),
+        }
+    }
 }
 
 impl Core {

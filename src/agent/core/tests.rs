@@ -2273,3 +2273,49 @@ fn log_lines_name_the_invocation_and_proofs_carry_the_wall_clock() {
     let wall_us = 1_000_000_000_000_000 + proof.proven_mono_ns / 1000;
     assert_eq!(proof.proven_realtime_us, Some(wall_us));
 }
+
+/// A proof is told only once it is written: an agent killed after telling it finds it at its
+/// restart, and neither proves the invocation again (with another cause, after the unit began
+/// another invocation) nor loses the exit record it consumed.
+#[test]
+fn a_proof_is_saved_before_anyone_is_told_even_without_a_generation() {
+    let mut s = watching("b.service", "active");
+    s.request(r#"{"cmd":"events"}"#);
+    s.request(r#"{"id":7,"cmd":"wait","unit":"b.service","timeout_ms":10000}"#);
+    s.take();
+    // Within the save interval of the last save: only the proof may ask for one now.
+    s.changed("b.service", "inactive", A);
+    s.cgroups
+        .insert("/app.slice/b.service".into(), CgroupReading::Empty);
+    s.core
+        .handle_input(Input::CgroupChanged { key: UnitKey(0) }, s.now);
+    s.drain();
+    let outputs = s.take();
+    let told = outputs
+        .iter()
+        .position(|o| matches!(o, Output::Broadcast { .. }))
+        .expect("the proof is broadcast");
+    let answered = outputs
+        .iter()
+        .position(|o| {
+            matches!(
+                o,
+                Output::Reply {
+                    answer: Answer::Event(_),
+                    ..
+                }
+            )
+        })
+        .expect("the waiter is answered");
+    let saved = outputs.iter().position(|o| {
+        matches!(o, Output::Save(save) if matches!(&**save,
+            StateSave::Changes(changes) if changes.watches.iter().any(|w| w.proof.is_some())))
+    });
+    assert!(
+        saved.is_some_and(|at| at < told && at < answered),
+        "{outputs:?}"
+    );
+    // What was written by then is what a restart takes up: the unit, proven.
+    let mut restarted = Script::restored(s.saved.clone(), "boot-1");
+    assert_eq!(restarted.phase("b.service"), Phase::Proven);
+}

@@ -3,7 +3,8 @@ use std::os::unix::fs::MetadataExt;
 use super::*;
 use crate::agent::core::stats::LATENCY_BOUNDS_US;
 use crate::agent::stats::DriverCounters;
-use crate::control::wire::{Bucket, CoreStats};
+use crate::agent::turns::OWN_LATENCY_BOUNDS_US;
+use crate::control::wire::{Bucket, CoreStats, LoopStats};
 
 fn sample() -> AgentStats {
     let mut buckets: Vec<Bucket> = LATENCY_BOUNDS_US
@@ -41,7 +42,18 @@ fn sample() -> AgentStats {
         bus_reconnects: 2,
         inotify_overflows: 1,
     };
-    AgentStats::new(core, counters, 10, 5, None)
+    let mut own = crate::agent::core::stats::Histogram::new(&OWN_LATENCY_BOUNDS_US);
+    own.observe(Duration::from_micros(45));
+    own.observe(Duration::from_micros(180));
+    let mut event_loop = LoopStats {
+        proof_latency: own.summary(),
+        proof_latency_max_us: 180,
+        turns: 40,
+        ..LoopStats::default()
+    };
+    event_loop.work.saves = 3;
+    event_loop.work.sync_us = 1_500;
+    AgentStats::new(core, counters, 10, 5, None, event_loop)
 }
 
 #[test]
@@ -97,6 +109,15 @@ fn the_figures_are_rendered_with_their_labels() {
         "exitproof_proof_latency_seconds_bucket{le=\"+Inf\"} 3",
         "exitproof_proof_latency_seconds_sum 3600.0045",
         "exitproof_proof_latency_seconds_count 3",
+        "# TYPE exitproof_loop_proof_latency_seconds histogram",
+        "exitproof_loop_proof_latency_seconds_bucket{le=\"0.00004\"} 0",
+        "exitproof_loop_proof_latency_seconds_bucket{le=\"0.00005\"} 1",
+        "exitproof_loop_proof_latency_seconds_bucket{le=\"0.0002\"} 2",
+        "exitproof_loop_proof_latency_seconds_sum 0.000225",
+        "exitproof_loop_proof_latency_seconds_count 2",
+        "exitproof_loop_turns_total 40",
+        "exitproof_loop_work_total{work=\"save\"} 3",
+        "exitproof_loop_work_microseconds_total{work=\"sync\"} 1500",
     ] {
         assert!(
             text.lines().any(|l| l == line),

@@ -89,7 +89,8 @@ fn each_safety_net_relist_is_counted() {
 
 #[test]
 fn the_latency_histogram_puts_a_bound_in_its_own_bucket_and_the_rest_past_the_last() {
-    let mut histogram = super::super::stats::Histogram::default();
+    let mut histogram =
+        super::super::stats::Histogram::new(&super::super::stats::LATENCY_BOUNDS_US);
     histogram.observe(Duration::from_micros(100));
     histogram.observe(Duration::from_micros(101));
     histogram.observe(Duration::from_secs(3600));

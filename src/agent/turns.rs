@@ -1,0 +1,231 @@
+//! The loop's own accounting: per proof, the time from the loop's receipt of what decided it
+//! (the turn's wake from `epoll_wait`) to the proof written to its subscribers; per turn, what
+//! it did (saves, syncs, cgroup reads, heap trims) and how long each took, so that a slow proof
+//! is explained by the agent's own figures. Fixed-size: nothing is allocated per turn.
+//!
+//! Every input of a turn is stamped with the turn's wake: the bus messages and inotify notices
+//! handled in it were all read after it. What a proof waited for before that wake (the
+//! scheduler, or a previous turn still running when its message came) is not the proof's
+//! turn's, and shows in the slowest turns instead.
+
+use std::time::{Duration, Instant};
+
+use crate::agent::core::stats::Histogram;
+use crate::clock;
+use crate::control::wire::{LoopStats, SlowTurn, TurnWork};
+
+/// The upper bounds of the agent's own proof-latency buckets, in microseconds: fine where a
+/// proof's own work lies (tens of microseconds), coarse past a millisecond.
+pub(crate) const OWN_LATENCY_BOUNDS_US: [u64; 20] = [
+    10, 20, 30, 40, 50, 75, 100, 150, 200, 300, 500, 750, 1_000, 2_000, 5_000, 10_000, 50_000,
+    100_000, 1_000_000, 10_000_000,
+];
+
+/// How many of the slowest proofs, and of the slowest turns, are kept.
+const SLOWEST_KEPT: usize = 5;
+
+/// A kind of work a turn does, timed.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Work {
+    Save,
+    Sync,
+    CgroupRead,
+    Trim,
+}
+
+/// What the loop's turns did, and its proofs' times.
+pub(super) struct LoopAccount {
+    /// The wake of the turn under way, with CLOCK_MONOTONIC at it; `None` outside the loop
+    /// (at start).
+    turn_began: Option<(Instant, u64)>,
+    turn: TurnWork,
+    turns: u64,
+    total: TurnWork,
+    latency: Histogram<{ OWN_LATENCY_BOUNDS_US.len() }>,
+    latency_max: Duration,
+    slowest_proofs: Slowest,
+    slowest_turns: Slowest,
+}
+
+impl LoopAccount {
+    pub(super) fn new() -> Self {
+        LoopAccount {
+            turn_began: None,
+            turn: TurnWork::default(),
+            turns: 0,
+            total: TurnWork::default(),
+            latency: Histogram::new(&OWN_LATENCY_BOUNDS_US),
+            latency_max: Duration::ZERO,
+            slowest_proofs: Slowest::default(),
+            slowest_turns: Slowest::default(),
+        }
+    }
+
+    /// The loop woke at `now`: whatever it reads in this turn arrived by then.
+    pub(super) fn turn_begins(&mut self, now: Instant) {
+        self.turn_began = Some((now, clock::monotonic_ns()));
+        self.turn = TurnWork::default();
+    }
+
+    /// The turn is over at `now`.
+    pub(super) fn turn_ends(&mut self, now: Instant) {
+        let Some((began, began_mono_ns)) = self.turn_began.take() else {
+            return;
+        };
+        self.turns += 1;
+        add(&mut self.total, &self.turn);
+        self.slowest_turns.offer(SlowTurn {
+            at_mono_ns: began_mono_ns,
+            us: micros(now.saturating_duration_since(began)),
+            work: self.turn,
+        });
+    }
+
+    pub(super) fn input(&mut self) {
+        self.turn.inputs += 1;
+    }
+
+    /// `work` ran from `started` to `now`.
+    pub(super) fn worked(&mut self, work: Work, started: Instant, now: Instant) {
+        let us = micros(now.saturating_duration_since(started));
+        let (count, time) = match work {
+            Work::Save => (&mut self.turn.saves, &mut self.turn.save_us),
+            Work::Sync => (&mut self.turn.syncs, &mut self.turn.sync_us),
+            Work::CgroupRead => (&mut self.turn.cgroup_reads, &mut self.turn.cgroup_read_us),
+            Work::Trim => (&mut self.turn.trims, &mut self.turn.trim_us),
+        };
+        *count += 1;
+        *time += us;
+    }
+
+    /// A proof was written to its subscribers at `now`.
+    pub(super) fn proof_told(&mut self, now: Instant) {
+        let Some((began, began_mono_ns)) = self.turn_began else {
+            return;
+        };
+        self.turn.proofs += 1;
+        let took = now.saturating_duration_since(began);
+        self.latency.observe(took);
+        self.latency_max = self.latency_max.max(took);
+        self.slowest_proofs.offer(SlowTurn {
+            at_mono_ns: began_mono_ns,
+            us: micros(took),
+            work: self.turn,
+        });
+    }
+
+    pub(super) fn stats(&self) -> LoopStats {
+        LoopStats {
+            proof_latency: self.latency.summary(),
+            proof_latency_max_us: micros(self.latency_max),
+            turns: self.turns,
+            work: self.total,
+            slowest_proofs: self.slowest_proofs.list(),
+            slowest_turns: self.slowest_turns.list(),
+        }
+    }
+}
+
+/// The slowest entries so far, slowest first.
+#[derive(Default)]
+struct Slowest {
+    kept: [Option<SlowTurn>; SLOWEST_KEPT],
+}
+
+impl Slowest {
+    fn offer(&mut self, entry: SlowTurn) {
+        let Some(at) = self
+            .kept
+            .iter()
+            .position(|kept| kept.is_none_or(|kept| kept.us < entry.us))
+        else {
+            return;
+        };
+        self.kept[at..].rotate_right(1);
+        self.kept[at] = Some(entry);
+    }
+
+    fn list(&self) -> Vec<SlowTurn> {
+        self.kept.iter().flatten().copied().collect()
+    }
+}
+
+fn add(total: &mut TurnWork, turn: &TurnWork) {
+    total.inputs += turn.inputs;
+    total.proofs += turn.proofs;
+    total.saves += turn.saves;
+    total.save_us += turn.save_us;
+    total.syncs += turn.syncs;
+    total.sync_us += turn.sync_us;
+    total.cgroup_reads += turn.cgroup_reads;
+    total.cgroup_read_us += turn.cgroup_read_us;
+    total.trims += turn.trims;
+    total.trim_us += turn.trim_us;
+}
+
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slow(us: u64) -> SlowTurn {
+        SlowTurn {
+            us,
+            ..SlowTurn::default()
+        }
+    }
+
+    #[test]
+    fn the_slowest_are_kept_slowest_first() {
+        let mut slowest = Slowest::default();
+        for us in [5, 1, 9, 3, 7, 2, 8, 6] {
+            slowest.offer(slow(us));
+        }
+        let kept: Vec<u64> = slowest.list().iter().map(|s| s.us).collect();
+        assert_eq!(kept, [9, 8, 7, 6, 5]);
+    }
+
+    #[test]
+    fn a_proof_is_timed_from_its_turn_s_wake_with_the_work_done_before_it() {
+        let mut account = LoopAccount::new();
+        let wake = Instant::now();
+        account.turn_begins(wake);
+        account.input();
+        account.worked(
+            Work::CgroupRead,
+            wake + Duration::from_micros(10),
+            wake + Duration::from_micros(40),
+        );
+        account.proof_told(wake + Duration::from_micros(60));
+        account.worked(
+            Work::Save,
+            wake + Duration::from_micros(60),
+            wake + Duration::from_micros(560),
+        );
+        account.turn_ends(wake + Duration::from_micros(570));
+        let stats = account.stats();
+        assert_eq!(stats.proof_latency.count, 1);
+        assert_eq!(stats.proof_latency_max_us, 60);
+        assert_eq!(stats.turns, 1);
+        let proof = stats.slowest_proofs[0];
+        assert_eq!((proof.us, proof.work.cgroup_reads), (60, 1));
+        assert_eq!(proof.work.cgroup_read_us, 30);
+        assert_eq!(
+            proof.work.saves, 0,
+            "the save came after the proof was told"
+        );
+        let turn = stats.slowest_turns[0];
+        assert_eq!((turn.us, turn.work.saves, turn.work.save_us), (570, 1, 500));
+        assert_eq!(stats.work.proofs, 1);
+    }
+
+    #[test]
+    fn a_proof_outside_the_loop_is_not_timed() {
+        let mut account = LoopAccount::new();
+        account.proof_told(Instant::now());
+        assert_eq!(account.stats().proof_latency.count, 0);
+    }
+}
