@@ -38,8 +38,7 @@ use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message};
 
 use self::core::{
-    Answer, Core, CoreConfig, Input, NextInvocation, Output, ReplyTo, SAVE_INTERVAL, StopKind,
-    UnitKey,
+    Answer, Core, CoreConfig, Input, NextInvocation, Output, ReplyTo, StopKind, UnitKey,
 };
 use crate::cgroup::procs::{
     ClockBasis, ProcessTracker, Tracked, earlier_processes, list_processes,
@@ -280,9 +279,6 @@ struct Agent {
     counters: DriverCounters,
     /// What each turn of the loop did, and each proof's time in it.
     account: LoopAccount,
-    /// When the journal was last synced, and when the next sync is due (a save written since).
-    last_sync: Option<Instant>,
-    sync_due: Option<Instant>,
     /// Exit records read for a proof, removed once the proof holding them is written.
     records_to_remove: Vec<(PathBuf, RecordName)>,
     metrics: Option<metrics::MetricsFile>,
@@ -436,8 +432,6 @@ impl Agent {
             release_heap: None,
             counters: DriverCounters::default(),
             account: LoopAccount::new(),
-            last_sync: None,
-            sync_due: None,
             records_to_remove: Vec::new(),
             metrics,
         };
@@ -542,7 +536,6 @@ impl Agent {
                 self.core.save_snapshot(clock::now());
                 self.carry_out();
             }
-            self.sync_when_due(clock::now());
             if let Some(e) = self.save_failed.take() {
                 return Err(AgentError::Save(e));
             }
@@ -557,7 +550,6 @@ impl Agent {
             self.bus_timeout(),
             self.next_ping,
             self.release_heap,
-            self.sync_due,
             self.metrics.as_ref().and_then(metrics::MetricsFile::due),
         ]
         .into_iter()
@@ -649,10 +641,13 @@ impl Agent {
                     }
                 }
                 // At 100,000 watches the list is tens of MB: it is written as the client reads.
-                // An answer may promise that what was saved before it survives any crash (a
-                // watch, an unwatch): it waits for the sync. Nothing else does (see
-                // ARCHITECTURE.md, "What is written before whom").
-                Output::Reply { .. } if !self.sync_state(clock::now()) => {}
+                // An answer to `watch` or `unwatch` promises that what was saved before it
+                // survives any crash: it waits for the sync. Nothing else does, a proof
+                // included (see ARCHITECTURE.md, "What is written before whom").
+                Output::Reply {
+                    answer: Answer::Watch(_) | Answer::Done | Answer::Unwatched(_),
+                    ..
+                } if !self.sync_state(clock::now()) => {}
                 Output::Reply {
                     to,
                     answer: Answer::Units(views),
@@ -746,33 +741,12 @@ impl Agent {
             return true;
         };
         let synced = store.sync();
-        let done = clock::now();
-        self.account.worked(Work::Sync, now, done);
-        self.last_sync = Some(done);
-        self.sync_due = None;
+        self.account.worked(Work::Sync, now, clock::now());
         match synced {
             Ok(_) => true,
             Err(e) => {
                 self.save_failed = Some(e);
                 false
-            }
-        }
-    }
-
-    /// Syncs what was written, at most once per [`SAVE_INTERVAL`]: a sync holds the loop
-    /// (milliseconds on a disk), and what it makes durable is needed only against a crash of
-    /// the machine, which takes every client with it.
-    fn sync_when_due(&mut self, now: Instant) {
-        if !self.state_store.as_ref().is_some_and(StateStore::unsynced) {
-            self.sync_due = None;
-            return;
-        }
-        match self.last_sync {
-            Some(last) if now.saturating_duration_since(last) < SAVE_INTERVAL => {
-                self.sync_due = Some(last + SAVE_INTERVAL);
-            }
-            _ => {
-                self.sync_state(now);
             }
         }
     }
@@ -1013,9 +987,6 @@ impl Agent {
                 log::warn!("{e}");
             }
             self.next_ping = notifier.watchdog_interval().map(|every| now + every);
-        }
-        if self.sync_due.is_some_and(|at| at <= now) {
-            self.sync_state(now);
         }
         if self.release_heap.is_some_and(|at| at <= now) {
             self.release_heap = None;
