@@ -88,8 +88,12 @@ pub(super) fn replay(state: &mut AgentState, bytes: &[u8]) -> Result<Replayed, S
         Some(end) => (&bytes[..=end], bytes.len() - end - 1),
         None => return Err("the journal has no complete header".to_owned()),
     };
-    let mut lines = complete[..complete.len() - 1].split(|&b| b == b'\n');
-    let header: Header = serde_json::from_slice(lines.next().unwrap_or_default())
+    // Decoded from text, as everything else the agent reads: one parser per type (from bytes
+    // as well, the binary was 12 KB larger).
+    let complete = std::str::from_utf8(&complete[..complete.len() - 1])
+        .map_err(|error| format!("the journal is not UTF-8: {error}"))?;
+    let mut lines = complete.split('\n');
+    let header: Header = serde_json::from_str(lines.next().unwrap_or_default())
         .map_err(|error| format!("the journal's header: {error}"))?;
     if !(OLDEST_JOURNAL_VERSION..=STATE_VERSION).contains(&header.version) {
         return Err(format!(
@@ -111,7 +115,7 @@ pub(super) fn replay(state: &mut AgentState, bytes: &[u8]) -> Result<Replayed, S
     }
     let mut changes = Vec::new();
     for (expected, text) in (1u64..).zip(lines) {
-        let line: LineIn = serde_json::from_slice(text)
+        let line: LineIn = serde_json::from_str(text)
             .map_err(|error| format!("change set {expected} of the journal: {error}"))?;
         if line.seq != expected {
             return Err(format!(

@@ -340,7 +340,9 @@ impl AgentState {
                 .retain(|record| !records.contains_key(record.unit.as_str()));
             self.watches
                 .extend(records.into_values().flatten().cloned());
-            self.watches.sort_by(|a, b| a.unit.cmp(&b.unit));
+            // A unit once (the records are keyed by it), so the order is a stable sort's,
+            // without its scratch buffer and its code.
+            self.watches.sort_unstable_by(|a, b| a.unit.cmp(&b.unit));
         }
         if !generations.is_empty() {
             self.generations
@@ -351,7 +353,8 @@ impl AgentState {
                     .filter(|(_, present)| *present)
                     .map(|(generation, _)| generation.clone()),
             );
-            self.generations.sort();
+            // Each once, as the watches.
+            self.generations.sort_unstable();
         }
     }
 }

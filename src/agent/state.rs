@@ -381,12 +381,16 @@ pub(super) fn open_dir(dir: &Path) -> nix::Result<OwnedFd> {
 
 /// Parses and checks a state file's bytes, or says why they are not a state.
 fn parse(bytes: &[u8]) -> Result<AgentState, String> {
-    let state: AgentState = serde_json::from_slice(bytes).map_err(|error| {
-        match serde_json::from_slice::<VersionOnly>(bytes) {
-            Ok(VersionOnly { version }) if !readable(version) => unknown_version(version),
-            _ => error.to_string(),
-        }
-    })?;
+    // From text, as the journal (one parser per type).
+    let text =
+        std::str::from_utf8(bytes).map_err(|error| format!("the state is not UTF-8: {error}"))?;
+    let state: AgentState =
+        serde_json::from_str(text).map_err(|error| {
+            match serde_json::from_str::<VersionOnly>(text) {
+                Ok(VersionOnly { version }) if !readable(version) => unknown_version(version),
+                _ => error.to_string(),
+            }
+        })?;
     if !readable(state.version) {
         return Err(unknown_version(state.version));
     }

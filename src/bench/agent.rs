@@ -69,10 +69,10 @@ impl AgentChild {
         self.child.id()
     }
 
-    pub(super) fn status_field(&self, field: &str) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        status
-            .lines()
+    /// A field of the agent's `/proc/PID/<file>` (`status`, `smaps_rollup`), its unit dropped.
+    pub(super) fn proc_field(&self, file: &str, field: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(format!("/proc/{}/{file}", self.pid())).ok()?;
+        text.lines()
             .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse().ok())
     }

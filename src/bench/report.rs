@@ -66,9 +66,9 @@ pub fn render_markdown(run: &BenchRun, summary: &Summary) -> String {
         md,
         "| contender | proven | missing | e2e p50 (ms) | e2e p90 (ms) | e2e p99 (ms) \
          | e2e max (ms) | overhead p50 (ms) | overhead p99 (ms) | overhead max (ms) \
-         | idle CPU (ms) | round CPU (ms) | RSS (KiB) | threads |"
+         | idle CPU (ms) | round CPU (ms) | peak RSS (KiB) | PSS (KiB) | anon (KiB) | threads |"
     );
-    let _ = writeln!(md, "|---{}|", "|---:".repeat(13));
+    let _ = writeln!(md, "|---{}|", "|---:".repeat(15));
     markdown_row(
         &mut md,
         Contender::Event,
@@ -90,7 +90,9 @@ pub fn render_markdown(run: &BenchRun, summary: &Summary) -> String {
          contender's proof. *overhead*: from the later of the bench's own \
          two observations (its inotify on `cgroup.events` and its D-Bus signal) to the \
          contender's proof; negative when the contender read the cgroup before the bench's \
-         inotify fired. Quantiles are nearest-rank."
+         inotify fired. Quantiles are nearest-rank. *peak RSS*: the most ever resident; \
+         *PSS* (shared pages divided among the processes mapping them) and *anon* (heap, \
+         stacks): at the end of the rounds."
     );
     let spawned = summary.poll.spawned_cpu_ms.map_or_else(
         || "not measured".to_owned(),
@@ -266,6 +268,8 @@ fn markdown_row(
         opt_ms(costs.map(|costs| costs.idle_cpu_ms)),
         opt_ms(costs.map(|costs| costs.round_cpu_ms)),
         opt_count(costs.and_then(|costs| costs.rss_kib)),
+        opt_count(costs.and_then(|costs| costs.pss_kib)),
+        opt_count(costs.and_then(|costs| costs.anon_kib)),
         opt_count(costs.and_then(|costs| costs.threads)),
     ];
     let _ = writeln!(md, "| {} | {} |", contender.name(), cells.join(" | "));
@@ -598,6 +602,8 @@ mod tests {
                 idle_cpu_ms: 0.0,
                 round_cpu_ms: 12.5,
                 rss_kib: Some(4100),
+                pss_kib: Some(2900),
+                anon_kib: Some(1800),
                 threads: Some(1),
                 spawned_cpu_ms: None,
             },
@@ -605,6 +611,8 @@ mod tests {
                 idle_cpu_ms: 2400.0,
                 round_cpu_ms: 3100.25,
                 rss_kib: None,
+                pss_kib: None,
+                anon_kib: None,
                 threads: None,
                 spawned_cpu_ms: Some(5000.0),
             },
@@ -640,9 +648,9 @@ mod tests {
             assert!(row(name).starts_with(start), "{}", row(name));
         }
         let cases = [
-            ("| 3.000 | 12.5 | 4100 | 1 |", row("event")),
-            ("| 2400.0 | 3100.2 | — | — |", row("poll")),
-            ("| — | — | — | — | — | — | — |", row("systemd")),
+            ("| 3.000 | 12.5 | 4100 | 2900 | 1800 | 1 |", row("event")),
+            ("| 2400.0 | 3100.2 | — | — | — | — |", row("poll")),
+            ("| — | — | — | — | — | — | — | — | — |", row("systemd")),
         ];
         for (wanted, row) in cases {
             assert!(row.ends_with(wanted), "{row} does not end with {wanted}");

@@ -282,8 +282,10 @@ pub fn run(config: &BenchConfig) -> Result<BenchRun, BenchError> {
             event = Resources {
                 idle_cpu_ms: ms(idle.agent_ns),
                 round_cpu_ms: ms(rounds_cpu.agent_ns),
-                rss_kib: agent.child.status_field("VmHWM:"),
-                threads: agent.child.status_field("Threads:"),
+                rss_kib: agent.child.proc_field("status", "VmHWM:"),
+                pss_kib: agent.child.proc_field("smaps_rollup", "Pss:"),
+                anon_kib: agent.child.proc_field("smaps_rollup", "Anonymous:"),
+                threads: agent.child.proc_field("status", "Threads:"),
                 spawned_cpu_ms: None,
             };
         }
@@ -292,6 +294,8 @@ pub fn run(config: &BenchConfig) -> Result<BenchRun, BenchError> {
                 idle_cpu_ms: ms(idle.poll_thread_ns + idle.children_ns),
                 round_cpu_ms: ms(rounds_cpu.poll_thread_ns + rounds_cpu.children_ns),
                 rss_kib: None,
+                pss_kib: None,
+                anon_kib: None,
                 threads: Some(1),
                 spawned_cpu_ms: Some(ms(idle.children_ns + rounds_cpu.children_ns)),
             };

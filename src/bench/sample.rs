@@ -97,6 +97,11 @@ pub struct Resources {
     pub round_cpu_ms: f64,
     /// Peak resident set size, KiB (`None` where it cannot be told apart from the bench's own).
     pub rss_kib: Option<u64>,
+    /// Proportional set size at the end of the rounds, KiB: the resident pages, each shared
+    /// one divided by the processes that map it (libc's mostly shared, the binary's not).
+    pub pss_kib: Option<u64>,
+    /// Anonymous memory (heap, stacks) resident at the end of the rounds, KiB.
+    pub anon_kib: Option<u64>,
     /// Threads of the contender's process (`None` where it has no process of its own).
     pub threads: Option<u64>,
     /// CPU time of the processes the contender spawned (the poller's `systemctl`s), in ms,

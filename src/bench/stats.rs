@@ -139,6 +139,10 @@ pub struct ContenderSummary {
     pub round_cpu_ms: f64,
     /// Peak resident set size in KiB; `null` where it cannot be told apart from the bench's.
     pub rss_kib: Option<u64>,
+    /// Proportional set size at the end of the rounds, KiB ([`Resources::pss_kib`]).
+    pub pss_kib: Option<u64>,
+    /// Anonymous memory resident at the end of the rounds, KiB.
+    pub anon_kib: Option<u64>,
     /// Threads of the contender's process; `null` where it has no process of its own.
     pub threads: Option<u64>,
 }
@@ -350,6 +354,8 @@ fn contender_summary(
         idle_cpu_ms: resources.idle_cpu_ms,
         round_cpu_ms: resources.round_cpu_ms,
         rss_kib: resources.rss_kib,
+        pss_kib: resources.pss_kib,
+        anon_kib: resources.anon_kib,
         threads: resources.threads,
     }
 }
@@ -520,6 +526,8 @@ mod tests {
             idle_cpu_ms: 2.0,
             round_cpu_ms: 4.0,
             rss_kib: Some(3000),
+            pss_kib: Some(2000),
+            anon_kib: Some(1500),
             threads: Some(1),
             spawned_cpu_ms: None,
         };
@@ -527,6 +535,8 @@ mod tests {
             idle_cpu_ms: 500.0,
             round_cpu_ms: 80.0,
             rss_kib: None,
+            pss_kib: None,
+            anon_kib: None,
             threads: None,
             spawned_cpu_ms: Some(450.0),
         };
@@ -544,6 +554,8 @@ mod tests {
                 "idle_cpu_ms": 2.0,
                 "round_cpu_ms": 4.0,
                 "rss_kib": 3000,
+                "pss_kib": 2000,
+                "anon_kib": 1500,
                 "threads": 1,
                 "proven": 3,
                 "missing": 1,
@@ -554,6 +566,8 @@ mod tests {
                 "idle_cpu_ms": 500.0,
                 "round_cpu_ms": 80.0,
                 "rss_kib": null,
+                "pss_kib": null,
+                "anon_kib": null,
                 "threads": null,
                 "spawned_cpu_ms": 450.0,
                 "proven": 3,

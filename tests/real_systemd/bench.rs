@@ -80,7 +80,12 @@ fn run_bench(name: &str, args: &[&str]) -> (Value, String, String) {
         assert!(number(summary, &format!("{contender}.idle_cpu_ms")) >= 0.0);
         assert!(number(summary, &format!("{contender}.round_cpu_ms")) >= 0.0);
     }
-    assert!(number(summary, "event.rss_kib") > 0.0);
+    for memory in ["rss_kib", "pss_kib", "anon_kib"] {
+        assert!(
+            number(summary, &format!("event.{memory}")) > 0.0,
+            "{memory}"
+        );
+    }
     assert_eq!(
         summary["event"]["threads"], 1,
         "the agent runs on one thread"

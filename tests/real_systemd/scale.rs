@@ -2,8 +2,8 @@
 //! watch leak, every unit proven after a mass kill. Starting that many units takes minutes, so
 //! this suite is marked ignored and runs on request:
 //! `cargo test --release --test real_systemd -- --ignored scale`. It prints what it measured:
-//! resident memory split into anonymous (heap) and file-backed (binary, libraries) pages, and
-//! the largest mappings, while watching, once all are proven, and once all are unwatched.
+//! memory (resident, proportional, anonymous and file-backed) and the largest mappings, while
+//! watching, once all are proven, and once all are unwatched.
 //!
 //! `EXITPROOF_SCALE_HEAPTRACK=DIR` (a directory outside `/tmp`, which the sandbox replaces)
 //! runs the agent under heaptrack's preloaded library and writes `DIR/{watching,proven,
@@ -39,8 +39,9 @@ fn inotify_watches(pid: u32) -> usize {
         .unwrap_or(0)
 }
 
-fn status(pid: u32, field: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
+/// A field of `/proc/PID/<file>` in KiB (or a count, as `Threads:`), 0 when unreadable.
+fn proc_field(pid: u32, file: &str, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/{file}"))
         .unwrap_or_default()
         .lines()
         .find_map(|l| l.strip_prefix(field))
@@ -48,39 +49,51 @@ fn status(pid: u32, field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The agent's resident memory split by what backs it (`/proc/PID/status`: anonymous is the
-/// heap and stacks, file is the binary's and libraries' pages), and where it lies: each
-/// mapping's resident size from `/proc/PID/smaps`, summed by name (`[anon]` for the unnamed),
-/// largest first.
+fn status(pid: u32, field: &str) -> u64 {
+    proc_field(pid, "status", field)
+}
+
+/// The agent's memory: resident (RSS), proportional (PSS: each shared page divided by the
+/// processes that map it, so libc's pages count little and the agent's own in full) and
+/// anonymous (heap, stacks) from `/proc/PID/smaps_rollup`, file-backed (binary, libraries)
+/// from `/proc/PID/status`; and where it lies: each mapping's resident and proportional size
+/// from `/proc/PID/smaps`, summed by name (`[anon]` for the unnamed), largest first.
 fn memory(pid: u32) -> String {
-    let mut by_name: Vec<(String, u64)> = Vec::new();
+    // (name, RSS, PSS) in KiB.
+    let mut by_name: Vec<(String, u64, u64)> = Vec::new();
     let mut name = String::new();
     let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap_or_default();
     for line in smaps.lines() {
         let mut fields = line.split_whitespace();
         let first = fields.next().unwrap_or_default();
-        if first == "Rss:" {
+        if first == "Rss:" || first == "Pss:" {
             let kib: u64 = fields.next().and_then(|k| k.parse().ok()).unwrap_or(0);
-            match by_name.iter_mut().find(|(n, _)| *n == name) {
-                Some((_, total)) => *total += kib,
-                None => by_name.push((name.clone(), kib)),
-            }
+            let index = match by_name.iter().position(|(n, _, _)| *n == name) {
+                Some(index) => index,
+                None => {
+                    by_name.push((name.clone(), 0, 0));
+                    by_name.len() - 1
+                }
+            };
+            let (_, rss, pss) = &mut by_name[index];
+            *if first == "Rss:" { rss } else { pss } += kib;
         } else if first.contains('-') && !first.ends_with(':') {
             let path = line.split_whitespace().nth(5).unwrap_or("[anon]");
             name = path.rsplit('/').next().unwrap_or(path).to_owned();
         }
     }
-    by_name.sort_by_key(|(_, kib)| std::cmp::Reverse(*kib));
+    by_name.sort_by_key(|(_, rss, _)| std::cmp::Reverse(*rss));
     let largest: Vec<String> = by_name
         .iter()
         .take(6)
-        .map(|(name, kib)| format!("{name} {kib}"))
+        .map(|(name, rss, pss)| format!("{name} {rss} (PSS {pss})"))
         .collect();
     format!(
-        "RSS {} KiB, peak so far {} (anon {}, file {}; largest mappings, KiB: {})",
+        "RSS {} KiB, peak so far {}, PSS {}, anonymous {} (file {}; largest mappings, KiB: {})",
         status(pid, "VmRSS:"),
         status(pid, "VmHWM:"),
-        status(pid, "RssAnon:"),
+        proc_field(pid, "smaps_rollup", "Pss:"),
+        proc_field(pid, "smaps_rollup", "Anonymous:"),
         status(pid, "RssFile:"),
         largest.join(", ")
     )

@@ -260,7 +260,8 @@ impl Core {
         watches.extend(self.units.values().filter_map(saved_watch_of));
         watches.sort_unstable_by(|a, b| a.unit.cmp(&b.unit));
         let mut generations: Vec<(String, u64)> = self.generations.iter().cloned().collect();
-        generations.sort();
+        // Each once (a set), as the watches.
+        generations.sort_unstable();
         AgentState {
             watches,
             generations,
