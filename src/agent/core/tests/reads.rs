@@ -1,0 +1,103 @@
+//! Unit reads: when they go out, how many at once, and what a read after a lost bus or a
+//! reload may decide.
+
+use super::*;
+
+/// The units of the reads asked for so far, taken; the other outputs stay.
+fn reads_asked(s: &mut Script) -> Vec<(UnitKey, String)> {
+    let mut reads = Vec::new();
+    for output in s.take() {
+        match output {
+            Output::ReadUnit { key, unit, .. } => reads.push((key, unit)),
+            other => s.outputs.push(other),
+        }
+    }
+    reads
+}
+
+fn units(reads: &[(UnitKey, String)]) -> Vec<&str> {
+    reads.iter().map(|(_, unit)| unit.as_str()).collect()
+}
+
+#[test]
+fn no_unit_is_read_while_the_bus_is_down_or_systemd_reloads_and_each_is_read_after() {
+    for reload in [false, true] {
+        let mut s = Script::new();
+        if reload {
+            s.input(Input::BusUp);
+            s.signal(SystemdSignal::Reloading(true));
+        }
+        s.request(r#"{"cmd":"watch","unit":"x.service"}"#);
+        assert!(reads_asked(&mut s).is_empty(), "reload: {reload}");
+        if reload {
+            s.signal(SystemdSignal::Reloading(false));
+        } else {
+            s.input(Input::BusUp);
+        }
+        assert_eq!(
+            units(&reads_asked(&mut s)),
+            ["x.service"],
+            "reload: {reload}"
+        );
+    }
+}
+
+#[test]
+fn at_most_the_window_of_reads_is_in_flight_and_each_answer_lets_one_more_go() {
+    let config = CoreConfig {
+        max_reads_in_flight: 2,
+        ..config("boot-1")
+    };
+    let mut s = Script::configured(config, AgentState::default());
+    s.input(Input::BusUp);
+    for unit in ["a", "b", "c", "d"] {
+        let cgroup = format!("/app.slice/{unit}.service");
+        s.cgroups.insert(cgroup, CgroupReading::Populated);
+        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}.service"}}"#));
+    }
+    let reads = reads_asked(&mut s);
+    assert_eq!(units(&reads), ["a.service", "b.service"]);
+    let (key, unit) = &reads[0];
+    s.input(Input::UnitRead {
+        key: *key,
+        result: Ok(snapshot(unit, "active", A, &format!("/app.slice/{unit}"))),
+    });
+    assert_eq!(units(&reads_asked(&mut s)), ["c.service"]);
+}
+
+/// A generation's final stop waits for a read after its proof. The bus lost meanwhile makes
+/// every fact stale; the read on the new connection is fresh again, and the stop goes out.
+#[test]
+fn a_proven_generations_final_stop_goes_out_after_a_fresh_read_on_a_new_connection() {
+    let mut s = Script::watching_generation_3();
+    s.cgroups
+        .insert("/app.slice/g.service".into(), CgroupReading::Empty);
+    s.changed("g.service", "failed", A);
+    assert_eq!(s.phase("g.service"), Phase::Proven);
+    // That read's reply is lost with the connection.
+    assert_eq!(units(&reads_asked(&mut s)), ["g.service"]);
+    s.input(Input::BusLost);
+    s.input(Input::BusUp);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "failed", A, "")));
+    assert_eq!(read, ["g.service"]);
+    assert_eq!(
+        s.stops(),
+        [("g.service".to_owned(), StopKind::FinalGeneration)]
+    );
+}
+
+/// A RemainAfterExit= unit watched while `active (exited)` has no cgroup of ours; the next
+/// invocation's, in another slice, is taken (the Slice= change case).
+#[test]
+fn a_watch_that_knows_no_cgroup_of_ours_takes_the_next_invocations() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"cmd":"watch","unit":"rae.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, "")));
+    let theirs = "/b.slice/rae.service";
+    s.cgroups.insert(theirs.into(), CgroupReading::Populated);
+    s.changed("rae.service", "active", B);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "active", B, theirs)));
+    assert_eq!(read, ["rae.service"]);
+    assert_eq!(s.save().watches[0].control_group.as_deref(), Some(theirs));
+}
