@@ -15,6 +15,15 @@ fn reads_asked(s: &mut Script) -> Vec<(UnitKey, String)> {
     reads
 }
 
+/// Answers the read of `key` with `snapshot`, stamped with the next serial.
+fn answer(s: &mut Script, key: UnitKey, snapshot: UnitSnapshot) {
+    let serial = s.next_serial();
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(UnitSnapshot { serial, ..snapshot }),
+    });
+}
+
 fn units(reads: &[(UnitKey, String)]) -> Vec<&str> {
     reads.iter().map(|(_, unit)| unit.as_str()).collect()
 }
@@ -58,10 +67,8 @@ fn at_most_the_window_of_reads_is_in_flight_and_each_answer_lets_one_more_go() {
     let reads = reads_asked(&mut s);
     assert_eq!(units(&reads), ["a.service", "b.service"]);
     let (key, unit) = &reads[0];
-    s.input(Input::UnitRead {
-        key: *key,
-        result: Ok(snapshot(unit, "active", A, &format!("/app.slice/{unit}"))),
-    });
+    let cgroup = format!("/app.slice/{unit}");
+    answer(&mut s, *key, snapshot(unit, "active", A, &cgroup));
     assert_eq!(units(&reads_asked(&mut s)), ["c.service"]);
 }
 
@@ -100,4 +107,43 @@ fn a_watch_that_knows_no_cgroup_of_ours_takes_the_next_invocations() {
     let read = s.answer_reads(|u| Ok(snapshot(u, "active", B, theirs)));
     assert_eq!(read, ["rae.service"]);
     assert_eq!(s.save().watches[0].control_group.as_deref(), Some(theirs));
+}
+
+/// A reply during a reload lets the next queued read go out, before the reload ends: what it
+/// answers decides nothing, as a read sent before the reload (the reload's end is the epoch
+/// that tells them apart).
+#[test]
+fn a_queued_read_sent_during_a_reload_decides_nothing_after_it() {
+    let config = CoreConfig {
+        max_reads_in_flight: 1,
+        ..config("boot-1")
+    };
+    let mut s = Script::configured(config, AgentState::default());
+    s.input(Input::BusUp);
+    for unit in ["a.service", "b.service"] {
+        let cgroup = format!("/app.slice/{unit}");
+        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
+        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
+        s.answer_reads(|u| Ok(snapshot(u, "active", A, &cgroup)));
+    }
+    for unit in ["a.service", "b.service"] {
+        s.signal(SystemdSignal::UnitNew { unit: unit.into() });
+    }
+    s.signal(SystemdSignal::Reloading(true));
+    let reads = reads_asked(&mut s);
+    assert_eq!(units(&reads), ["a.service"], "b's read waits in the queue");
+    let a = snapshot("a.service", "active", A, "/app.slice/a.service");
+    answer(&mut s, reads[0].0, a);
+    let reads = reads_asked(&mut s);
+    assert_eq!(units(&reads), ["b.service"], "sent during the reload");
+    s.signal(SystemdSignal::Reloading(false));
+    s.cgroups
+        .insert("/app.slice/b.service".into(), CgroupReading::Empty);
+    answer(&mut s, reads[0].0, snapshot("b.service", "inactive", A, ""));
+    assert_eq!(s.phase("b.service"), Phase::Watching);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "")));
+    assert_eq!(read, ["a.service"]);
+    let read = s.answer_reads(|u| Ok(snapshot(u, "inactive", A, "")));
+    assert_eq!(read, ["b.service"], "read again after the reload");
+    assert_eq!(s.phase("b.service"), Phase::Proven);
 }
