@@ -1207,6 +1207,7 @@ fn a_cgroup_notice_is_read_only_when_the_proof_would_use_the_reading() {
     assert_eq!(s.reads, before + 2, "a read after the proof");
 }
 
+mod beginnings;
 mod listing;
 mod reads;
 mod records;
