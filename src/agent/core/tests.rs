@@ -31,6 +31,10 @@ struct Script {
     saved: AgentState,
     /// How many cgroup reads the core asked for.
     reads: usize,
+    /// What every take of an exit record finds (none unless a test says).
+    exit_record: Option<ExitRecord>,
+    /// How many exit records the core asked to take.
+    records_taken: usize,
 }
 
 fn config(boot_id: &str) -> CoreConfig {
@@ -77,6 +81,8 @@ impl Script {
             serial: 100,
             saved: AgentState::default(),
             reads: 0,
+            exit_record: None,
+            records_taken: 0,
         };
         script.drain();
         // As the driver does: a snapshot at start, which the change sets after it follow.
@@ -126,9 +132,12 @@ impl Script {
                         self.now,
                     );
                 }
-                Output::TakeExitRecord { key, .. } => self
-                    .core
-                    .handle_input(Input::ExitRecord { key, record: None }, self.now),
+                Output::TakeExitRecord { key, .. } => {
+                    self.records_taken += 1;
+                    let record = self.exit_record.clone();
+                    self.core
+                        .handle_input(Input::ExitRecord { key, record }, self.now);
+                }
                 Output::Save(save) => {
                     match &*save {
                         StateSave::Snapshot(state) => self.saved = state.clone(),
@@ -1198,6 +1207,10 @@ fn a_cgroup_notice_is_read_only_when_the_proof_would_use_the_reading() {
     assert_eq!(s.reads, before + 2, "a read after the proof");
 }
 
+mod beginnings;
+mod listing;
+mod reads;
+mod records;
 mod stats;
 mod status;
 
