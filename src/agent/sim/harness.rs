@@ -8,7 +8,7 @@
 //! and a restart takes up what the real loader would make of what is there.
 //!
 //! Leftovers are counted as the real driver counts them: a census of the cgroup subtree as
-//! `list_processes` gives it (pid, ppid, start ticks of 10 ms, no suspend), classified by the
+//! `list_processes` gives it (pid, ppid, start ticks of 10 ms since boot), classified by the
 //! same `earlier_processes`; each pid kept is then held, as by a pidfd, until its exit is
 //! delivered (at the step it dies or later, as the loop sees a pidfd event) or the key is
 //! released.
@@ -553,9 +553,10 @@ impl Sim {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
         }
         let census = census(&self.world, cgroup);
+        // The offset read now: at least what it was at any fork before.
         let basis = ClockBasis {
             clk_tck: 1_000_000 / TICK_US,
-            boot_minus_mono_ns: 0,
+            boot_minus_mono_ns: self.world.kernel.suspended_us * 1000,
         };
         let earlier: Vec<i32> = earlier_processes(&census, next, &basis, held)
             .into_iter()
@@ -946,7 +947,7 @@ impl Sim {
 }
 
 /// What `list_processes` gives for `cgroup`: every process in it and below, as `/proc` shows it
-/// (start ticks since boot; boot time is monotonic time, no suspend being modelled).
+/// (start ticks since boot, on CLOCK_BOOTTIME).
 pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
     let procs = world.kernel.procs.values();
     procs
@@ -955,7 +956,7 @@ pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
             pid: p.pid as i32,
             ppid: p.ppid as i32,
             session: p.session as i32,
-            start_ticks: p.start_us / TICK_US,
+            start_ticks: p.start_boot_us / TICK_US,
             comm: format!("{:?}", p.role).into_bytes(),
             state: 'S',
             cgroup: p.cgroup[cgroup.len()..].trim_start_matches('/').into(),
