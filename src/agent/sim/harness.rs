@@ -31,7 +31,7 @@ use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::{RequestId, parse_request};
 use crate::proof::StopReason;
-use crate::systemd::signal::{SystemdSignal, unit_path};
+use crate::systemd::signal::{SERVICE_INTERFACE, SystemdSignal, unit_path};
 use crate::systemd::snapshot::{
     self, Attempt, InvocationAnswer, Property, PropertyAnswers, SERVICE_PROPERTIES,
     UNIT_PROPERTIES, UnitSnapshot, properties_asked,
@@ -980,19 +980,26 @@ fn driver_read(unit: &str, attempt: Attempt, parts: &[Snapshot]) -> Option<UnitS
         }
     }
     if !attempt.by_property() {
-        // GetAll of the Unit interface, then of the Service interface.
-        let (unit_part, service) = (parts.next()?, parts.next()?);
+        // GetAll of the Unit interface, then of the Service interface (of another unit type,
+        // Get of its ControlGroup).
+        let (unit_part, second) = (parts.next()?, parts.next()?);
+        let service = snapshot::cgroup_interface(&unit_part.id) == Some(SERVICE_INTERFACE);
+        let second_properties: &[&str] = if service {
+            &SERVICE_PROPERTIES
+        } else {
+            &["ControlGroup"]
+        };
         let properties = std::iter::once("InvocationID")
             .chain(UNIT_PROPERTIES)
             .map(|name| property(name, unit_part))
-            .chain(SERVICE_PROPERTIES.map(|name| property(name, service)));
+            .chain(second_properties.iter().map(|name| property(name, second)));
         let path = unit_path(&unit_part.id);
         let read = snapshot::snapshot(
             unit,
             &path,
             unit_part.serial,
             properties,
-            Some(service.serial),
+            service.then_some(second.serial),
         );
         return Some(read);
     }

@@ -264,6 +264,18 @@ impl Kernel {
         }
     }
 
+    /// The manager writes `pid` into `cgroup`'s `cgroup.procs` (scope attach: a privileged
+    /// write; a unit's own processes cannot leave their cgroup, as the trust model has it).
+    pub(crate) fn move_to(&mut self, pid: Pid, cgroup: &str) {
+        self.mkdir(cgroup);
+        let cgroup = cgroup.to_owned();
+        self.notifying(|k| {
+            if let Some(p) = k.procs.get_mut(&pid) {
+                p.cgroup = cgroup;
+            }
+        });
+    }
+
     /// Whether process `id`, once given `pid`, still lives (what its pidfd tells).
     pub(crate) fn alive_id(&self, pid: Pid, id: u64) -> bool {
         self.procs.get(&pid).is_some_and(|p| p.id == id)
@@ -462,5 +474,18 @@ mod tests {
         k.mkdir("/s.slice");
         k.mkdir("/s.slice/a.service");
         assert!(!k.take_pending("/s.slice/a.service"));
+    }
+
+    #[test]
+    fn a_process_moved_into_a_watched_cgroup_populates_it() {
+        let mut k = Kernel::new();
+        k.mkdir("/a.scope");
+        k.watch("/a.scope");
+        let pid = k.spawn("/session.scope", 7, 0, Role::Child, MANAGER, 1);
+        assert!(!k.take_pending("/a.scope"));
+        k.move_to(pid, "/a.scope");
+        assert!(k.take_pending("/a.scope"), "cgroup.events changed");
+        assert_eq!(k.read("/a.scope"), Reading::Populated);
+        assert_eq!(k.read("/session.scope"), Reading::Empty);
     }
 }

@@ -93,6 +93,9 @@ impl World {
         let forked_us = self.now_us.saturating_sub(self.rng.below(300) as u64);
         self.units[u].stopping_by_job = false;
         let cfg = self.units[u].cfg;
+        if cfg.scope {
+            return self.attach_scope(u);
+        }
         let first = if cfg.exec_condition {
             SvcState::Condition
         } else if cfg.exec_start_pre {
@@ -126,6 +129,34 @@ impl World {
         } else {
             self.set_state(u, state);
         }
+    }
+
+    /// `scope_start` → `scope_enter_running`: the processes named in `PIDs=` (`systemd-run
+    /// --scope` itself, and perhaps a child it forked), which started before the invocation
+    /// was acquired, are moved into the realized cgroup (`unit_attach_pids_to_cgroup`), and
+    /// the scope runs. From then on they are the invocation's.
+    fn attach_scope(&mut self, u: usize) {
+        let cgroup = self.realize_cgroup(u);
+        let inv = self.units[u].invocation;
+        let started = self
+            .now_us
+            .saturating_sub(1 + self.rng.below(2_000_000) as u64);
+        let outside = "/user.slice/session-1.scope";
+        let leader = self
+            .kernel
+            .spawn(outside, inv, u, Role::Child, MANAGER, started);
+        self.kernel.setsid(leader);
+        let mut pids = vec![leader];
+        if self.rng.percent(50) {
+            let child = self
+                .kernel
+                .spawn(outside, inv, u, Role::Child, leader, started);
+            pids.push(child);
+        }
+        for pid in pids {
+            self.kernel.move_to(pid, &cgroup);
+        }
+        self.set_state(u, SvcState::Running);
     }
 
     /// `service_enter_start_post`: ExecStartPost= runs beside the main process, or the unit
@@ -360,6 +391,8 @@ impl World {
                 self.set_state(u, SvcState::Dead);
                 self.prune_cgroup(u);
             }
+            // A scope ran empty (`scope_notify_cgroup_empty_event` → `scope_enter_dead`).
+            SvcState::Running if cfg.scope && !self.populated(u) => self.finish(u),
             // A forking service whose MainPID was never known ran empty
             // (`service_notify_cgroup_empty_event` in `running` → `service_enter_running`).
             SvcState::Running if self.units[u].main_pid.is_none() && !self.populated(u) => {

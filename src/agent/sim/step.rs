@@ -95,6 +95,7 @@ impl World {
             } else {
                 ServiceType::Simple
             };
+            let scope = later.percent(swarm.scopes);
             let cfg = UnitConfig {
                 oneshot,
                 service_type,
@@ -109,10 +110,23 @@ impl World {
                 delegate: r.percent(30),
                 exec_reload: r.percent(swarm.exec_reload),
                 no_sigkill: r.percent(swarm.no_sigkill),
+                scope: false,
+            };
+            // A scope has none of a service's settings but SendSIGKILL=.
+            let cfg = if scope {
+                UnitConfig {
+                    scope,
+                    no_sigkill: cfg.no_sigkill,
+                    ..UnitConfig::default()
+                }
+            } else {
+                cfg
             };
             // Transient units (systemd-run) have no unit file to alias.
             let transient = r.percent(50);
-            let (name, aliases) = if transient {
+            let (name, aliases) = if scope {
+                (format!("run-u{i}.scope"), Vec::new())
+            } else if transient {
                 (format!("run-u{i}.service"), Vec::new())
             } else if r.percent(50) {
                 (format!("s{i}.service"), vec![format!("nick{i}.service")])
@@ -178,12 +192,16 @@ impl World {
             {
                 add(2, Action::ReloadUnit(u));
             }
-            if !unit.state.running() || !unit.loaded {
+            // A scope is made anew by StartTransientUnit, once the last one is collected; it
+            // cannot be restarted.
+            if !unit.loaded || (!unit.state.running() && !unit.cfg.scope) {
                 add(4, Action::Start(u));
             }
             if unit.loaded && unit.state.running() {
                 add(2, Action::Stop(u));
-                add(2, Action::Restart(u));
+                if !unit.cfg.scope {
+                    add(2, Action::Restart(u));
+                }
             }
             if unit.loaded && unit.state == SvcState::Failed {
                 add(2, Action::ResetFailed(u));
@@ -192,6 +210,7 @@ impl World {
                 add(4, Action::Gc(u));
             }
             if self.swarm.clean
+                && !unit.cfg.scope
                 && unit.loaded
                 && unit.state == SvcState::Dead
                 && unit.job.is_none()
@@ -423,7 +442,7 @@ impl World {
                 (CallKind::Read(kind), None) => {
                     // systemd answers a few of the read's messages now; anything may happen
                     // before it answers the rest.
-                    let mut burst = 1 + self.rng.below(kind.parts() - call.parts.len());
+                    let mut burst = 1 + self.rng.below(kind.parts(&call.unit) - call.parts.len());
                     let mut unloaded = false;
                     while burst > 0 && !unloaded {
                         let part = self.snapshot(&call.unit);
@@ -431,14 +450,14 @@ impl World {
                         call.parts.push(part);
                         burst -= 1;
                     }
-                    if !unloaded && call.parts.len() < kind.parts() {
+                    if !unloaded && call.parts.len() < kind.parts(&call.unit) {
                         // The driver sends the next message once this one is answered.
                         done.push(format!(
                             "Read {} #{} ({} of {})",
                             call.unit,
                             call.id,
                             call.parts.len(),
-                            kind.parts()
+                            kind.parts(&call.unit)
                         ));
                         self.bus.calls.push_back(call);
                         continue;

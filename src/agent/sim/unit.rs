@@ -29,6 +29,9 @@ pub(crate) struct UnitConfig {
     pub exec_reload: bool,
     /// SendSIGKILL=no: what ignores SIGTERM survives the stop.
     pub no_sigkill: bool,
+    /// A scope unit (`scope.c`), made by StartTransientUnit with `PIDs=`: systemd moves
+    /// processes that already run into its cgroup; it has no MainPID, ControlPID nor Exec*=.
+    pub scope: bool,
 }
 
 /// Type= of a service that is not `oneshot` (`service_enter_start`).

@@ -60,6 +60,8 @@ pub(crate) struct Swarm {
     pub ignore_sigterm: u32,
     /// Outsiders run `systemctl clean` on inactive units.
     pub clean: bool,
+    /// Percent of units that are scopes (`systemd-run --scope`).
+    pub scopes: u32,
     /// The machine suspends now and then: CLOCK_BOOTTIME, which `/proc` start times count,
     /// runs ahead of CLOCK_MONOTONIC, which InactiveExitTimestampMonotonic counts.
     pub suspends: bool,
@@ -105,6 +107,7 @@ impl Swarm {
         self.ignore_sigterm = some(r, &[0, 0, 20, 60]);
         self.clean = r.percent(30);
         self.suspends = r.percent(30);
+        self.scopes = some(r, &[0, 0, 20, 50]);
     }
 }
 
@@ -316,13 +319,21 @@ impl World {
             return;
         }
         let path = unit_path(&name);
-        let service = UnitChange {
-            result: Some(unit.result.to_owned()),
-            exec_main_code: Some(unit.exec_main_code),
-            exec_main_status: Some(unit.exec_main_status),
-            main_pid: Some(unit.main_pid.unwrap_or(0)),
-            control_pid: Some(unit.control_pid.unwrap_or(0)),
-            ..UnitChange::default()
+        // A scope's own interface marks only Result emits-change.
+        let service = if unit.cfg.scope {
+            UnitChange {
+                result: Some(unit.result.to_owned()),
+                ..UnitChange::default()
+            }
+        } else {
+            UnitChange {
+                result: Some(unit.result.to_owned()),
+                exec_main_code: Some(unit.exec_main_code),
+                exec_main_status: Some(unit.exec_main_status),
+                main_pid: Some(unit.main_pid.unwrap_or(0)),
+                control_pid: Some(unit.control_pid.unwrap_or(0)),
+                ..UnitChange::default()
+            }
         };
         let change = self.unit_change(u);
         let inv = unit.invocation;

@@ -58,7 +58,7 @@ fn read(w: &mut World, name: &str) -> super::bus::Snapshot {
         by_property: false,
     };
     w.bus.send(name, CallKind::Read(kind));
-    w.apply(Action::ProcessCalls(kind.parts()));
+    w.apply(Action::ProcessCalls(kind.parts(name)));
     match w.bus.replies.pop_back().map(|r| r.answer) {
         Some(Answer::Read(Ok(mut parts))) => parts.remove(0),
         other => panic!("{other:?}"),
@@ -690,4 +690,51 @@ fn a_suspend_moves_proc_start_times_ahead_of_the_monotonic_clock() {
     let census = census(&w, "/app.slice/x.service");
     let p = &w.kernel.procs[&main];
     assert_eq!(census[0].start_ticks, (p.start_us + suspended) / TICK_US);
+}
+
+#[test]
+fn a_scope_takes_processes_that_ran_before_its_invocation_and_ends_when_they_do() {
+    let mut w = World::empty(1);
+    w.add_unit(
+        "run-u0.scope",
+        vec![],
+        UnitConfig {
+            scope: true,
+            ..UnitConfig::default()
+        },
+    );
+    w.bus.connect();
+    w.advance(5_000_000);
+    w.apply(Action::Start(0));
+    w.apply(Action::Progress(0));
+    let unit = &w.units[0];
+    let inv = unit.invocation;
+    assert_eq!(unit.state.active_state(), "active");
+    assert_eq!(
+        (unit.main_pid, unit.control_pid),
+        (None, None),
+        "no MainPID"
+    );
+    let pids = w.kernel.pids_in("/app.slice/run-u0.scope");
+    assert!(!pids.is_empty());
+    for pid in &pids {
+        let p = &w.kernel.procs[pid];
+        assert!(p.start_us < unit.inactive_exit_us, "attached, not forked");
+        assert_eq!(p.invocation, inv);
+    }
+    assert!(
+        states(&signals(&mut w))
+            .iter()
+            .all(|(state, _)| state != "activating")
+    );
+    for pid in pids {
+        w.apply(Action::ChildExits(pid));
+    }
+    settle(&mut w);
+    assert_eq!(
+        w.units[0].state,
+        SvcState::Dead,
+        "`scope_notify_cgroup_empty_event`"
+    );
+    assert!(w.over(inv));
 }
