@@ -25,6 +25,9 @@ use super::watcher::locate;
 mod start_order;
 mod tracker;
 
+/// For the simulator's oracle, which places a start as the agent can.
+#[cfg(test)]
+pub(crate) use start_order::StartOrder;
 pub(crate) use start_order::{ClockBasis, NextInvocation, earlier_processes};
 pub(crate) use tracker::{ProcessTracker, Tracked};
 

@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, VecDeque};
 
 use crate::systemd::signal::SystemdSignal;
-use crate::systemd::snapshot::{Attempt, SERVICE_PROPERTIES, UNIT_PROPERTIES};
+use crate::systemd::snapshot::{self, Attempt, properties_asked};
 
 /// What systemd answered a read with.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,10 +70,11 @@ impl ReadKind {
         }
     }
 
-    /// How many answers make the read.
-    pub(crate) fn parts(self) -> usize {
+    /// How many answers make a read of `unit`: a service's properties, or another unit
+    /// type's ControlGroup (`properties_asked`).
+    pub(crate) fn parts(self, unit: &str) -> usize {
         let properties = if self.by_property {
-            2 + UNIT_PROPERTIES.len() + SERVICE_PROPERTIES.len()
+            2 + properties_asked(unit, snapshot::ReadKind::Get).len()
         } else {
             2
         };

@@ -8,7 +8,7 @@
 //! and a restart takes up what the real loader would make of what is there.
 //!
 //! Leftovers are counted as the real driver counts them: a census of the cgroup subtree as
-//! `list_processes` gives it (pid, ppid, start ticks of 10 ms, no suspend), classified by the
+//! `list_processes` gives it (pid, ppid, start ticks of 10 ms since boot), classified by the
 //! same `earlier_processes`; each pid kept is then held, as by a pidfd, until its exit is
 //! delivered (at the step it dies or later, as the loop sees a pidfd event) or the key is
 //! released.
@@ -31,7 +31,7 @@ use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
 use crate::control::protocol::{RequestId, parse_request};
 use crate::proof::StopReason;
-use crate::systemd::signal::{SystemdSignal, unit_path};
+use crate::systemd::signal::{SERVICE_INTERFACE, SystemdSignal, unit_path};
 use crate::systemd::snapshot::{
     self, Attempt, InvocationAnswer, Property, PropertyAnswers, SERVICE_PROPERTIES,
     UNIT_PROPERTIES, UnitSnapshot, properties_asked,
@@ -553,9 +553,10 @@ impl Sim {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
         }
         let census = census(&self.world, cgroup);
+        // The offset read now: at least what it was at any fork before.
         let basis = ClockBasis {
             clk_tck: 1_000_000 / TICK_US,
-            boot_minus_mono_ns: 0,
+            boot_minus_mono_ns: self.world.kernel.suspended_us * 1000,
         };
         let earlier: Vec<i32> = earlier_processes(&census, next, &basis, held)
             .into_iter()
@@ -946,7 +947,7 @@ impl Sim {
 }
 
 /// What `list_processes` gives for `cgroup`: every process in it and below, as `/proc` shows it
-/// (start ticks since boot; boot time is monotonic time, no suspend being modelled).
+/// (start ticks since boot, on CLOCK_BOOTTIME).
 pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
     let procs = world.kernel.procs.values();
     procs
@@ -955,7 +956,7 @@ pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
             pid: p.pid as i32,
             ppid: p.ppid as i32,
             session: p.session as i32,
-            start_ticks: p.start_us / TICK_US,
+            start_ticks: p.start_boot_us / TICK_US,
             comm: format!("{:?}", p.role).into_bytes(),
             state: 'S',
             cgroup: p.cgroup[cgroup.len()..].trim_start_matches('/').into(),
@@ -979,19 +980,26 @@ fn driver_read(unit: &str, attempt: Attempt, parts: &[Snapshot]) -> Option<UnitS
         }
     }
     if !attempt.by_property() {
-        // GetAll of the Unit interface, then of the Service interface.
-        let (unit_part, service) = (parts.next()?, parts.next()?);
+        // GetAll of the Unit interface, then of the Service interface (of another unit type,
+        // Get of its ControlGroup).
+        let (unit_part, second) = (parts.next()?, parts.next()?);
+        let service = snapshot::cgroup_interface(&unit_part.id) == Some(SERVICE_INTERFACE);
+        let second_properties: &[&str] = if service {
+            &SERVICE_PROPERTIES
+        } else {
+            &["ControlGroup"]
+        };
         let properties = std::iter::once("InvocationID")
             .chain(UNIT_PROPERTIES)
             .map(|name| property(name, unit_part))
-            .chain(SERVICE_PROPERTIES.map(|name| property(name, service)));
+            .chain(second_properties.iter().map(|name| property(name, second)));
         let path = unit_path(&unit_part.id);
         let read = snapshot::snapshot(
             unit,
             &path,
             unit_part.serial,
             properties,
-            Some(service.serial),
+            service.then_some(second.serial),
         );
         return Some(read);
     }

@@ -4,9 +4,10 @@
 //!
 //! A process's parent is what forked it (systemd, pid [`MANAGER`], for the main and control
 //! processes); when a parent dies its children are reparented to the manager, as the kernel
-//! does to the nearest subreaper. Start times are virtual CLOCK_MONOTONIC microseconds; with no
-//! suspend modelled, CLOCK_BOOTTIME is the same clock, so `/proc`'s start ticks are the start
-//! time truncated to whole ticks of [`TICK_US`].
+//! does to the nearest subreaper. Start times are virtual CLOCK_MONOTONIC microseconds; the
+//! machine may suspend, which moves CLOCK_BOOTTIME ahead of CLOCK_MONOTONIC, so `/proc`'s start
+//! ticks are the start time plus the time suspended before it, truncated to whole ticks of
+//! [`TICK_US`].
 //!
 //! A process keeps the invocation it was started under for its whole life: a KillMode=process
 //! leftover still belongs to the old invocation while the next one runs beside it, which is
@@ -32,6 +33,9 @@ pub(crate) enum Role {
     Control,
     /// Anything a unit's process forked; survives a stop with KillMode=process.
     Child,
+    /// `systemctl clean`'s process: systemd's own, forked after the invocation ended, under
+    /// its InvocationID; not the workload a proof of that invocation speaks of.
+    Clean,
 }
 
 #[derive(Clone, Debug)]
@@ -44,6 +48,8 @@ pub(crate) struct Proc {
     pub session: Pid,
     /// When it was forked (virtual CLOCK_MONOTONIC, µs).
     pub start_us: u64,
+    /// The same on CLOCK_BOOTTIME, which `/proc/PID/stat` counts.
+    pub start_boot_us: u64,
     pub cgroup: String,
     pub invocation: Inv,
     pub unit: usize,
@@ -93,6 +99,8 @@ pub(crate) struct Kernel {
     lost: BTreeSet<String>,
     /// The inotify queue overflowed since the agent last read it.
     pub overflow: bool,
+    /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC: the time suspended so far (µs).
+    pub suspended_us: u64,
 }
 
 impl Kernel {
@@ -202,7 +210,7 @@ impl Kernel {
         self.spawned += 1;
         let session = match role {
             Role::Child => self.procs.get(&parent).map_or(self.next_pid, |p| p.session),
-            Role::Main | Role::Control => self.next_pid,
+            Role::Main | Role::Control | Role::Clean => self.next_pid,
         };
         let proc = Proc {
             id: self.spawned,
@@ -210,6 +218,7 @@ impl Kernel {
             ppid: parent,
             session,
             start_us,
+            start_boot_us: start_us + self.suspended_us,
             cgroup: cgroup.to_owned(),
             invocation,
             unit,
@@ -238,6 +247,33 @@ impl Kernel {
                 return;
             }
         }
+    }
+
+    /// `setsid()`: the process begins a session of its own.
+    pub(crate) fn setsid(&mut self, pid: Pid) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.session = pid;
+        }
+    }
+
+    /// What the process is to its unit from now on (a daemon made MainPID, a main process
+    /// forgotten at the end of a stop).
+    pub(crate) fn set_role(&mut self, pid: Pid, role: Role) {
+        if let Some(p) = self.procs.get_mut(&pid) {
+            p.role = role;
+        }
+    }
+
+    /// The manager writes `pid` into `cgroup`'s `cgroup.procs` (scope attach: a privileged
+    /// write; a unit's own processes cannot leave their cgroup, as the trust model has it).
+    pub(crate) fn move_to(&mut self, pid: Pid, cgroup: &str) {
+        self.mkdir(cgroup);
+        let cgroup = cgroup.to_owned();
+        self.notifying(|k| {
+            if let Some(p) = k.procs.get_mut(&pid) {
+                p.cgroup = cgroup;
+            }
+        });
     }
 
     /// Whether process `id`, once given `pid`, still lives (what its pidfd tells).
@@ -438,5 +474,18 @@ mod tests {
         k.mkdir("/s.slice");
         k.mkdir("/s.slice/a.service");
         assert!(!k.take_pending("/s.slice/a.service"));
+    }
+
+    #[test]
+    fn a_process_moved_into_a_watched_cgroup_populates_it() {
+        let mut k = Kernel::new();
+        k.mkdir("/a.scope");
+        k.watch("/a.scope");
+        let pid = k.spawn("/session.scope", 7, 0, Role::Child, MANAGER, 1);
+        assert!(!k.take_pending("/a.scope"));
+        k.move_to(pid, "/a.scope");
+        assert!(k.take_pending("/a.scope"), "cgroup.events changed");
+        assert_eq!(k.read("/a.scope"), Reading::Populated);
+        assert_eq!(k.read("/session.scope"), Reading::Empty);
     }
 }

@@ -68,6 +68,7 @@ struct Outcome {
     trace: Vec<String>,
     proofs: u32,
     stop_races: u32,
+    clean_races: u32,
     restarts: u32,
     reads_asked_again: u32,
     counts: (u32, u32),
@@ -114,6 +115,12 @@ fn kind(violation: &str) -> String {
     .find(|c| violation.contains(c))
     .unwrap_or("");
     if violation.starts_with("FALSE PROOF") {
+        // Whatever the cause named: one defect.
+        if violation.contains("systemd guessed as a later invocation's MainPID") {
+            return "FALSE PROOF: a leftover in a session systemd guessed as a later invocation's \
+                    MainPID alive"
+                .into();
+        }
         let why = if violation.contains("are alive") {
             "processes alive"
         } else {
@@ -149,7 +156,11 @@ fn kind(violation: &str) -> String {
     } else if violation.starts_with("NO RELEASE") {
         "NO RELEASE of a launch file within the liveness bound after its proof".into()
     } else if violation.starts_with("NO PROOF") {
-        if violation.contains("orphans of sessions it was never told of") {
+        if violation.contains("roots it was never told of") {
+            "NO PROOF within the liveness bound, another invocation's untold roots forked as it \
+             began alive"
+                .into()
+        } else if violation.contains("orphans of sessions it was never told of") {
             "NO PROOF within the liveness bound, orphans of another invocation's untold sessions \
              alive"
                 .into()
@@ -393,6 +404,7 @@ fn run(seed: u64, how: RunAs) -> Outcome {
         trace: sim.trace.take().unwrap_or_default(),
         proofs: sim.oracle.proofs,
         stop_races: sim.oracle.stop_races,
+        clean_races: sim.oracle.clean_races,
         restarts: sim.restarts,
         reads_asked_again: sim.reads_asked_again,
         counts: (sim.counts, sim.counts_holding_current),
@@ -428,24 +440,62 @@ impl Tolerated {
 /// faithful enough to find: a run lists the seeds that show them and fails on anything else,
 /// or on more of them than their rate, so main stays mergeable while the core is fixed. Take
 /// an entry out once its defect is fixed; `EXITPROOF_SIM_STRICT=1` fails on these too.
-const KNOWN_DEFECTS: &[Tolerated] = &[Tolerated {
-    kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
-    why: "issue 23 (4), what is left of it: 5 of 120,000 random seeds (three bases, \
-         2026-12-05), 4 of them in healing mode (`h`), e.g. 31415937724h \
-         (docs/sim-findings-2026-12-04.md)",
-    per_10k: 3,
-}];
+const KNOWN_DEFECTS: &[Tolerated] = &[
+    Tolerated {
+        kind: "FALSE PROOF: a leftover in a session systemd guessed as a later invocation's \
+               MainPID alive",
+        why: "a Type=forking start without PIDFile= whose daemon died at once: systemd guesses \
+         MainPID (`unit_search_main_pid`: the only process of the cgroup whose parent is the \
+         manager), and a KillMode=process leftover of an earlier invocation, orphaned, is that \
+         one (seen on systemd 252). Rule 0 of `earlier_processes` refuses such a root while it \
+         lives (14 -> 3 of 20,000 seeds, base 183978765466697); left: the guessed root gone, \
+         a member of its session, started before the invocation began, is counted as the \
+         invocation's by rule 3, e.g. 183978765467299h (docs/sim-findings-2026-12-05-model.md)",
+        per_10k: 4,
+    },
+    Tolerated {
+        kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
+        why: "issue 23 (4), what is left of it: 5 of 120,000 random seeds (three bases, before \
+         the model items of 2026-12-05), e.g. 31415937724h (docs/sim-findings-2026-12-04.md); \
+         with those items, 25 of 20,000: a MainPID or ControlPID systemd named for a \
+         later invocation that outlived its stop (it ignored SIGTERM, SendSIGKILL=no) counts as \
+         ours, as rule 3 of `earlier_processes` skips a gone root's own pid, e.g. \
+         263519739886130 (docs/sim-findings-2026-12-05-model.md)",
+        per_10k: 25,
+    },
+    Tolerated {
+        kind: "NO RELEASE of a launch file within the liveness bound after its proof",
+        why: "an alias watch asked to stop does not take the proof its sibling watch of the same \
+         invocation made, and counts a later invocation's process it cannot place as ours: its \
+         launch file is never released (1 of 20,000 random seeds, 263519739889804h, \
+         docs/sim-findings-2026-12-05-model.md)",
+        per_10k: 2,
+    },
+];
 
 /// Kinds no agent can avoid without risking a false proof, tolerated even by
 /// `EXITPROOF_SIM_STRICT=1`. An orphan in a session whose leader is gone, when the agent was
 /// never told that leader as a MainPID or ControlPID, may be another invocation's, or a child
 /// our own leftover forked after the next invocation began: the agent counts it as possibly
 /// ours and waits for it (docs/rules.md).
-const LIMITS: &[Tolerated] = &[Tolerated {
-    kind: "NO PROOF within the liveness bound, orphans of another invocation's untold sessions alive",
-    why: "a limit no agent can avoid",
-    per_10k: 600,
-}];
+const LIMITS: &[Tolerated] = &[
+    Tolerated {
+        kind: "NO PROOF within the liveness bound, orphans of another invocation's untold sessions \
+               alive",
+        why: "a limit no agent can avoid",
+        per_10k: 600,
+    },
+    // A main or control process that outlived its stop (it ignored SIGTERM, SendSIGKILL=no),
+    // forked as its invocation began (within a tick of /proc's start time, or the time
+    // suspended) and never told to the agent: it may as well be a child a leftover of ours
+    // forked just before.
+    Tolerated {
+        kind: "NO PROOF within the liveness bound, another invocation's untold roots forked as it \
+               began alive",
+        why: "a limit no agent can avoid",
+        per_10k: 40,
+    },
+];
 
 /// The seeds a run tries: `EXITPROOF_SIM_SEED_BASE` (a number, or `random`) moves the first
 /// one, so CI can try new seeds each run; the base is printed to replay with
@@ -512,6 +562,7 @@ fn simulation() {
     let mut healed_seeds = std::collections::BTreeSet::new();
     let mut failing = 0;
     let (mut proofs, mut races, mut restarts, mut reads_again) = (0, 0, 0, 0);
+    let mut clean_races = 0;
     let (mut counts, mut holding_current, mut healed) = (0, 0, 0);
     let range = base..base.saturating_add(seeds);
     let regressions = REGRESSION_SEEDS.into_iter().filter(|s| !range.contains(s));
@@ -519,6 +570,7 @@ fn simulation() {
         let outcome = run(seed, RunAs::default());
         proofs += outcome.proofs;
         races += outcome.stop_races;
+        clean_races += outcome.clean_races;
         restarts += outcome.restarts;
         reads_again += outcome.reads_asked_again;
         counts += outcome.counts.0;
@@ -541,6 +593,10 @@ fn simulation() {
          {restarts} agent restarts, {races} stops that raced an invocation the agent had not \
          heard of yet, {failing} failing seeds",
         range.end
+    );
+    println!(
+        "{clean_races} proofs made while `systemctl clean` ran under the invocation, begun \
+         after it ended"
     );
     println!(
         "{reads_again} reads asked again: the unit began another invocation while read \

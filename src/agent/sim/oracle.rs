@@ -9,8 +9,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::kernel::{Inv, Pid, Proc};
+use super::kernel::{Inv, Pid, Proc, TICK_US};
 use super::world::{World, short};
+use crate::cgroup::procs::{ClockBasis, StartOrder};
 use crate::control::wire::Cause;
 
 /// Quiet steps a proof may take once its invocation is over: enough for every read, retry and
@@ -64,7 +65,13 @@ pub(crate) struct Oracle {
     /// StopUnits that hit an invocation the agent had not heard of yet: a race no agent can
     /// win (systemd has no conditional stop), counted, not failed.
     pub stop_races: u32,
+    /// Proofs made while `systemctl clean` ran under the invocation: systemd forked it after
+    /// the invocation ended, perhaps after what the proof was made from; counted, not failed.
+    pub clean_races: u32,
     pub proofs: u32,
+    /// Invocations whose proof was judged false: their launch file's removal is the same
+    /// defect, not another.
+    falsely_proven: BTreeSet<Inv>,
 }
 
 /// An InvocationID from its hex form; empty is 0.
@@ -133,9 +140,30 @@ impl Oracle {
             .into_iter()
             .map(|p| w.kernel.describe(p, &names))
             .collect();
+        self.clean_races += u32::from(w.cleaning_under(inv));
         if !pids.is_empty() {
+            // systemd's word on a later invocation's MainPID may be a guess
+            // (`unit_search_main_pid`) that names a leftover of this one.
+            let guessed: Vec<Pid> = w
+                .procs_of(inv)
+                .into_iter()
+                .filter(|pid| {
+                    let session = w.kernel.procs.get(pid).map_or(0, |p| p.session);
+                    w.misguessed.contains(&(inv, *pid)) || w.misguessed.contains(&(inv, session))
+                })
+                .collect();
+            let guessed = if guessed.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; {guessed:?} of a session systemd guessed as a later invocation's \
+                     MainPID (unit_search_main_pid)"
+                )
+            };
+            self.falsely_proven.insert(inv);
             self.fail(format!(
-                "FALSE PROOF of {name} inv {} ({cause:?}): processes {pids:?} of it are alive",
+                "FALSE PROOF of {name} inv {} ({cause:?}): processes {pids:?} of it are \
+                 alive{guessed}",
                 short(inv)
             ));
         }
@@ -271,7 +299,7 @@ impl Oracle {
         if !proven {
             self.fail(format!("launch file {path} removed with no proof"));
         }
-        if inv != 0 && !w.over(inv) {
+        if inv != 0 && !w.over(inv) && !self.falsely_proven.contains(&inv) {
             self.fail(format!(
                 "launch file {path} removed while invocation {} is not over",
                 short(inv)
@@ -323,8 +351,32 @@ impl Oracle {
                             .get(&(*u, *inv))
                             .is_some_and(|told| told.contains(&p.session))
                 };
+                // A session leader (a main or control process, or a daemon that called
+                // setsid) forked as its invocation began, within the clock's uncertainty (a
+                // tick, and the time suspended): never told as a root, it may as well be a
+                // child a leftover of ours forked just before.
+                let untold_root = |p: &&Proc| {
+                    let began = w.history.get(&p.invocation).map_or(0, |r| r.began_us);
+                    let basis = ClockBasis {
+                        clk_tck: 1_000_000 / TICK_US,
+                        boot_minus_mono_ns: w.kernel.suspended_us * 1000,
+                    };
+                    p.session == p.pid
+                        && basis.start_order(p.start_boot_us / TICK_US, began)
+                            != StartOrder::AtOrAfter
+                        && !told_roots
+                            .get(&(*u, *inv))
+                            .is_some_and(|told| told.contains(&p.pid))
+                };
                 let why = if others.is_empty() {
                     "nothing of another invocation is left".to_owned()
+                } else if others.iter().any(untold_root) {
+                    let untold: Vec<&Proc> = others.iter().copied().filter(untold_root).collect();
+                    format!(
+                        "other invocations' roots it was never told of, forked as their \
+                         invocation began: {}",
+                        describe(&untold)
+                    )
                 } else if others.iter().any(untold) {
                     let untold: Vec<&Proc> = others.iter().copied().filter(untold).collect();
                     format!(

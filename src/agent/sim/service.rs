@@ -14,7 +14,7 @@
 //! before the stamp.
 
 use super::kernel::{Inv, MANAGER, Pid, Role};
-use super::unit::{Job, SvcState};
+use super::unit::{Job, SKIP_CONDITION, ServiceType, SvcState, ends_failed};
 use super::world::{InvRecord, World, short};
 
 impl World {
@@ -77,6 +77,7 @@ impl World {
                 unit: u,
                 ended: false,
                 next: None,
+                began_us: self.now_us,
             },
         );
         let unit = &mut self.units[u];
@@ -86,33 +87,173 @@ impl World {
         unit.exec_main_status = 0;
         unit.dirty = true;
         self.job_done(u);
-        // systemd forks the first process (ExecStartPre=, or ExecStart=) and only then enters
-        // the new state, which stamps InactiveExitTimestamp: the fork comes at the same
-        // instant or a little before.
+        // systemd forks the first process (ExecCondition=, ExecStartPre=, or ExecStart=) and
+        // only then enters the new state, which stamps InactiveExitTimestamp: the fork comes at
+        // the same instant or a little before.
         let forked_us = self.now_us.saturating_sub(self.rng.below(300) as u64);
-        let cgroup = self.realize_cgroup(u);
-        let pre = self.units[u].cfg.exec_start_pre;
-        let role = if pre { Role::Control } else { Role::Main };
-        let first = self.kernel.spawn(&cgroup, new, u, role, MANAGER, forked_us);
-        let unit = &mut self.units[u];
-        (unit.main_pid, unit.control_pid) = if pre {
-            (None, Some(first))
-        } else {
-            (Some(first), None)
-        };
-        unit.stopping_by_job = false;
-        let state = if pre {
+        self.units[u].stopping_by_job = false;
+        let cfg = self.units[u].cfg;
+        if cfg.scope {
+            return self.attach_scope(u);
+        }
+        let first = if cfg.exec_condition {
+            SvcState::Condition
+        } else if cfg.exec_start_pre {
             SvcState::StartPre
         } else {
             SvcState::Start
         };
-        self.set_state(u, state);
+        self.enter_start_phase(u, first, forked_us);
+    }
+
+    /// `service_enter_condition`, `service_enter_start_pre`, `service_enter_start` and
+    /// `service_enter_start_post`: the phase's process is forked at `forked_us` into the cgroup
+    /// realized again (`service_spawn`), MainPID or ControlPID set, then the state entered.
+    /// ExecStart= is the main process, except of Type=forking, whose ExecStart= is a control
+    /// process; a Type=simple service goes on at once, never in `start`.
+    fn enter_start_phase(&mut self, u: usize, state: SvcState, forked_us: u64) {
+        let cgroup = self.realize_cgroup(u);
+        let inv = self.units[u].invocation;
+        let cfg = self.units[u].cfg;
+        let main = state == SvcState::Start && cfg.service_type != ServiceType::Forking;
+        let role = if main { Role::Main } else { Role::Control };
+        let pid = self.kernel.spawn(&cgroup, inv, u, role, MANAGER, forked_us);
+        let unit = &mut self.units[u];
+        if main {
+            unit.main_pid = Some(pid);
+        } else {
+            unit.control_pid = Some(pid);
+        }
+        if main && !cfg.oneshot && cfg.service_type == ServiceType::Simple {
+            self.enter_start_post(u);
+        } else {
+            self.set_state(u, state);
+        }
+    }
+
+    /// `scope_start` → `scope_enter_running`: the processes named in `PIDs=` (`systemd-run
+    /// --scope` itself, and perhaps a child it forked), which started before the invocation
+    /// was acquired, are moved into the realized cgroup (`unit_attach_pids_to_cgroup`), and
+    /// the scope runs. From then on they are the invocation's.
+    fn attach_scope(&mut self, u: usize) {
+        let cgroup = self.realize_cgroup(u);
+        let inv = self.units[u].invocation;
+        let started = self
+            .now_us
+            .saturating_sub(1 + self.rng.below(2_000_000) as u64);
+        let outside = "/user.slice/session-1.scope";
+        let leader = self
+            .kernel
+            .spawn(outside, inv, u, Role::Child, MANAGER, started);
+        self.kernel.setsid(leader);
+        let mut pids = vec![leader];
+        if self.rng.percent(50) {
+            let child = self
+                .kernel
+                .spawn(outside, inv, u, Role::Child, leader, started);
+            pids.push(child);
+        }
+        for pid in pids {
+            self.kernel.move_to(pid, &cgroup);
+        }
+        self.set_state(u, SvcState::Running);
+    }
+
+    /// `service_enter_start_post`: ExecStartPost= runs beside the main process, or the unit
+    /// goes on to running.
+    fn enter_start_post(&mut self, u: usize) {
+        if self.units[u].cfg.exec_start_post {
+            self.enter_start_phase(u, SvcState::StartPost, self.now_us);
+        } else {
+            self.enter_running(u);
+        }
+    }
+
+    /// `service_enter_running`: running while the service is good (`service_good`: its main
+    /// process lives, or, none being known, its cgroup is populated), else exited
+    /// (RemainAfterExit=) or stopped.
+    fn enter_running(&mut self, u: usize) {
+        let unit = &self.units[u];
+        let guessing = unit.cfg.service_type == ServiceType::Forking;
+        let good = unit.main_pid.is_some() || (guessing && self.kernel.populated(&unit.cgroup));
+        if good {
+            self.set_state(u, SvcState::Running);
+        } else if unit.cfg.remain_after_exit {
+            self.set_state(u, SvcState::Exited);
+        } else {
+            self.enter_stop(u);
+        }
+    }
+
+    /// Type=forking: ExecStart= exits (`service_sigchld_event` in `start`), a failure failing
+    /// the start. It forked the daemon first (mostly: one may die at once), which may begin a
+    /// session of its own (setsid) and is the manager's child once its parent is gone. MainPID
+    /// comes from the PID file (`service_load_pid_file`) or is guessed
+    /// (`service_search_main_pid` → `unit_search_main_pid`: the only process directly in the
+    /// cgroup whose parent is the manager, whichever invocation started it; none if there are
+    /// more), then `service_enter_start_post`.
+    fn launcher_exits(&mut self, u: usize) -> String {
+        let name = self.units[u].name.clone();
+        let Some(launcher) = self.units[u].control_pid else {
+            self.enter_start_post(u);
+            return format!("{name}: {}", self.describe(u));
+        };
+        if self.rng.percent(10) {
+            self.kill_control(u);
+            self.units[u].result = "exit-code";
+            self.set_state(u, SvcState::StopSigterm);
+            return format!("{name}: the forking ExecStart= fails: {}", self.describe(u));
+        }
+        let (cgroup, inv) = (self.units[u].cgroup.clone(), self.units[u].invocation);
+        let daemon = self.rng.percent(90).then(|| {
+            let daemon = self
+                .kernel
+                .spawn(&cgroup, inv, u, Role::Child, launcher, self.now_us);
+            if self.rng.percent(50) {
+                self.kernel.setsid(daemon);
+            }
+            daemon
+        });
+        self.kill_control(u);
+        let main = match daemon {
+            Some(daemon) if self.rng.percent(60) => Some(daemon),
+            _ => self.search_main_pid(&cgroup),
+        };
+        if let Some(main) = main {
+            self.kernel.set_role(main, Role::Main);
+            let own = self.kernel.procs.get(&main).map_or(inv, |p| p.invocation);
+            if own != inv {
+                self.misguessed.insert((own, main));
+            }
+        }
+        self.units[u].main_pid = main;
+        self.enter_start_post(u);
+        format!(
+            "{name}: the forking ExecStart= exits, daemon {daemon:?}, MainPID {main:?}: {}",
+            self.describe(u)
+        )
+    }
+
+    /// `unit_search_main_pid`: the only process of `cgroup` itself (`cgroup.procs`) whose
+    /// parent is the manager.
+    fn search_main_pid(&self, cgroup: &str) -> Option<Pid> {
+        let mut kids = self.kernel.procs.values();
+        let kids: Vec<Pid> = kids
+            .by_ref()
+            .filter(|p| p.cgroup == cgroup && p.ppid == MANAGER)
+            .map(|p| p.pid)
+            .collect();
+        match kids[..] {
+            [only] => Some(only),
+            _ => None,
+        }
     }
 
     pub(super) fn progress(&mut self, u: usize) -> String {
         let unit = &self.units[u];
         let (name, state, job) = (unit.name.clone(), unit.state, unit.job);
-        let stable = !state.deactivating() && state != SvcState::Reload;
+        let stable =
+            !state.deactivating() && !matches!(state, SvcState::Reload | SvcState::Cleaning);
         if let (Some(job), true) = (job, stable) {
             match (job, state) {
                 (Job::Start | Job::Restart, SvcState::Dead | SvcState::Failed) => self.start(u),
@@ -145,7 +286,25 @@ impl World {
             self.job_done(u);
             self.units[u].stopping_by_job = true;
         }
+        let cfg = self.units[u].cfg;
         match state {
+            SvcState::Condition => {
+                // ExecCondition= exits (`service_sigchld_event` in `condition`): an exit status
+                // of 1 to 254 skips the unit (`SERVICE_SKIP_CONDITION`: through stop-sigterm to
+                // inactive, not failed); success goes on to ExecStartPre= or ExecStart=.
+                self.kill_control(u);
+                if self.rng.percent(30) {
+                    self.units[u].result = SKIP_CONDITION;
+                    self.set_state(u, SvcState::StopSigterm);
+                } else {
+                    let next = if cfg.exec_start_pre {
+                        SvcState::StartPre
+                    } else {
+                        SvcState::Start
+                    };
+                    self.enter_start_phase(u, next, self.now_us);
+                }
+            }
             SvcState::StartPre => {
                 // ExecStartPre= exits; a failure fails the start.
                 self.kill_control(u);
@@ -154,20 +313,29 @@ impl World {
                     unit.result = "exit-code";
                     self.set_state(u, SvcState::StopSigterm);
                 } else {
-                    let cgroup = self.realize_cgroup(u);
-                    let inv = self.units[u].invocation;
-                    let main = self
-                        .kernel
-                        .spawn(&cgroup, inv, u, Role::Main, MANAGER, self.now_us);
-                    self.units[u].main_pid = Some(main);
-                    self.set_state(u, SvcState::Start);
+                    self.enter_start_phase(u, SvcState::Start, self.now_us);
                 }
             }
-            SvcState::Start if self.units[u].cfg.oneshot => {
+            SvcState::Start if cfg.oneshot => {
                 let ok = self.rng.percent(75);
                 return self.main_exits(u, ok);
             }
-            SvcState::Start => self.set_state(u, SvcState::Running),
+            SvcState::Start if cfg.service_type == ServiceType::Forking => {
+                return self.launcher_exits(u);
+            }
+            // Exec'd, or READY=1 (`service_notify_message`).
+            SvcState::Start => self.enter_start_post(u),
+            SvcState::StartPost => {
+                // ExecStartPost= exits (`service_sigchld_event` in `start-post`): a failure
+                // stops the unit (`service_enter_signal`), else `service_enter_running`.
+                self.kill_control(u);
+                if self.rng.percent(10) {
+                    self.units[u].result = "exit-code";
+                    self.set_state(u, SvcState::StopSigterm);
+                } else {
+                    self.enter_running(u);
+                }
+            }
             SvcState::Reload => {
                 // ExecReload= exits (`service_enter_running`): back to running, or to exited
                 // (which prunes the cgroup again) when there is no main process.
@@ -183,25 +351,30 @@ impl World {
                 self.kill_control(u);
                 self.set_state(u, SvcState::StopSigterm);
             }
-            SvcState::StopSigterm => {
-                if let Some(main) = self.units[u].main_pid.take() {
-                    self.kernel.kill(main);
-                }
-                self.kill_by_mode(u);
-                if self.units[u].cfg.exec_stop_post {
-                    self.spawn_control(u);
-                    self.set_state(u, SvcState::StopPost);
+            SvcState::StopSigterm | SvcState::FinalSigterm => {
+                if self.sigterm(u) {
+                    // TimeoutStopSec= passes (`service_dispatch_timer`): SIGKILL.
+                    let unit = &mut self.units[u];
+                    if unit.result == "success" {
+                        unit.result = "timeout";
+                    }
+                    let next = if state == SvcState::StopSigterm {
+                        SvcState::StopSigkill
+                    } else {
+                        SvcState::FinalSigkill
+                    };
+                    self.set_state(u, next);
                 } else {
-                    self.finish(u);
+                    self.after_stop_signal(u, state);
                 }
+            }
+            SvcState::StopSigkill | SvcState::FinalSigkill => {
+                self.sigkill(u);
+                self.after_stop_signal(u, state);
             }
             SvcState::StopPost => {
                 self.kill_control(u);
                 self.set_state(u, SvcState::FinalSigterm);
-            }
-            SvcState::FinalSigterm => {
-                self.kill_by_mode(u);
-                self.finish(u);
             }
             SvcState::AutoRestart => {
                 // The restart timer fires (`service_dispatch_timer` → the restart job):
@@ -210,6 +383,20 @@ impl World {
                 // the NEW invocation, never with the old one.
                 self.set_state(u, SvcState::Dead);
                 self.start(u);
+            }
+            SvcState::Cleaning => {
+                // The clean's process exits (`service_sigchld_event` in `cleaning` →
+                // `service_enter_dead`): inactive again, the cgroup pruned (`unit_notify`).
+                self.kill_control(u);
+                self.set_state(u, SvcState::Dead);
+                self.prune_cgroup(u);
+            }
+            // A scope ran empty (`scope_notify_cgroup_empty_event` → `scope_enter_dead`).
+            SvcState::Running if cfg.scope && !self.populated(u) => self.finish(u),
+            // A forking service whose MainPID was never known ran empty
+            // (`service_notify_cgroup_empty_event` in `running` → `service_enter_running`).
+            SvcState::Running if self.units[u].main_pid.is_none() && !self.populated(u) => {
+                self.enter_running(u);
             }
             SvcState::Dead | SvcState::Failed | SvcState::Running | SvcState::Exited => {
                 // The cgroup ran empty (`unit_notify_cgroup_empty`): an inactive unit's is
@@ -283,11 +470,16 @@ impl World {
     }
 
     fn spawn_control(&mut self, u: usize) {
+        self.spawn_control_as(u, Role::Control);
+    }
+
+    /// Forks ControlPID into the cgroup realized again, under the unit's invocation.
+    fn spawn_control_as(&mut self, u: usize, role: Role) {
         let cgroup = self.realize_cgroup(u);
         let inv = self.units[u].invocation;
         let pid = self
             .kernel
-            .spawn(&cgroup, inv, u, Role::Control, MANAGER, self.now_us);
+            .spawn(&cgroup, inv, u, role, MANAGER, self.now_us);
         self.units[u].control_pid = Some(pid);
     }
 
@@ -297,44 +489,138 @@ impl World {
         }
     }
 
-    /// SIGTERM as KillMode= says (`service_enter_signal` → `unit_kill_context`): the whole
-    /// cgroup, or (KillMode=process) the main and control processes only, leaving the rest
-    /// behind. With SendSIGKILL=no what ignores SIGTERM survives: systemd gives up waiting.
-    fn kill_by_mode(&mut self, u: usize) {
-        self.kill_control(u);
+    /// SIGTERM as KillMode= says (`service_enter_signal` → `unit_kill_context`): the main and
+    /// control processes, and unless KillMode=process the rest of the cgroup. A process may
+    /// ignore it (`Swarm::ignore_sigterm`): systemd then waits out TimeoutStopSec= and sends
+    /// SIGKILL; with SendSIGKILL=no it gives up waiting and what ignored SIGTERM lives on, a
+    /// leftover. Whether anything is left for a SIGKILL.
+    fn sigterm(&mut self, u: usize) -> bool {
+        let ignore = self.swarm.ignore_sigterm;
+        let no_sigkill = self.units[u].cfg.no_sigkill;
+        let unit = &self.units[u];
+        let mut kept = [unit.main_pid, unit.control_pid];
+        let mut ignored = Vec::new();
+        for pid in &mut kept {
+            let Some(p) = *pid else { continue };
+            if ignore > 0 && self.rng.percent(ignore) {
+                ignored.push(p);
+            } else {
+                self.kernel.kill(p);
+                *pid = None;
+            }
+        }
+        if no_sigkill && !ignored.is_empty() {
+            // systemd gives up waiting (TimeoutStopSec=, `service_enter_stop_post`) and
+            // forgets them: leftovers like any other.
+            for &pid in &ignored {
+                self.kernel.set_role(pid, Role::Child);
+            }
+            kept = [None, None];
+            if self.units[u].result == "success" {
+                self.units[u].result = "timeout";
+            }
+        }
+        let unit = &mut self.units[u];
+        [unit.main_pid, unit.control_pid] = kept;
+        let mut left = !ignored.is_empty() && !no_sigkill;
         if self.units[u].cfg.kill_process {
-            return;
+            return left;
         }
         let cgroup = self.units[u].cgroup.clone();
-        if !self.units[u].cfg.no_sigkill {
+        if ignore == 0 && !no_sigkill {
             self.kernel.kill_all(&cgroup);
-            return;
+            return left;
         }
-        for pid in self.kernel.pids_in(&cgroup) {
-            if !self.rng.percent(40) {
+        let rest = self.kernel.pids_in(&cgroup).into_iter();
+        for pid in rest.filter(|pid| !ignored.contains(pid)) {
+            if no_sigkill {
+                if !self.rng.percent(40) {
+                    self.kernel.kill(pid);
+                }
+            } else if self.rng.percent(ignore) {
+                left = true;
+            } else {
                 self.kernel.kill(pid);
             }
         }
+        left
     }
 
-    /// `service_enter_stop`: ExecStop= (from running, exited or reloading) forks into the
-    /// cgroup realized again; else straight to SIGTERM.
+    /// SIGKILL after SIGTERM was ignored (`service_enter_signal` with `stop-sigkill` or
+    /// `final-sigkill`): nothing survives it, but KillMode=process sends it to the main and
+    /// control processes only.
+    fn sigkill(&mut self, u: usize) {
+        let unit = &mut self.units[u];
+        for pid in [unit.main_pid.take(), unit.control_pid.take()]
+            .into_iter()
+            .flatten()
+        {
+            self.kernel.kill(pid);
+        }
+        if !self.units[u].cfg.kill_process {
+            let cgroup = self.units[u].cgroup.clone();
+            self.kernel.kill_all(&cgroup);
+        }
+    }
+
+    /// What follows the stop's signals (`service_sigchld_event`, or the cgroup ran empty):
+    /// ExecStopPost= (`service_enter_stop_post`) after the stop's, the end after the final.
+    fn after_stop_signal(&mut self, u: usize, state: SvcState) {
+        let stopping = matches!(state, SvcState::StopSigterm | SvcState::StopSigkill);
+        if stopping && self.units[u].cfg.exec_stop_post {
+            self.spawn_control(u);
+            self.set_state(u, SvcState::StopPost);
+        } else {
+            self.finish(u);
+        }
+    }
+
+    /// Whether any process is in the unit's cgroup.
+    fn populated(&self, u: usize) -> bool {
+        self.kernel.populated(&self.units[u].cgroup)
+    }
+
+    /// A stop job (`service_stop`): ExecStop= from running, exited or reloading
+    /// (`service_enter_stop`), else straight to SIGTERM.
     fn begin_stop(&mut self, u: usize) {
         let unit = &mut self.units[u];
         unit.stopping_by_job = true;
-        let next = match unit.state {
-            SvcState::Running | SvcState::Exited | SvcState::Reload if unit.cfg.exec_stop => {
-                SvcState::Stop
-            }
-            _ => SvcState::StopSigterm,
-        };
-        if unit.state == SvcState::Reload {
+        let state = unit.state;
+        if state == SvcState::Reload {
             self.kill_control(u);
         }
-        if next == SvcState::Stop {
-            self.spawn_control(u);
+        if matches!(
+            state,
+            SvcState::Running | SvcState::Exited | SvcState::Reload
+        ) {
+            self.enter_stop(u);
+        } else {
+            self.set_state(u, SvcState::StopSigterm);
         }
-        self.set_state(u, next);
+    }
+
+    /// `service_enter_stop`: ExecStop= forks into the cgroup realized again; else SIGTERM.
+    fn enter_stop(&mut self, u: usize) {
+        if self.units[u].cfg.exec_stop {
+            self.spawn_control(u);
+            self.set_state(u, SvcState::Stop);
+        } else {
+            self.set_state(u, SvcState::StopSigterm);
+        }
+    }
+
+    /// `systemctl clean` (`unit_clean`, only of an inactive unit with no job → `service_clean`,
+    /// only from dead): a control process (`unit_fork_and_watch_rm_rf`) forked into the cgroup
+    /// realized again, under the last InvocationID, which stays; `cleaning` is ActiveState
+    /// maintenance, and leaving inactive stamps InactiveExitTimestamp (`unit_notify`).
+    pub(super) fn clean(&mut self, u: usize) -> String {
+        self.spawn_control_as(u, Role::Clean);
+        self.set_state(u, SvcState::Cleaning);
+        format!(
+            "{}: systemctl clean: {}",
+            self.units[u].name,
+            self.describe(u)
+        )
     }
 
     /// `service_reload` → `service_enter_reload`: ExecReload= forks into the cgroup realized
@@ -382,8 +668,8 @@ impl World {
         let unit = &mut self.units[u];
         unit.main_pid = None;
         unit.control_pid = None;
-        let failed = unit.result != "success";
-        let restart = unit.cfg.restart.shall(failed) && !unit.stopping_by_job;
+        let failed = ends_failed(unit.result);
+        let restart = unit.cfg.restart.shall(unit.result) && !unit.stopping_by_job;
         unit.stopping_by_job = false;
         let inv = unit.invocation;
         self.set_state(

@@ -9,7 +9,7 @@
 use super::bus::{Answer, CallKind, NO_SUCH_UNIT};
 use super::kernel::{Pid, Role};
 use super::rng::Rng;
-use super::unit::{Job, Restart, SvcState, UnitConfig};
+use super::unit::{Job, Restart, ServiceType, SvcState, UnitConfig};
 use super::world::{Swarm, World};
 use crate::systemd::signal::SystemdSignal;
 
@@ -30,6 +30,10 @@ pub(crate) enum Action {
     ResetFailed(usize),
     /// `systemctl reload`: ExecReload= runs.
     ReloadUnit(usize),
+    /// `systemctl clean`: a control process removes the directories of an inactive unit.
+    Clean(usize),
+    /// The machine suspends: CLOCK_BOOTTIME runs on, CLOCK_MONOTONIC does not.
+    Suspend,
     Gc(usize),
     Reload,
     Reexec,
@@ -60,6 +64,9 @@ impl World {
         // From a generator of its own: every other draw of a seed stays what it was before
         // this mode was drawn, so the seeds that once failed still replay as they did.
         swarm.heals_under_load = Rng::new(!seed).percent(25);
+        // The later model items draw from a generator of their own too.
+        let mut later = Rng::new(seed.rotate_left(29) ^ 0x6d6f_6465_6c73);
+        swarm.draw_later_items(&mut later);
         world.swarm = swarm;
         world.bus.lose_percent = swarm.signal_loss;
         world.bus.error_percent = swarm.method_errors;
@@ -80,8 +87,20 @@ impl World {
                 8 => Restart::OnSuccess,
                 _ => Restart::Always,
             };
+            let service_type = if oneshot || !later.percent(swarm.forking + swarm.simple) {
+                ServiceType::Exec
+            } else if later.below((swarm.forking + swarm.simple) as usize) < swarm.forking as usize
+            {
+                ServiceType::Forking
+            } else {
+                ServiceType::Simple
+            };
+            let scope = later.percent(swarm.scopes);
             let cfg = UnitConfig {
                 oneshot,
+                service_type,
+                exec_condition: later.percent(swarm.exec_condition),
+                exec_start_post: !oneshot && later.percent(swarm.exec_start_post),
                 exec_start_pre: r.percent(30),
                 remain_after_exit: rare || (oneshot && r.percent(70)) || r.percent(10),
                 kill_process: rare || r.percent(swarm.kill_process),
@@ -91,10 +110,23 @@ impl World {
                 delegate: r.percent(30),
                 exec_reload: r.percent(swarm.exec_reload),
                 no_sigkill: r.percent(swarm.no_sigkill),
+                scope: false,
+            };
+            // A scope has none of a service's settings but SendSIGKILL=.
+            let cfg = if scope {
+                UnitConfig {
+                    scope,
+                    no_sigkill: cfg.no_sigkill,
+                    ..UnitConfig::default()
+                }
+            } else {
+                cfg
             };
             // Transient units (systemd-run) have no unit file to alias.
             let transient = r.percent(50);
-            let (name, aliases) = if transient {
+            let (name, aliases) = if scope {
+                (format!("run-u{i}.scope"), Vec::new())
+            } else if transient {
                 (format!("run-u{i}.service"), Vec::new())
             } else if r.percent(50) {
                 (format!("s{i}.service"), vec![format!("nick{i}.service")])
@@ -105,7 +137,13 @@ impl World {
             if world.rng.percent(if rare { 95 } else { 70 }) {
                 world.start(i);
                 while !oneshot
-                    && matches!(world.units[i].state, SvcState::StartPre | SvcState::Start)
+                    && matches!(
+                        world.units[i].state,
+                        SvcState::Condition
+                            | SvcState::StartPre
+                            | SvcState::Start
+                            | SvcState::StartPost
+                    )
                 {
                     world.progress(i);
                 }
@@ -139,7 +177,10 @@ impl World {
             }
             // ExecStop=, ExecStopPost=, ExecReload= fork too, and with KillMode=process (or
             // SendSIGKILL=no) what they fork outlives them.
-            if let Some(control) = unit.control_pid {
+            if let Some(control) = unit
+                .control_pid
+                .filter(|_| unit.state != SvcState::Cleaning)
+            {
                 add(
                     if self.swarm.rare_combo { 12 } else { 4 },
                     Action::Fork(control),
@@ -151,12 +192,16 @@ impl World {
             {
                 add(2, Action::ReloadUnit(u));
             }
-            if !unit.state.running() || !unit.loaded {
+            // A scope is made anew by StartTransientUnit, once the last one is collected; it
+            // cannot be restarted.
+            if !unit.loaded || (!unit.state.running() && !unit.cfg.scope) {
                 add(4, Action::Start(u));
             }
             if unit.loaded && unit.state.running() {
                 add(2, Action::Stop(u));
-                add(2, Action::Restart(u));
+                if !unit.cfg.scope {
+                    add(2, Action::Restart(u));
+                }
             }
             if unit.loaded && unit.state == SvcState::Failed {
                 add(2, Action::ResetFailed(u));
@@ -164,6 +209,18 @@ impl World {
             if self.collectable(u) {
                 add(4, Action::Gc(u));
             }
+            if self.swarm.clean
+                && !unit.cfg.scope
+                && unit.loaded
+                && unit.state == SvcState::Dead
+                && unit.job.is_none()
+                && unit.invocation != 0
+            {
+                add(2, Action::Clean(u));
+            }
+        }
+        if acting != Acting::Systemd && self.swarm.suspends {
+            add(1, Action::Suspend);
         }
         if acting != Acting::Systemd {
             for p in self.kernel.procs.values() {
@@ -218,17 +275,26 @@ impl World {
             && (unit.job.is_some()
                 || matches!(
                     unit.state,
-                    SvcState::StartPre
+                    SvcState::Condition
+                        | SvcState::StartPre
                         | SvcState::Start
+                        | SvcState::StartPost
                         | SvcState::Stop
                         | SvcState::StopSigterm
+                        | SvcState::StopSigkill
                         | SvcState::StopPost
                         | SvcState::FinalSigterm
+                        | SvcState::FinalSigkill
                         | SvcState::AutoRestart
                         | SvcState::Reload
+                        | SvcState::Cleaning
                 )
                 || (!unit.state.running()
                     && unit.cgroup_known
+                    && !self.kernel.populated(&unit.cgroup))
+                // A forking service whose MainPID is not known ends when its cgroup runs empty.
+                || (unit.state == SvcState::Running
+                    && unit.main_pid.is_none()
                     && !self.kernel.populated(&unit.cgroup)))
     }
 
@@ -261,6 +327,12 @@ impl World {
                 format!("{}: reset-failed", self.units[u].name)
             }
             Action::ReloadUnit(u) => self.reload_unit(u),
+            Action::Clean(u) => self.clean(u),
+            Action::Suspend => {
+                let us = 1 + self.rng.below(30_000_000) as u64;
+                self.kernel.suspended_us += us;
+                format!("the machine suspends for {} ms", us / 1000)
+            }
             Action::Gc(u) => self.gc(u),
             Action::Reload => self.reload(false),
             Action::Reexec => self.reload(true),
@@ -370,7 +442,7 @@ impl World {
                 (CallKind::Read(kind), None) => {
                     // systemd answers a few of the read's messages now; anything may happen
                     // before it answers the rest.
-                    let mut burst = 1 + self.rng.below(kind.parts() - call.parts.len());
+                    let mut burst = 1 + self.rng.below(kind.parts(&call.unit) - call.parts.len());
                     let mut unloaded = false;
                     while burst > 0 && !unloaded {
                         let part = self.snapshot(&call.unit);
@@ -378,14 +450,14 @@ impl World {
                         call.parts.push(part);
                         burst -= 1;
                     }
-                    if !unloaded && call.parts.len() < kind.parts() {
+                    if !unloaded && call.parts.len() < kind.parts(&call.unit) {
                         // The driver sends the next message once this one is answered.
                         done.push(format!(
                             "Read {} #{} ({} of {})",
                             call.unit,
                             call.id,
                             call.parts.len(),
-                            kind.parts()
+                            kind.parts(&call.unit)
                         ));
                         self.bus.calls.push_back(call);
                         continue;

@@ -4,10 +4,16 @@
 
 use super::kernel::{Inv, Pid};
 
-/// The unit file settings that change what a stop and an exit do.
+/// The unit file settings that change what a start, a stop and an exit do.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct UnitConfig {
     pub oneshot: bool,
+    /// Type= of a service that is not oneshot.
+    pub service_type: ServiceType,
+    /// ExecCondition=: a control process decides whether the unit starts at all.
+    pub exec_condition: bool,
+    /// ExecStartPost=: a control process runs beside the main one before the unit is active.
+    pub exec_start_post: bool,
     /// ExecStartPre=: a control process runs before the main one.
     pub exec_start_pre: bool,
     pub remain_after_exit: bool,
@@ -23,6 +29,23 @@ pub(crate) struct UnitConfig {
     pub exec_reload: bool,
     /// SendSIGKILL=no: what ignores SIGTERM survives the stop.
     pub no_sigkill: bool,
+    /// A scope unit (`scope.c`), made by StartTransientUnit with `PIDs=`: systemd moves
+    /// processes that already run into its cgroup; it has no MainPID, ControlPID nor Exec*=.
+    pub scope: bool,
+}
+
+/// Type= of a service that is not `oneshot` (`service_enter_start`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ServiceType {
+    /// `exec` or `notify`: the main process is forked at once and the unit stays in `start`
+    /// until it has exec'd or sent READY=1.
+    #[default]
+    Exec,
+    /// `simple`: running as soon as the main process is forked, with no `start` state.
+    Simple,
+    /// `forking`: ExecStart= is a control process that forks the daemon and exits; the daemon
+    /// becomes MainPID (`service_search_main_pid`) and the unit stays in `start` until then.
+    Forking,
 }
 
 /// Restart= (`service_shall_restart`).
@@ -37,9 +60,12 @@ pub(crate) enum Restart {
 
 impl Restart {
     /// Whether an end with this result restarts the service (`service_shall_restart`: never
-    /// after a stop job, `stopping_by_job`, which the caller checks).
-    pub(crate) fn shall(self, failed: bool) -> bool {
+    /// after a stop job, `stopping_by_job`, which the caller checks, nor after a failed
+    /// ExecCondition=).
+    pub(crate) fn shall(self, result: &str) -> bool {
+        let failed = result != "success";
         match self {
+            _ if result == SKIP_CONDITION => false,
             Restart::No => false,
             Restart::OnFailure => failed,
             Restart::OnSuccess => !failed,
@@ -48,22 +74,41 @@ impl Restart {
     }
 }
 
+/// Result= after ExecCondition= failed (`SERVICE_SKIP_CONDITION`): the unit ends inactive,
+/// not failed.
+pub(crate) const SKIP_CONDITION: &str = "exec-condition";
+
+/// Whether a unit ending with `result` ends failed (`service_enter_dead`).
+pub(crate) fn ends_failed(result: &str) -> bool {
+    result != "success" && result != SKIP_CONDITION
+}
+
 /// A service's state (systemd's `ServiceState`), which names both ActiveState and SubState.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SvcState {
     Dead,
     Failed,
+    /// ExecCondition= runs (`SERVICE_CONDITION`).
+    Condition,
     StartPre,
     Start,
+    /// ExecStartPost= runs beside the main process (`SERVICE_START_POST`).
+    StartPost,
     Running,
     Exited,
     /// ExecReload= runs (`SERVICE_RELOAD`).
     Reload,
     Stop,
     StopSigterm,
+    /// TimeoutStopSec= passed with processes left after SIGTERM: SIGKILL.
+    StopSigkill,
     StopPost,
     FinalSigterm,
+    FinalSigkill,
     AutoRestart,
+    /// `systemctl clean` (`SERVICE_CLEANING`): a control process removes the unit's
+    /// directories, in its cgroup, under its last InvocationID.
+    Cleaning,
 }
 
 impl SvcState {
@@ -71,9 +116,14 @@ impl SvcState {
         match self {
             SvcState::Dead => "inactive",
             SvcState::Failed => "failed",
-            SvcState::StartPre | SvcState::Start | SvcState::AutoRestart => "activating",
+            SvcState::Condition
+            | SvcState::StartPre
+            | SvcState::Start
+            | SvcState::StartPost
+            | SvcState::AutoRestart => "activating",
             SvcState::Running | SvcState::Exited => "active",
             SvcState::Reload => "reloading",
+            SvcState::Cleaning => "maintenance",
             _ => "deactivating",
         }
     }
@@ -82,16 +132,21 @@ impl SvcState {
         match self {
             SvcState::Dead => "dead",
             SvcState::Failed => "failed",
+            SvcState::Condition => "condition",
             SvcState::StartPre => "start-pre",
             SvcState::Start => "start",
+            SvcState::StartPost => "start-post",
             SvcState::Running => "running",
             SvcState::Exited => "exited",
             SvcState::Reload => "reload",
             SvcState::Stop => "stop",
             SvcState::StopSigterm => "stop-sigterm",
+            SvcState::StopSigkill => "stop-sigkill",
             SvcState::StopPost => "stop-post",
             SvcState::FinalSigterm => "final-sigterm",
+            SvcState::FinalSigkill => "final-sigkill",
             SvcState::AutoRestart => "auto-restart",
+            SvcState::Cleaning => "cleaning",
         }
     }
 
@@ -100,21 +155,24 @@ impl SvcState {
     /// unless it already runs (a live control process is a process of the invocation anyway).
     pub(crate) fn may_spawn(self, cfg: &UnitConfig) -> bool {
         match self {
-            SvcState::StartPre
+            SvcState::Condition
+            | SvcState::StartPre
             | SvcState::Start
+            | SvcState::StartPost
             | SvcState::Running
             | SvcState::Exited
             | SvcState::Reload => true,
-            SvcState::Stop | SvcState::StopSigterm => cfg.exec_stop_post,
+            SvcState::Stop | SvcState::StopSigterm | SvcState::StopSigkill => cfg.exec_stop_post,
             _ => false,
         }
     }
 
-    /// Whether the unit runs an invocation (not yet inactive, failed or waiting to restart).
+    /// Whether the unit runs an invocation (not yet inactive, failed or waiting to restart;
+    /// a clean runs after the invocation ended).
     pub(crate) fn running(self) -> bool {
         !matches!(
             self,
-            SvcState::Dead | SvcState::Failed | SvcState::AutoRestart
+            SvcState::Dead | SvcState::Failed | SvcState::AutoRestart | SvcState::Cleaning
         )
     }
 
@@ -126,7 +184,12 @@ impl SvcState {
     pub(crate) fn deactivating(self) -> bool {
         matches!(
             self,
-            SvcState::Stop | SvcState::StopSigterm | SvcState::StopPost | SvcState::FinalSigterm
+            SvcState::Stop
+                | SvcState::StopSigterm
+                | SvcState::StopSigkill
+                | SvcState::StopPost
+                | SvcState::FinalSigterm
+                | SvcState::FinalSigkill
         )
     }
 }

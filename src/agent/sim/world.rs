@@ -16,7 +16,7 @@
 use std::collections::BTreeMap;
 
 use super::bus::{Bus, Snapshot};
-use super::kernel::{Inv, Kernel, Pid};
+use super::kernel::{Inv, Kernel, Pid, Role};
 use super::rng::Rng;
 use super::unit::{SvcState, Unit, UnitConfig};
 use crate::systemd::signal::{SystemdSignal, UnitChange, unit_path};
@@ -49,6 +49,22 @@ pub(crate) struct Swarm {
     /// After the chaos phase the faults stop but the workload goes on: the platform and
     /// outsiders keep acting while every owed proof is due within the liveness bound.
     pub heals_under_load: bool,
+    /// Percent of units (not oneshot) of Type=forking, and of Type=simple.
+    pub forking: u32,
+    pub simple: u32,
+    /// Percent of units with ExecCondition=, and with ExecStartPost=.
+    pub exec_condition: u32,
+    pub exec_start_post: u32,
+    /// Percent of processes that ignore a SIGTERM: the stop waits out TimeoutStopSec= and
+    /// goes on to SIGKILL (stop-sigkill, final-sigkill), or with SendSIGKILL=no leaves them.
+    pub ignore_sigterm: u32,
+    /// Outsiders run `systemctl clean` on inactive units.
+    pub clean: bool,
+    /// Percent of units that are scopes (`systemd-run --scope`).
+    pub scopes: u32,
+    /// The machine suspends now and then: CLOCK_BOOTTIME, which `/proc` start times count,
+    /// runs ahead of CLOCK_MONOTONIC, which InactiveExitTimestampMonotonic counts.
+    pub suspends: bool,
 }
 
 impl Swarm {
@@ -73,11 +89,25 @@ impl Swarm {
             spare_unwatched: r.percent(50),
             max_reads_in_flight: if r.percent(20) { 1 + r.below(3) } else { 32 },
             late_watches: r.percent(40),
-            heals_under_load: false,
+            ..Swarm::default()
         };
         // The rare combination is only worth its seeds if the platform watches late.
         swarm.late_watches |= swarm.rare_combo;
         swarm
+    }
+
+    /// Draws the knobs of the model items added after the first (from `r`, a generator of
+    /// their own, so a seed with all of them off replays as it did before they existed).
+    pub(crate) fn draw_later_items(&mut self, r: &mut Rng) {
+        let some = |r: &mut Rng, rates: &[u32]| rates[r.below(rates.len())];
+        self.forking = some(r, &[0, 0, 20, 50]);
+        self.simple = some(r, &[0, 0, 30]);
+        self.exec_condition = some(r, &[0, 0, 20, 50]);
+        self.exec_start_post = some(r, &[0, 0, 20, 50]);
+        self.ignore_sigterm = some(r, &[0, 0, 20, 60]);
+        self.clean = r.percent(30);
+        self.suspends = r.percent(30);
+        self.scopes = some(r, &[0, 0, 20, 50]);
     }
 }
 
@@ -89,6 +119,8 @@ pub(crate) struct InvRecord {
     pub ended: bool,
     /// The invocation of the same unit that started after it.
     pub next: Option<Inv>,
+    /// When it left inactive (its InactiveExitTimestampMonotonic).
+    pub began_us: u64,
 }
 
 pub(crate) struct World {
@@ -104,6 +136,9 @@ pub(crate) struct World {
     pub(crate) operator_spares: std::collections::BTreeSet<Inv>,
     /// systemd is in a daemon-reload (`MANAGER_IS_RELOADING`): no pending change goes out.
     pub(crate) reloading: bool,
+    /// Processes systemd guessed as MainPID of an invocation other than their own
+    /// (`unit_search_main_pid`), with their own invocation.
+    pub misguessed: std::collections::BTreeSet<(Inv, Pid)>,
 }
 
 pub(crate) fn hex(inv: Inv) -> String {
@@ -136,6 +171,7 @@ impl World {
             reloading: false,
             swarm: Swarm::default(),
             operator_spares: Default::default(),
+            misguessed: Default::default(),
         }
     }
 
@@ -177,13 +213,20 @@ impl World {
             .position(|u| u.name == name || u.aliases.iter().any(|a| a == name))
     }
 
-    /// The live processes started under `inv`.
+    /// The live processes started under `inv`, but for `systemctl clean`'s, which systemd
+    /// forks after `inv` ended (a proof is of the workload: over stays over).
     pub(crate) fn procs_of(&self, inv: Inv) -> Vec<Pid> {
         let procs = self.kernel.procs.values();
         procs
-            .filter(|p| p.invocation == inv)
+            .filter(|p| p.invocation == inv && p.role != Role::Clean)
             .map(|p| p.pid)
             .collect()
+    }
+
+    /// Whether a `systemctl clean` process lives under `inv`.
+    pub(crate) fn cleaning_under(&self, inv: Inv) -> bool {
+        let mut procs = self.kernel.procs.values();
+        procs.any(|p| p.invocation == inv && p.role == Role::Clean)
     }
 
     /// Whether systemd may still start a process under `inv` (ExecStop=, ExecStopPost=, a
@@ -276,13 +319,21 @@ impl World {
             return;
         }
         let path = unit_path(&name);
-        let service = UnitChange {
-            result: Some(unit.result.to_owned()),
-            exec_main_code: Some(unit.exec_main_code),
-            exec_main_status: Some(unit.exec_main_status),
-            main_pid: Some(unit.main_pid.unwrap_or(0)),
-            control_pid: Some(unit.control_pid.unwrap_or(0)),
-            ..UnitChange::default()
+        // A scope's own interface marks only Result emits-change.
+        let service = if unit.cfg.scope {
+            UnitChange {
+                result: Some(unit.result.to_owned()),
+                ..UnitChange::default()
+            }
+        } else {
+            UnitChange {
+                result: Some(unit.result.to_owned()),
+                exec_main_code: Some(unit.exec_main_code),
+                exec_main_status: Some(unit.exec_main_status),
+                main_pid: Some(unit.main_pid.unwrap_or(0)),
+                control_pid: Some(unit.control_pid.unwrap_or(0)),
+                ..UnitChange::default()
+            }
         };
         let change = self.unit_change(u);
         let inv = unit.invocation;

@@ -1,9 +1,11 @@
 //! The model against what systemd was seen to do: each test is one observed behaviour.
 
 use super::bus::{Answer, CallKind, Msg, ReadKind};
+use super::harness::census;
 use super::kernel::Reading;
+use super::kernel::{MANAGER, TICK_US};
 use super::step::{Acting, Action};
-use super::unit::{SvcState, UnitConfig};
+use super::unit::{Restart, SKIP_CONDITION, ServiceType, SvcState, UnitConfig};
 use super::world::World;
 use crate::systemd::signal::{SystemdSignal, unit_path};
 
@@ -56,7 +58,7 @@ fn read(w: &mut World, name: &str) -> super::bus::Snapshot {
         by_property: false,
     };
     w.bus.send(name, CallKind::Read(kind));
-    w.apply(Action::ProcessCalls(kind.parts()));
+    w.apply(Action::ProcessCalls(kind.parts(name)));
     match w.bus.replies.pop_back().map(|r| r.answer) {
         Some(Answer::Read(Ok(mut parts))) => parts.remove(0),
         other => panic!("{other:?}"),
@@ -382,8 +384,6 @@ fn over_is_final_and_serials_grow_in_random_runs() {
 /// reparented to the manager; and the driver's census classified by `earlier_processes`.
 #[test]
 fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
-    use super::harness::census;
-    use super::kernel::{MANAGER, TICK_US};
     use crate::cgroup::procs::{ClockBasis, NextInvocation, earlier_processes};
 
     let cfg = UnitConfig {
@@ -511,4 +511,230 @@ fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
     let mut expected = vec![gc, late as i32];
     expected.sort_unstable();
     assert_eq!(count(vec![np], &w), expected);
+}
+
+/// A world of one unit of `cfg` from `seed`, started and driven until systemd has nothing
+/// more to do for it.
+fn started(seed: u64, cfg: UnitConfig) -> World {
+    let mut w = World::empty(seed);
+    w.add_unit("x.service", vec![], cfg);
+    w.bus.connect();
+    w.apply(Action::Start(0));
+    settle(&mut w);
+    w
+}
+
+#[test]
+fn a_forking_service_runs_the_daemon_its_exec_start_forked_as_main_pid() {
+    let forking = UnitConfig {
+        service_type: ServiceType::Forking,
+        ..UnitConfig::default()
+    };
+    let mut w = World::empty(1);
+    w.add_unit("x.service", vec![], forking);
+    w.bus.connect();
+    w.apply(Action::Start(0));
+    w.apply(Action::Progress(0));
+    assert_eq!(w.units[0].state, SvcState::Start);
+    assert_eq!(
+        w.units[0].main_pid, None,
+        "ExecStart= is the control process"
+    );
+    let launcher = w.units[0].control_pid.expect("ExecStart= runs");
+    w.apply(Action::Progress(0));
+    assert!(!w.kernel.alive(launcher), "ExecStart= exits");
+    // Over the seeds, the daemon is MainPID from the PID file or guessed, or the start fails.
+    let mut daemons = 0;
+    for seed in 0..40 {
+        let w = started(seed, forking);
+        let unit = &w.units[0];
+        if unit.state == SvcState::Running
+            && let Some(main) = unit.main_pid
+        {
+            let p = &w.kernel.procs[&main];
+            assert_eq!((p.ppid, p.invocation), (MANAGER, unit.invocation));
+            daemons += 1;
+        }
+    }
+    assert!(daemons > 20, "{daemons}");
+}
+
+#[test]
+fn a_forking_start_guesses_an_earlier_invocations_leftover_as_main_pid() {
+    // `unit_search_main_pid`: the only process of the cgroup whose parent is the manager.
+    let cfg = UnitConfig {
+        service_type: ServiceType::Forking,
+        kill_process: true,
+        ..UnitConfig::default()
+    };
+    let guessed = (0..400).find_map(|seed| {
+        let mut w = started(seed, cfg);
+        let first = w.units[0].invocation;
+        let main = w.units[0].main_pid?;
+        w.apply(Action::Fork(main));
+        w.apply(Action::Stop(0));
+        settle(&mut w);
+        w.apply(Action::Start(0));
+        settle(&mut w);
+        let main = w.units[0].main_pid?;
+        (w.kernel.procs[&main].invocation == first).then_some((w, first, main))
+    });
+    let (w, first, main) = guessed.expect("some seed's daemon died at once");
+    assert!(w.misguessed.contains(&(first, main)));
+    assert_ne!(w.units[0].invocation, first);
+}
+
+#[test]
+fn a_failed_exec_condition_ends_the_unit_inactive_with_no_restart() {
+    let cfg = UnitConfig {
+        exec_condition: true,
+        restart: Restart::Always,
+        ..UnitConfig::default()
+    };
+    let skipped = (0..40)
+        .map(|seed| started(seed, cfg))
+        .find(|w| w.units[0].result == SKIP_CONDITION)
+        .expect("some condition fails");
+    let unit = &skipped.units[0];
+    assert_eq!(unit.state, SvcState::Dead, "inactive, not failed");
+    assert!(skipped.ended(unit.invocation));
+    assert!(
+        skipped.history.values().all(|r| r.next.is_none()),
+        "no restart"
+    );
+}
+
+#[test]
+fn exec_start_post_runs_beside_the_main_process_before_the_unit_is_active() {
+    let mut w = one(UnitConfig {
+        service_type: ServiceType::Simple,
+        exec_start_post: true,
+        ..UnitConfig::default()
+    });
+    w.apply(Action::Start(0));
+    w.apply(Action::Progress(0));
+    let unit = &w.units[0];
+    assert_eq!(
+        unit.state,
+        SvcState::StartPost,
+        "Type=simple has no start state"
+    );
+    assert_eq!(unit.state.active_state(), "activating");
+    assert!(unit.main_pid.is_some() && unit.control_pid.is_some());
+}
+
+#[test]
+fn a_process_ignoring_sigterm_is_killed_in_stop_sigkill_unless_send_sigkill_is_off() {
+    for no_sigkill in [false, true] {
+        let cfg = UnitConfig {
+            no_sigkill,
+            ..UnitConfig::default()
+        };
+        let mut w = started(1, cfg);
+        w.swarm.ignore_sigterm = 100;
+        let inv = w.units[0].invocation;
+        w.apply(Action::Stop(0));
+        let mut states = Vec::new();
+        for _ in 0..10 {
+            w.settle(false);
+            states.push(w.units[0].state);
+        }
+        assert_eq!(
+            states.contains(&SvcState::StopSigkill),
+            !no_sigkill,
+            "{no_sigkill} {states:?}"
+        );
+        assert_eq!(w.units[0].state, SvcState::Failed, "result timeout");
+        assert_eq!(w.units[0].result, "timeout");
+        assert_eq!(w.procs_of(inv).is_empty(), !no_sigkill);
+    }
+}
+
+#[test]
+fn systemctl_clean_forks_under_the_last_invocation_in_maintenance() {
+    let mut w = started(1, UnitConfig::default());
+    w.apply(Action::Stop(0));
+    settle(&mut w);
+    let inv = w.units[0].invocation;
+    let stopped_at = w.units[0].inactive_exit_us;
+    w.advance(1000);
+    signals(&mut w);
+    w.apply(Action::Clean(0));
+    let unit = &w.units[0];
+    assert_eq!(unit.state.active_state(), "maintenance");
+    assert_eq!(unit.invocation, inv);
+    assert!(
+        unit.inactive_exit_us > stopped_at,
+        "leaving inactive stamps it"
+    );
+    let helper = unit.control_pid.expect("ControlPID");
+    assert_eq!(w.kernel.procs[&helper].invocation, inv);
+    assert!(w.over(inv), "systemd's, not the workload's");
+    assert!(w.cleaning_under(inv));
+    assert_eq!(states(&signals(&mut w)).last().unwrap().0, "maintenance");
+    settle(&mut w);
+    assert_eq!(w.units[0].state, SvcState::Dead);
+    assert!(!w.cleaning_under(inv));
+}
+
+#[test]
+fn a_suspend_moves_proc_start_times_ahead_of_the_monotonic_clock() {
+    let mut w = World::empty(1);
+    w.add_unit("x.service", vec![], UnitConfig::default());
+    w.apply(Action::Suspend);
+    let suspended = w.kernel.suspended_us;
+    assert!(suspended > 0);
+    w.apply(Action::Start(0));
+    w.apply(Action::Progress(0));
+    let main = w.units[0].main_pid.expect("main");
+    let census = census(&w, "/app.slice/x.service");
+    let p = &w.kernel.procs[&main];
+    assert_eq!(census[0].start_ticks, (p.start_us + suspended) / TICK_US);
+}
+
+#[test]
+fn a_scope_takes_processes_that_ran_before_its_invocation_and_ends_when_they_do() {
+    let mut w = World::empty(1);
+    w.add_unit(
+        "run-u0.scope",
+        vec![],
+        UnitConfig {
+            scope: true,
+            ..UnitConfig::default()
+        },
+    );
+    w.bus.connect();
+    w.advance(5_000_000);
+    w.apply(Action::Start(0));
+    w.apply(Action::Progress(0));
+    let unit = &w.units[0];
+    let inv = unit.invocation;
+    assert_eq!(unit.state.active_state(), "active");
+    assert_eq!(
+        (unit.main_pid, unit.control_pid),
+        (None, None),
+        "no MainPID"
+    );
+    let pids = w.kernel.pids_in("/app.slice/run-u0.scope");
+    assert!(!pids.is_empty());
+    for pid in &pids {
+        let p = &w.kernel.procs[pid];
+        assert!(p.start_us < unit.inactive_exit_us, "attached, not forked");
+        assert_eq!(p.invocation, inv);
+    }
+    assert!(
+        states(&signals(&mut w))
+            .iter()
+            .all(|(state, _)| state != "activating")
+    );
+    for pid in pids {
+        w.apply(Action::ChildExits(pid));
+    }
+    settle(&mut w);
+    assert_eq!(
+        w.units[0].state,
+        SvcState::Dead,
+        "`scope_notify_cgroup_empty_event`"
+    );
+    assert!(w.over(inv));
 }
