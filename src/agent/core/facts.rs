@@ -504,9 +504,11 @@ impl UnitFacts {
             .filter_map(|pid| as_pid(*pid))
             .filter(|pid| !roots.contains(pid))
             .collect();
+        let began_us = self.current_began_us().or(self.began_us);
         NextInvocation {
-            began_us: self.current_began_us().or(self.began_us),
+            began_us,
             roots,
+            roots_began_us: began_us,
             gone_roots,
         }
     }
@@ -521,14 +523,15 @@ impl UnitFacts {
         self.active_state.value.as_deref()
     }
 
-    /// Whether the unit waits to be started again after its invocation ended
-    /// (`service_enter_restart`; systemd said `failed` before): the next start gets a new
-    /// InvocationID.
-    pub(super) fn restarting(&self) -> bool {
+    /// Whether the invocation systemd names has ended though the unit is neither `inactive`
+    /// nor `failed`: it waits to be started again (`service_enter_restart`; systemd said
+    /// `failed` before), or is being cleaned (`maintenance`, `service_clean`, only from
+    /// `dead` or `failed`). The next start gets a new InvocationID.
+    pub(super) fn ended_meanwhile(&self) -> bool {
         matches!(
             self.sub_state.value.as_deref(),
             Some("auto-restart" | "auto-restart-queued")
-        )
+        ) || self.active_state.value.as_deref() == Some("maintenance")
     }
 
     pub(super) fn sub_state(&self) -> Option<&str> {
@@ -680,6 +683,7 @@ mod tests {
             facts.next_invocation(),
             NextInvocation {
                 began_us: Some(5_000),
+                roots_began_us: Some(5_000),
                 roots: vec![20],
                 gone_roots: vec![],
             }
@@ -707,6 +711,7 @@ mod tests {
             facts.next_invocation(),
             NextInvocation {
                 began_us: Some(7_000),
+                roots_began_us: Some(7_000),
                 roots: vec![30],
                 gone_roots: vec![],
             }

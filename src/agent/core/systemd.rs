@@ -510,7 +510,7 @@ impl Core {
         let ours_not_running = kind == StopKind::Proof(StopReason::Requested)
             && watch.facts.state().is_some_and(|now| {
                 is_terminal(&now.active_state)
-                    || watch.facts.restarting()
+                    || watch.facts.ended_meanwhile()
                     || Some(now.invocation.as_str()) != watch.our_invocation()
             });
         // The final stop of a generation goes out only once a read after the proof shows the
@@ -596,7 +596,7 @@ impl Core {
                         || Some(state.invocation.as_str()) == watch.our_invocation())
             }
             StopKind::Proof(StopReason::Requested) => {
-                !terminal && !watch.facts.restarting() && state.invocation == target
+                !terminal && !watch.facts.ended_meanwhile() && state.invocation == target
             }
             StopKind::Proof(StopReason::Foreign) => !terminal && state.invocation == target,
         };

@@ -854,6 +854,7 @@ fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
         s.counted_against,
         Some(NextInvocation {
             began_us: Some(5_000_000),
+            roots_began_us: Some(5_000_000),
             roots: vec![300],
             gone_roots: vec![],
         })
@@ -1360,6 +1361,19 @@ fn a_stop_requested_after_our_invocation_ended_is_not_sent() {
     assert_eq!(s.phase("late.service"), Phase::Stopping);
 }
 
+/// `systemctl clean` runs under the last InvocationID in ActiveState `maintenance`, only once
+/// ours ended (`service_clean`): a stop asked for then is not sent either, as the next start
+/// may already run (found by the simulator's model of `clean`).
+#[test]
+fn a_stop_requested_while_the_unit_is_cleaned_is_not_sent() {
+    let mut s = watching("clean.service", "active");
+    s.changed("clean.service", "inactive", A);
+    s.changed("clean.service", "maintenance", A);
+    s.take();
+    s.request(r#"{"cmd":"stop","unit":"clean.service"}"#);
+    assert_eq!(s.stops(), [], "ours ended; the clean is systemd's own");
+}
+
 /// `auto-restart` still names our invocation, but ours ended (systemd said `failed` before
 /// it) and the restart, which may already run, gets a new InvocationID: a stop asked for then
 /// is not sent either.
@@ -1489,6 +1503,7 @@ fn leftovers_are_counted_against_every_invocation_after_ours() {
         s.counted_against,
         Some(NextInvocation {
             began_us: Some(5_000_000),
+            roots_began_us: Some(9_000_000),
             roots: vec![400],
             gone_roots: vec![300],
         })

@@ -272,7 +272,7 @@ impl Watch {
         let proven = &self.event.as_ref()?.invocation;
         let state = self.facts.state()?;
         let runs = !matches!(state.active_state.as_str(), "inactive" | "failed")
-            && !self.facts.restarting();
+            && !self.facts.ended_meanwhile();
         (runs && !state.invocation.is_empty() && state.invocation != *proven)
             .then_some(state.invocation)
     }

@@ -482,6 +482,7 @@ fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
         let census = census(w, "/app.slice/x.service");
         let next = NextInvocation {
             began_us: Some(next_began),
+            roots_began_us: Some(next_began),
             roots,
             gone_roots: vec![],
         };

@@ -93,6 +93,10 @@ pub(crate) struct NextInvocation {
     pub began_us: Option<u64>,
     /// Its MainPID and ControlPID, if known (non-zero).
     pub roots: Vec<i32>,
+    /// When the invocation `roots` are of began (the current one: `began_us` may be an
+    /// earlier one's once others are absorbed), which rule 0 of [`earlier_processes`] judges
+    /// them against.
+    pub roots_began_us: Option<u64>,
     /// Every other MainPID and ControlPID systemd named for it before (an ExecStartPre=, an
     /// ExecStart= that has exited): each began a session of its own, which its orphans keep.
     pub gone_roots: Vec<i32>,
@@ -125,10 +129,22 @@ impl NextInvocation {
 /// How far up the parent chain a process is followed to a root of the current invocation.
 const MAX_ANCESTRY: usize = 64;
 
+/// How long before the stamp of its beginning (InactiveExitTimestamp) systemd may fork an
+/// invocation's first process, in clock ticks: it forks, then records the state change
+/// (`service_spawn`, then `service_set_state` and `unit_notify`), microseconds apart, and the
+/// tick truncation of `/proc`'s start times is allowed for besides.
+const FIRST_FORK_SLACK_TICKS: u64 = 2;
+
 /// The processes of `census` that may belong to an earlier invocation, given `held`, the
 /// processes an earlier count kept. systemd starts every process of a service as the leader of
 /// a session of its own (MainPID, ControlPID), and what they fork keeps that session even once
 /// orphaned. So, for each process, the first that applies:
+/// 0. it certainly started before the invocation of `next`'s roots could fork (its beginning
+///    less [`FIRST_FORK_SLACK_TICKS`]): neither a root of it, whatever systemd names it, nor
+///    of a root's lineage or session. systemd guesses the MainPID of a Type=forking service
+///    without PIDFile= (`unit_search_main_pid`: the only process of the cgroup whose parent is
+///    the manager), and an earlier invocation's orphan is such a one. (Gone roots may be of
+///    invocations whose beginning is unknown: rule 3 cannot be judged so.);
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
@@ -159,7 +175,21 @@ pub(crate) fn earlier_processes<'a>(
             .flatten()
             .collect()
     };
-    let next_sessions = sessions_of(&next.roots);
+    let before_next = |p: &ProcessInfo| {
+        next.roots_began_us.is_some_and(|began| {
+            let slack_us = FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1);
+            let first_fork = began.saturating_sub(slack_us);
+            basis.start_order(p.start_ticks, first_fork) == StartOrder::Before
+        })
+    };
+    // Rule 0: a root that started before `next` could fork is a guess of systemd's.
+    let roots: Vec<i32> = next
+        .roots
+        .iter()
+        .copied()
+        .filter(|pid| by_pid.get(pid).is_none_or(|p| !before_next(p)))
+        .collect();
+    let next_sessions = sessions_of(&roots);
     let held_sessions = sessions_of(held);
     // The process and its ancestors within the census, nearest first.
     let lineage = |process: &'a ProcessInfo| {
@@ -181,8 +211,9 @@ pub(crate) fn earlier_processes<'a>(
             .is_some_and(|began| basis.start_order(p.start_ticks, began) == StartOrder::AtOrAfter)
     };
     let is_next = |process: &'a ProcessInfo| {
-        lineage(process).iter().any(|p| next.roots.contains(&p.pid))
-            || next_sessions.contains(&process.session)
+        !before_next(process)
+            && (lineage(process).iter().any(|p| roots.contains(&p.pid))
+                || next_sessions.contains(&process.session))
     };
     // Rule 3's: not the session's leader, whose pid may be a gone root's used again.
     let in_gone_roots_session =

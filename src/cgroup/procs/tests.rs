@@ -958,6 +958,7 @@ fn earlier_pids(census: &[ProcessInfo], next: &NextInvocation, held: &[i32]) -> 
 fn next_with_gone_root() -> NextInvocation {
     NextInvocation {
         began_us: Some(5_000_000),
+        roots_began_us: Some(5_000_000),
         roots: vec![],
         gone_roots: vec![50],
     }
@@ -1021,11 +1022,13 @@ fn a_process_whose_pid_was_a_gone_root_is_not_taken_for_it() {
 fn what_is_known_of_later_invocations_adds_up() {
     let mut next = NextInvocation {
         began_us: Some(9_000_000),
+        roots_began_us: Some(9_000_000),
         roots: vec![90],
         gone_roots: vec![],
     };
     next.absorb(&NextInvocation {
         began_us: Some(5_000_000),
+        roots_began_us: Some(5_000_000),
         roots: vec![50],
         gone_roots: vec![51, 90],
     });
@@ -1033,11 +1036,33 @@ fn what_is_known_of_later_invocations_adds_up() {
         next,
         NextInvocation {
             began_us: Some(5_000_000),
+            roots_began_us: Some(9_000_000),
             roots: vec![90],
             gone_roots: vec![50, 51],
         },
-        "the earliest beginning; every other root, once"
+        "the earliest beginning, the roots' own; every other root, once"
     );
     next.absorb(&NextInvocation::default());
     assert_eq!(next.began_us, Some(5_000_000));
+}
+
+/// systemd guesses the MainPID of a Type=forking service without PIDFile= whose ExecStart=
+/// left no daemon (`unit_search_main_pid`): an earlier invocation's orphan, its parent the
+/// manager, can be named the next invocation's MainPID (seen on systemd 252). One that
+/// certainly started before the next invocation could fork is no root of it: it and what it
+/// forks stay possibly ours.
+#[test]
+fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() {
+    let next = NextInvocation {
+        began_us: Some(5_000_000),
+        roots: vec![80],
+        roots_began_us: Some(5_000_000),
+        gone_roots: vec![],
+    };
+    let guessed = process(80, 1, 70, 100);
+    let its_child = process(81, 80, 70, 600);
+    assert_eq!(earlier_pids(&[guessed, its_child], &next, &[]), [80, 81]);
+    // A root forked just before the stamp of the beginning, within the slack, is the next's.
+    let forked_first = process(80, 1, 80, 499);
+    assert_eq!(earlier_pids(&[forked_first], &next, &[]), Vec::<i32>::new());
 }
