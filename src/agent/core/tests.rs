@@ -211,6 +211,16 @@ impl Script {
             .gone_roots
     }
 
+    /// Checks that the last count of leftovers took `pid` for a root of an invocation after
+    /// ours (B's MainPID, in the tests that use it).
+    fn assert_counted_as_a_later_root(&mut self, pid: i32) {
+        let gone_roots = self.counted_gone_roots();
+        assert!(
+            gone_roots.contains(&pid),
+            "B's MainPID is a root after ours: {gone_roots:?}"
+        );
+    }
+
     /// Lets `time` pass: timers fire, and a save that was due is made.
     fn pass(&mut self, time: Duration) {
         self.now += time;
@@ -1872,11 +1882,7 @@ fn a_restored_watch_gathers_later_invocations_before_its_first_read() {
         [("r.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
     );
     s.changed("r.service", "inactive", C);
-    let gone_roots = s.counted_gone_roots();
-    assert!(
-        gone_roots.contains(&77),
-        "B's MainPID is a root after ours: {gone_roots:?}"
-    );
+    s.assert_counted_as_a_later_root(77);
 }
 
 /// What a new watch hears before its first read comes back is kept until that read tells
@@ -1908,11 +1914,7 @@ fn what_a_new_watch_hears_before_its_first_read_counts_once_the_read_places_it()
         [("w.service".to_owned(), StopKind::Proof(StopReason::Foreign))]
     );
     s.changed("w.service", "inactive", C);
-    let gone_roots = s.counted_gone_roots();
-    assert!(
-        gone_roots.contains(&77),
-        "B's MainPID is a root after ours: {gone_roots:?}"
-    );
+    s.assert_counted_as_a_later_root(77);
 }
 
 /// A read handled after signals that named a later invocation (systemd answered it before it
@@ -1939,11 +1941,7 @@ fn a_late_read_places_its_main_pid_with_the_invocation_it_names() {
         result: Ok(read),
     });
     s.changed("l.service", "inactive", C);
-    let gone_roots = s.counted_gone_roots();
-    assert!(
-        gone_roots.contains(&77),
-        "B's MainPID is a root after ours: {gone_roots:?}"
-    );
+    s.assert_counted_as_a_later_root(77);
 }
 
 /// A read answered after its watch was refused or unwatched still says what systemd said of
