@@ -1,7 +1,9 @@
 //! The loop's own accounting: per proof, the time from the loop's receipt of what decided it
 //! (the turn's wake from `epoll_wait`) to the proof written to its subscribers; per turn, what
-//! it did (saves, syncs, cgroup reads, heap trims) and how long each took, so that a slow proof
-//! is explained by the agent's own figures. Fixed-size: nothing is allocated per turn.
+//! it did (saves, syncs, cgroup reads, heap trims) and how long each took, and how long its
+//! thread ran on a CPU (the rest it waited: for a disk, a kernel lock or the scheduler), so
+//! that a slow proof is explained by the agent's own figures. Fixed-size: nothing is allocated
+//! per turn.
 //!
 //! Every input of a turn is stamped with the turn's wake: the bus messages and inotify notices
 //! handled in it were all read after it. What a proof waited for before that wake (the
@@ -35,9 +37,9 @@ pub(super) enum Work {
 
 /// What the loop's turns did, and its proofs' times.
 pub(super) struct LoopAccount {
-    /// The wake of the turn under way, with CLOCK_MONOTONIC at it; `None` outside the loop
-    /// (at start).
-    turn_began: Option<(Instant, u64)>,
+    /// The wake of the turn under way, with CLOCK_MONOTONIC and the thread's CPU time at it;
+    /// `None` outside the loop (at start).
+    turn_began: Option<(Instant, u64, u64)>,
     turn: TurnWork,
     turns: u64,
     total: TurnWork,
@@ -63,15 +65,16 @@ impl LoopAccount {
 
     /// The loop woke at `now`: whatever it reads in this turn arrived by then.
     pub(super) fn turn_begins(&mut self, now: Instant) {
-        self.turn_began = Some((now, clock::monotonic_ns()));
+        self.turn_began = Some((now, clock::monotonic_ns(), clock::thread_cpu_ns()));
         self.turn = TurnWork::default();
     }
 
     /// The turn is over at `now`.
     pub(super) fn turn_ends(&mut self, now: Instant) {
-        let Some((began, began_mono_ns)) = self.turn_began.take() else {
+        let Some((began, began_mono_ns, began_cpu_ns)) = self.turn_began.take() else {
             return;
         };
+        self.turn.cpu_us = cpu_us_since(began_cpu_ns);
         self.turns += 1;
         add(&mut self.total, &self.turn);
         self.slowest_turns.offer(SlowTurn {
@@ -100,18 +103,25 @@ impl LoopAccount {
 
     /// A proof was written to its subscribers at `now`.
     pub(super) fn proof_told(&mut self, now: Instant) {
-        let Some((began, began_mono_ns)) = self.turn_began else {
+        let Some((began, began_mono_ns, began_cpu_ns)) = self.turn_began else {
             return;
         };
         self.turn.proofs += 1;
         let took = now.saturating_duration_since(began);
         self.latency.observe(took);
         self.latency_max = self.latency_max.max(took);
-        self.slowest_proofs.offer(SlowTurn {
-            at_mono_ns: began_mono_ns,
-            us: micros(took),
-            work: self.turn,
-        });
+        if self.slowest_proofs.would_keep(micros(took)) {
+            // The CPU time is read only for a proof that is kept: one system call.
+            let work = TurnWork {
+                cpu_us: cpu_us_since(began_cpu_ns),
+                ..self.turn
+            };
+            self.slowest_proofs.offer(SlowTurn {
+                at_mono_ns: began_mono_ns,
+                us: micros(took),
+                work,
+            });
+        }
     }
 
     pub(super) fn stats(&self) -> LoopStats {
@@ -133,6 +143,13 @@ struct Slowest {
 }
 
 impl Slowest {
+    /// Whether an entry that took `us` would be kept.
+    fn would_keep(&self, us: u64) -> bool {
+        self.kept
+            .iter()
+            .any(|kept| kept.is_none_or(|kept| kept.us < us))
+    }
+
     fn offer(&mut self, entry: SlowTurn) {
         let Some(at) = self
             .kept
@@ -161,6 +178,12 @@ fn add(total: &mut TurnWork, turn: &TurnWork) {
     total.cgroup_read_us += turn.cgroup_read_us;
     total.trims += turn.trims;
     total.trim_us += turn.trim_us;
+    total.cpu_us += turn.cpu_us;
+}
+
+/// The thread's CPU time since `began_ns`, in microseconds.
+fn cpu_us_since(began_ns: u64) -> u64 {
+    clock::thread_cpu_ns().saturating_sub(began_ns) / 1000
 }
 
 fn micros(duration: Duration) -> u64 {
@@ -220,6 +243,21 @@ mod tests {
         let turn = stats.slowest_turns[0];
         assert_eq!((turn.us, turn.work.saves, turn.work.save_us), (570, 1, 500));
         assert_eq!(stats.work.proofs, 1);
+    }
+
+    #[test]
+    fn a_turn_counts_the_time_its_thread_ran_on_a_cpu() {
+        let mut account = LoopAccount::new();
+        account.turn_begins(Instant::now());
+        let spun = clock::thread_cpu_ns();
+        while clock::thread_cpu_ns() < spun + 2_000_000 {
+            std::hint::spin_loop();
+        }
+        account.proof_told(Instant::now());
+        account.turn_ends(Instant::now());
+        let stats = account.stats();
+        assert!(stats.work.cpu_us >= 2_000, "{:?}", stats.work);
+        assert!(stats.slowest_proofs[0].work.cpu_us >= 2_000);
     }
 
     #[test]

@@ -430,6 +430,11 @@ pub struct TurnWork {
     pub trims: u64,
     /// Their time, in microseconds.
     pub trim_us: u64,
+    /// The time the loop's thread ran on a CPU (CLOCK_THREAD_CPUTIME_ID), in microseconds: the
+    /// rest of the turn's time it was off the CPU, waiting for a disk, the kernel's locks or
+    /// the scheduler. Absent from agents before it (0).
+    #[serde(default)]
+    pub cpu_us: u64,
 }
 
 /// One slow proof or turn: how long it took and what its turn did.

@@ -486,6 +486,7 @@ fn sample_stats() -> AgentStats {
                 cgroup_read_us: 28,
                 trims: 29,
                 trim_us: 30,
+                cpu_us: 33,
             },
             slowest_proofs: vec![SlowTurn {
                 at_mono_ns: 31,
