@@ -211,6 +211,23 @@ impl Script {
             .gone_roots
     }
 
+    /// Answers `key`'s read with one older than what the unit's other watch was told (A still
+    /// deactivating), then checks that a `stop` of `unit` sends no StopUnit: systemd said ours
+    /// is over.
+    fn assert_an_older_read_asks_no_stop(&mut self, key: UnitKey, unit: &str, cgroup: &str) {
+        let older = UnitSnapshot {
+            serial: 1,
+            ..snapshot(unit, "deactivating", A, cgroup)
+        };
+        self.input(Input::UnitRead {
+            key,
+            result: Ok(older),
+        });
+        self.take();
+        self.request(&format!(r#"{{"cmd":"stop","unit":"{unit}"}}"#));
+        assert_eq!(self.stops(), [], "systemd said ours is over");
+    }
+
     /// Checks that the last count of leftovers took `pid` for a root of an invocation after
     /// ours (B's MainPID, in the tests that use it).
     fn assert_counted_as_a_later_root(&mut self, pid: i32) {
@@ -496,17 +513,7 @@ fn a_first_read_older_than_an_alias_watchs_read_does_not_bring_back_a_running_st
     assert_eq!(read, ["nick.service"], "the alias is followed");
     let read = s.answer_reads(|_| Ok(snapshot("real1.service", "inactive", A, "")));
     assert_eq!(read, ["nick.service"]);
-    let older = UnitSnapshot {
-        serial: 1,
-        ..snapshot("real1.service", "deactivating", A, cgroup)
-    };
-    s.input(Input::UnitRead {
-        key: unit_key,
-        result: Ok(older),
-    });
-    s.take();
-    s.request(r#"{"cmd":"stop","unit":"real1.service"}"#);
-    assert_eq!(s.stops(), [], "systemd said ours is over");
+    s.assert_an_older_read_asks_no_stop(unit_key, "real1.service", cgroup);
 }
 
 #[test]
@@ -1971,17 +1978,7 @@ fn a_read_of_a_watch_gone_meanwhile_still_tells_the_units_other_watches() {
         key: alias_key,
         result: Ok(newer),
     });
-    let older = UnitSnapshot {
-        serial: 1,
-        ..snapshot("g.service", "deactivating", A, cgroup)
-    };
-    s.input(Input::UnitRead {
-        key: unit_key,
-        result: Ok(older),
-    });
-    s.take();
-    s.request(r#"{"cmd":"stop","unit":"g.service"}"#);
-    assert_eq!(s.stops(), [], "systemd said ours is over");
+    s.assert_an_older_read_asks_no_stop(unit_key, "g.service", cgroup);
 }
 
 /// What a new watch heard before its first read is placed by that read's serial only on the
