@@ -41,7 +41,8 @@ use self::core::{
     Answer, Core, CoreConfig, Input, NextInvocation, Output, ReplyTo, StopKind, UnitKey,
 };
 use crate::cgroup::procs::{
-    ClockBasis, ProcessTracker, Tracked, earlier_processes, list_processes,
+    ClockBasis, OffsetFloors, ProcessTracker, Tracked, earlier_processes, list_processes,
+    note_offset_floor,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::clock;
@@ -261,6 +262,9 @@ struct Agent {
     cgroup_root: PathBuf,
     /// pidfds of leftovers, so their exits come through the loop.
     leftovers: ProcessTracker<UnitKey>,
+    /// The time spent suspended, as seen at each turn: how a census tells a process that
+    /// started before an invocation after a suspend.
+    offset_floors: OffsetFloors,
     server: ControlServer,
     signals: SignalFd,
     /// Where the watch set is kept across restarts; `None` keeps it in memory only.
@@ -430,6 +434,7 @@ impl Agent {
             notifier: Notifier::from_env(),
             next_ping: None,
             release_heap: None,
+            offset_floors: OffsetFloors::default(),
             counters: DriverCounters::default(),
             account: LoopAccount::new(),
             records_to_remove: Vec::new(),
@@ -470,6 +475,8 @@ impl Agent {
             if let Some(offset) = clock::realtime_minus_monotonic_ns() {
                 self.core.observe_wall_clock(offset);
             }
+            // A clock that cannot be read fails the next census, which says so.
+            note_offset_floor(&mut self.offset_floors).ok();
             if !events.is_empty() && self.release_heap.is_none() {
                 self.release_heap = Some(clock::now() + RELEASE_HEAP_AFTER);
             }
@@ -915,7 +922,7 @@ impl Agent {
         next: &NextInvocation,
         held: &[i32],
     ) -> Result<Vec<i32>, String> {
-        let basis = ClockBasis::now().map_err(|e| e.to_string())?;
+        let basis = ClockBasis::now(&mut self.offset_floors).map_err(|e| e.to_string())?;
         let census = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
         log::debug!(
             "{cgroup}: counting leftovers among {:?} against {next:?}",

@@ -28,7 +28,9 @@ mod tracker;
 /// For the simulator's oracle, which places a start as the agent can.
 #[cfg(test)]
 pub(crate) use start_order::StartOrder;
-pub(crate) use start_order::{ClockBasis, NextInvocation, earlier_processes};
+pub(crate) use start_order::{
+    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, earlier_processes, note_offset_floor,
+};
 pub(crate) use tracker::{ProcessTracker, Tracked};
 
 /// The file of a cgroup that lists the processes (thread-group ids) in it, one per line.

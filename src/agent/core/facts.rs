@@ -5,7 +5,7 @@
 //! serial numbers only grow, so each property keeps the serial of the message it came from and
 //! an older message never overwrites a newer value.
 
-use crate::cgroup::procs::NextInvocation;
+use crate::cgroup::procs::{GoneRoot, NextInvocation};
 use crate::proof::UnitState;
 use crate::proof::words::{Word, word};
 use crate::systemd::signal::UnitChange;
@@ -224,16 +224,17 @@ impl UnitFacts {
             return None;
         }
         let ((main, control), _) = snapshot.current.pids?;
-        let gone_roots: Vec<i32> = [main, control]
-            .into_iter()
-            .filter(|pid| *pid > 0)
-            .filter_map(|pid| i32::try_from(pid).ok())
-            .collect();
         let began = !matches!(snapshot.active_state.as_str(), "inactive" | "failed");
         let began_us = snapshot
             .current
             .inactive_exit_us
             .filter(|us| began && *us > 0);
+        let gone_roots: Vec<GoneRoot> = [main, control]
+            .into_iter()
+            .filter(|pid| *pid > 0)
+            .filter_map(|pid| i32::try_from(pid).ok())
+            .map(|pid| GoneRoot { pid, began_us })
+            .collect();
         (!gone_roots.is_empty()).then(|| {
             let roots = NextInvocation {
                 began_us,
@@ -336,6 +337,10 @@ impl UnitFacts {
                     .iter()
                     .filter(|pid| **pid > 0)
                     .filter_map(|pid| i32::try_from(*pid).ok())
+                    .map(|pid| GoneRoot {
+                        pid,
+                        began_us: *began_us,
+                    })
                     .collect(),
                 ..NextInvocation::default()
             },
@@ -498,13 +503,14 @@ impl UnitFacts {
             .flatten()
             .filter_map(as_pid)
             .collect();
+        let began_us = self.current_began_us().or(self.began_us);
         let gone_roots = self
             .roots_seen
             .iter()
             .filter_map(|pid| as_pid(*pid))
             .filter(|pid| !roots.contains(pid))
+            .map(|pid| GoneRoot { pid, began_us })
             .collect();
-        let began_us = self.current_began_us().or(self.began_us);
         NextInvocation {
             began_us,
             roots,
@@ -764,10 +770,10 @@ mod tests {
         facts.apply_change(&pids(0, 0), 6);
         let next = facts.next_invocation();
         assert_eq!(next.roots, Vec::<i32>::new());
-        assert_eq!(next.gone_roots, [20, 21]);
+        assert_eq!(next.gone_pids(), [20, 21]);
         // Another invocation: what was b's is not its.
         facts.apply_change(&change(Some("inactive"), Some("c")), 7);
-        assert_eq!(facts.next_invocation().gone_roots, Vec::<i32>::new());
+        assert_eq!(facts.next_invocation().gone_pids(), Vec::<i32>::new());
     }
 
     #[test]
@@ -779,11 +785,11 @@ mod tests {
         facts.apply_change(&pids(30, 0), 7);
         facts.apply_change(&change(Some("inactive"), Some("x")), 8);
         facts.apply_change(&pids(31, 0), 9);
-        assert_eq!(facts.next_invocation().gone_roots, Vec::<i32>::new());
+        assert_eq!(facts.next_invocation().gone_pids(), Vec::<i32>::new());
         // From the read on, what is said is b's.
         facts.apply_change(&pids(32, 0), 11);
         facts.apply_change(&pids(0, 0), 12);
-        assert_eq!(facts.next_invocation().gone_roots, [32]);
+        assert_eq!(facts.next_invocation().gone_pids(), [32]);
     }
     /// A late signal that names the current invocation, handled after the read that told it:
     /// the MainPID said right before it is the current invocation's, one of its roots.
@@ -793,7 +799,7 @@ mod tests {
         facts.apply_snapshot(&snapshot(660, "deactivating", "f"));
         facts.apply_change(&pids(126, 0), 601);
         facts.apply_change(&change(Some("activating"), Some("f")), 602);
-        assert_eq!(facts.next_invocation().gone_roots, [126]);
+        assert_eq!(facts.next_invocation().gone_pids(), [126]);
     }
 
     /// A late signal, handled after a read that told a later invocation, still places the
@@ -809,7 +815,7 @@ mod tests {
         facts.apply_change(&change(Some("active"), Some("x")), 8);
         let (invocation, roots) = facts.take_late_roots().expect("placed");
         assert_eq!(invocation, "x");
-        assert_eq!(roots.gone_roots, [30]);
+        assert_eq!(roots.gone_pids(), [30]);
         assert_eq!(facts.take_late_roots(), None, "taken once");
         // Nor what another signal came between.
         let mut facts = UnitFacts::default();
@@ -839,7 +845,7 @@ mod tests {
             facts.clear();
             // Serials start afresh on the next connection.
             facts.apply_change(&change(Some("inactive"), Some(next_connection)), 1);
-            facts.next_invocation().gone_roots
+            facts.next_invocation().gone_pids()
         };
         assert_eq!(known_roots("a"), [20]);
         assert_eq!(known_roots("b"), Vec::<i32>::new());

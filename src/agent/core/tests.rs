@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::agent::saved::SavedWatch;
+use crate::cgroup::procs::GoneRoot;
 use crate::control::protocol::parse_request;
 use crate::control::wire::{Cause, Phase};
 use crate::systemd::signal::{UnitChange, unit_path};
@@ -208,7 +209,7 @@ impl Script {
         self.counted_against
             .take()
             .expect("leftovers counted")
-            .gone_roots
+            .gone_pids()
     }
 
     /// Answers `key`'s read with one older than what the unit's other watch was told (A still
@@ -1522,7 +1523,10 @@ fn leftovers_are_counted_against_every_invocation_after_ours() {
             began_us: Some(5_000_000),
             roots_began_us: Some(9_000_000),
             roots: vec![400],
-            gone_roots: vec![300],
+            gone_roots: vec![GoneRoot {
+                pid: 300,
+                began_us: Some(5_000_000)
+            }],
         })
     );
     assert_eq!(s.phase("l.service"), Phase::Watching, "pid 42 may be ours");

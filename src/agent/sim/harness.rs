@@ -28,7 +28,9 @@ use crate::agent::core::{
 };
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
-use crate::cgroup::procs::{ClockBasis, NextInvocation, ProcessInfo, earlier_processes};
+use crate::cgroup::procs::{
+    ClockBasis, NextInvocation, OffsetFloors, ProcessInfo, earlier_processes,
+};
 use crate::control::protocol::{RequestId, parse_request};
 use crate::proof::StopReason;
 use crate::systemd::signal::{SERVICE_INTERFACE, SystemdSignal, unit_path};
@@ -112,6 +114,8 @@ pub(crate) struct Sim {
     /// unit runs now (which only delays a proof).
     pub counts: u32,
     pub counts_holding_current: u32,
+    /// The time suspended as the driver saw it at each turn, since it started.
+    offset_floors: OffsetFloors,
 }
 
 /// The state directory as the store leaves it.
@@ -192,6 +196,7 @@ impl Sim {
             reads_asked_again: 0,
             counts: 0,
             counts_holding_current: 0,
+            offset_floors: OffsetFloors::default(),
         };
         sim.start_agent();
         sim
@@ -212,6 +217,7 @@ impl Sim {
         let now = self.now();
         self.restored = self.disk.load();
         self.asked_names.clear();
+        self.offset_floors = OffsetFloors::default();
         let core = Core::new(
             config(self.base, &self.world.swarm),
             self.restored.clone(),
@@ -335,6 +341,7 @@ impl Sim {
         if self.core.is_none() {
             return;
         }
+        self.note_offset_floor();
         if self.trace.is_some() {
             let line = format!("  core <- {}", show_input(&input));
             self.log(|| line);
@@ -349,6 +356,7 @@ impl Sim {
     /// compaction of the journal.
     pub(crate) fn end_turn(&mut self) {
         let now = self.now();
+        self.note_offset_floor();
         if let Some(core) = &mut self.core {
             core.handle_timeout(now);
             core.end_turn(now);
@@ -360,6 +368,12 @@ impl Sim {
             }
             self.drain();
         }
+    }
+
+    /// What the driver notes at each turn: the time suspended so far.
+    fn note_offset_floor(&mut self) {
+        self.offset_floors
+            .note(self.world.now_us, self.world.kernel.suspended_us * 1000);
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
@@ -554,9 +568,11 @@ impl Sim {
         }
         let census = census(&self.world, cgroup);
         // The offset read now: at least what it was at any fork before.
+        self.note_offset_floor();
         let basis = ClockBasis {
             clk_tck: 1_000_000 / TICK_US,
             boot_minus_mono_ns: self.world.kernel.suspended_us * 1000,
+            floors: self.offset_floors,
         };
         let earlier: Vec<i32> = earlier_processes(&census, next, &basis, held)
             .into_iter()

@@ -360,6 +360,7 @@ impl Oracle {
                     let basis = ClockBasis {
                         clk_tck: 1_000_000 / TICK_US,
                         boot_minus_mono_ns: w.kernel.suspended_us * 1000,
+                        ..ClockBasis::default()
                     };
                     p.session == p.pid
                         && basis.start_order(p.start_boot_us / TICK_US, began)

@@ -477,6 +477,7 @@ fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
     let basis = ClockBasis {
         clk_tck: 100,
         boot_minus_mono_ns: 0,
+        ..ClockBasis::default()
     };
     let count = |roots: Vec<i32>, w: &World| -> Vec<i32> {
         let census = census(w, "/app.slice/x.service");

@@ -32,21 +32,67 @@ impl StartOrder {
 ///
 /// Both clocks, `/proc` and the threshold must belong to one time namespace (systemd's, the initial
 /// one): a time namespace shifts CLOCK_BOOTTIME and CLOCK_MONOTONIC by offsets of its own.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ClockBasis {
     /// Clock ticks per second, `sysconf(_SC_CLK_TCK)` (usually 100).
     pub clk_tck: u64,
     /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC, in nanoseconds: the time spent suspended since boot.
     /// It only grows, so a value read now is at least the offset at any past instant.
     pub boot_minus_mono_ns: u64,
+    /// What the offset was seen to be at least, from instants before: what bounds it at a past
+    /// instant from below.
+    pub floors: OffsetFloors,
+}
+
+/// How many offsets [`OffsetFloors`] keeps: the offset changes only when the machine suspends,
+/// and forgetting the oldest only makes a start before them uncertain.
+const MAX_FLOORS: usize = 4;
+
+/// The least the boottime/monotonic offset was from each of a few CLOCK_MONOTONIC instants on,
+/// as the driver saw it: the offset only grows, so a reading bounds it from below ever after.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct OffsetFloors {
+    /// (CLOCK_MONOTONIC µs, offset ns), both rising; `len` of them in use.
+    seen: [(u64, u64); MAX_FLOORS],
+    len: usize,
+}
+
+impl OffsetFloors {
+    /// Notes that from `mono_us` on, the offset was at least `offset_ns`.
+    pub(crate) fn note(&mut self, mono_us: u64, offset_ns: u64) {
+        if self.seen[..self.len]
+            .last()
+            .is_some_and(|&(_, floor)| floor >= offset_ns)
+        {
+            return;
+        }
+        if self.len == MAX_FLOORS {
+            self.seen.copy_within(1.., 0);
+            self.len -= 1;
+        }
+        self.seen[self.len] = (mono_us, offset_ns);
+        self.len += 1;
+    }
+
+    /// The least the offset can have been at `mono_ns`.
+    fn at(&self, mono_ns: u128) -> u128 {
+        self.seen[..self.len]
+            .iter()
+            .rev()
+            .find(|&&(since_us, _)| u128::from(since_us) * 1000 <= mono_ns)
+            .map_or(0, |&(_, floor)| u128::from(floor))
+    }
 }
 
 impl ClockBasis {
-    /// Reads the tick rate and the boottime/monotonic offset now.
-    pub(crate) fn now() -> Result<Self, ProcsError> {
+    /// Reads the tick rate and the boottime/monotonic offset now, and notes the offset in
+    /// `floors` (the driver's, kept across readings).
+    pub(crate) fn now(floors: &mut OffsetFloors) -> Result<Self, ProcsError> {
+        note_offset_floor(floors)?;
         Ok(Self {
             clk_tck: clk_tck()?,
             boot_minus_mono_ns: boot_minus_mono_ns()?,
+            floors: *floors,
         })
     }
 
@@ -59,8 +105,9 @@ impl ClockBasis {
     /// between 0 and `boot_minus_mono_ns`. So:
     /// - [`StartOrder::AtOrAfter`] only if the earliest possible start (tick start minus the whole
     ///   offset read now, rounded down) is at or after the threshold;
-    /// - [`StartOrder::Before`] only if the latest possible start (next tick start, offset 0, rounded
-    ///   up) is at or before the threshold;
+    /// - [`StartOrder::Before`] only if the latest possible start (next tick start, less the least
+    ///   offset at the threshold, rounded up) is at or before the threshold: a start at or after
+    ///   the threshold had at least that offset;
     /// - [`StartOrder::Uncertain`] otherwise, and whenever `clk_tck` is 0.
     pub(crate) fn start_order(&self, start_ticks: u64, threshold_mono_us: u64) -> StartOrder {
         if self.clk_tck == 0 {
@@ -73,9 +120,10 @@ impl ClockBasis {
         if earliest_mono_ns >= threshold_ns {
             return StartOrder::AtOrAfter;
         }
-        // Monotonic time never exceeds boottime, so the end of the tick bounds the start from above.
+        // Monotonic time never exceeds boottime, so the end of the tick bounds the start from
+        // above; a fork at or after the threshold saw at least the offset then.
         let end_of_tick_ns = (u128::from(start_ticks) + 1) * NANOS_PER_SEC;
-        if end_of_tick_ns.div_ceil(clk_tck) <= threshold_ns {
+        if end_of_tick_ns.div_ceil(clk_tck) <= threshold_ns + self.floors.at(threshold_ns) {
             StartOrder::Before
         } else {
             StartOrder::Uncertain
@@ -99,7 +147,18 @@ pub(crate) struct NextInvocation {
     pub roots_began_us: Option<u64>,
     /// Every other MainPID and ControlPID systemd named for it before (an ExecStartPre=, an
     /// ExecStart= that has exited): each began a session of its own, which its orphans keep.
-    pub gone_roots: Vec<i32>,
+    pub gone_roots: Vec<GoneRoot>,
+}
+
+/// A MainPID or ControlPID systemd named for an invocation after the counted one, and no longer
+/// names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GoneRoot {
+    pub pid: i32,
+    /// When the invocation it was named for left `inactive` (InactiveExitTimestampMonotonic,
+    /// µs), if known: no member of a session it began started before that invocation could
+    /// fork.
+    pub began_us: Option<u64>,
 }
 
 /// How many gone roots a [`NextInvocation`] keeps; the oldest go first, and a session
@@ -115,14 +174,25 @@ impl NextInvocation {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
-        for pid in later.roots.iter().chain(&later.gone_roots) {
-            if !self.roots.contains(pid) && !self.gone_roots.contains(pid) {
+        let later_roots = later.roots.iter().map(|&pid| GoneRoot {
+            pid,
+            began_us: later.roots_began_us,
+        });
+        for root in later_roots.chain(later.gone_roots.iter().copied()) {
+            if !self.roots.contains(&root.pid) && !self.gone_roots.iter().any(|g| g.pid == root.pid)
+            {
                 if self.gone_roots.len() == MAX_GONE_ROOTS {
                     self.gone_roots.remove(0);
                 }
-                self.gone_roots.push(*pid);
+                self.gone_roots.push(root);
             }
         }
+    }
+
+    /// The pids of [`NextInvocation::gone_roots`].
+    #[cfg(test)]
+    pub(crate) fn gone_pids(&self) -> Vec<i32> {
+        self.gone_roots.iter().map(|g| g.pid).collect()
     }
 }
 
@@ -143,16 +213,19 @@ const FIRST_FORK_SLACK_TICKS: u64 = 2;
 ///    less [`FIRST_FORK_SLACK_TICKS`]): neither a root of it, whatever systemd names it, nor
 ///    of a root's lineage or session. systemd guesses the MainPID of a Type=forking service
 ///    without PIDFile= (`unit_search_main_pid`: the only process of the cgroup whose parent is
-///    the manager), and an earlier invocation's orphan is such a one. (Gone roots may be of
-///    invocations whose beginning is unknown: rule 3 cannot be judged so.);
+///    the manager), and an earlier invocation's orphan is such a one;
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
 ///    child of a leftover is a leftover), unless rule 3 makes that ancestor `next`'s: earlier;
-/// 3. it is a member of the session of one of `next`'s gone roots: `next`'s, even if held
-///    before for want of knowing that root. The kernel does not hand out a pid still in use as
-///    a session id, so the session is the one that root began, or one begun after that root
-///    was gone, which is after `next` began;
+/// 3. it is a member of the session of one of `next`'s gone roots, or that root itself
+///    outliving its stop: `next`'s, even if held before for want of knowing that root. The
+///    kernel does not hand out a pid still in use as a session id, so the session is the one
+///    that root began, or one begun after that root was gone, which is after `next` began; so
+///    not a process that certainly started before that root's invocation could fork, where
+///    its beginning is known (a session has no member older than it: the gone root was a
+///    guess of systemd's, as in rule 0). The root itself counts only where that beginning is
+///    known and its start is not before it: its pid may have been used again;
 /// 4. it was held before, or it is in the session of a process held before or started before
 ///    `next` began: earlier;
 /// 5. it is in a session whose leader is gone (not one it began itself): earlier, an orphan
@@ -175,13 +248,15 @@ pub(crate) fn earlier_processes<'a>(
             .flatten()
             .collect()
     };
-    let before_next = |p: &ProcessInfo| {
-        next.roots_began_us.is_some_and(|began| {
+    // Whether `p` certainly started before an invocation that began at `began` could fork.
+    let before_first_fork = |p: &ProcessInfo, began: Option<u64>| {
+        began.is_some_and(|began| {
             let slack_us = FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1);
             let first_fork = began.saturating_sub(slack_us);
             basis.start_order(p.start_ticks, first_fork) == StartOrder::Before
         })
     };
+    let before_next = |p: &ProcessInfo| before_first_fork(p, next.roots_began_us);
     // Rule 0: a root that started before `next` could fork is a guess of systemd's.
     let roots: Vec<i32> = next
         .roots
@@ -215,9 +290,17 @@ pub(crate) fn earlier_processes<'a>(
             && (lineage(process).iter().any(|p| roots.contains(&p.pid))
                 || next_sessions.contains(&process.session))
     };
-    // Rule 3's: not the session's leader, whose pid may be a gone root's used again.
-    let in_gone_roots_session =
-        |p: &ProcessInfo| next.gone_roots.contains(&p.session) && p.session != p.pid;
+    // Rule 3's: not a process that started before the root's invocation could fork, as a
+    // session has no member older than its leader's setsid (a gone root systemd guessed, an
+    // earlier invocation's orphan, leads a session of ours); and the session's leader only
+    // where that beginning is known, as its pid may be a gone root's used again earlier.
+    let in_gone_roots_session = |p: &ProcessInfo| {
+        next.gone_roots.iter().any(|g| {
+            g.pid == p.session
+                && !before_first_fork(p, g.began_us)
+                && (p.session != p.pid || g.began_us.is_some())
+        })
+    };
     // Sessions of processes that started before `next` began and are not its: what else is in
     // them is ours too.
     let earlier_sessions: HashSet<i32> = census
@@ -261,6 +344,16 @@ pub(super) fn clk_tck() -> Result<u64, ProcsError> {
             source: Some(source),
         }),
     }
+}
+
+/// Notes in `floors` the boottime/monotonic offset now, read so that it comes out slightly
+/// small: boottime first, then monotonic.
+pub(crate) fn note_offset_floor(floors: &mut OffsetFloors) -> Result<(), ProcsError> {
+    let boot_ns = read_clock_ns(ClockId::CLOCK_BOOTTIME, "CLOCK_BOOTTIME")?;
+    let mono_ns = read_clock_ns(ClockId::CLOCK_MONOTONIC, "CLOCK_MONOTONIC")?;
+    let offset_ns = u64::try_from(boot_ns - mono_ns).unwrap_or(0);
+    floors.note(u64::try_from(mono_ns / 1000).unwrap_or(u64::MAX), offset_ns);
+    Ok(())
 }
 
 /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC now, in nanoseconds.

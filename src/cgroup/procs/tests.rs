@@ -313,7 +313,7 @@ proptest! {
         within_tick in 0.0f64..1.0,
         offset_share in 0.0f64..=1.0,
     ) {
-        let basis = ClockBasis { clk_tck, boot_minus_mono_ns };
+        let basis = ClockBasis { clk_tck, boot_minus_mono_ns, ..ClockBasis::default() };
         let order = basis.start_order(start_ticks, threshold_mono_us);
         let tick_ns = NANOS_PER_SEC as f64 / clk_tck as f64;
         let boot_ns = (start_ticks as f64 + within_tick) * tick_ns;
@@ -328,6 +328,70 @@ proptest! {
             StartOrder::Uncertain => {}
         }
     }
+
+    /// One suspend of `suspended_ms` at `suspend_at_ms` (CLOCK_MONOTONIC), a fork at
+    /// `fork_ms`, the driver's readings at `readings_ms`: with the floors those readings
+    /// noted, a certain answer is still right.
+    #[test]
+    fn start_order_with_floors_is_never_wrong_when_certain(
+        suspend_at_ms in 0u64..100_000,
+        suspended_ms in 0u64..100_000,
+        fork_ms in 0u64..200_000,
+        threshold_ms in 0u64..200_000,
+        readings_ms in proptest::collection::vec(0u64..200_000, 0..6),
+    ) {
+        let offset_at = |ms: u64| if ms >= suspend_at_ms { suspended_ms * 1_000_000 } else { 0 };
+        let mut readings = readings_ms;
+        readings.sort_unstable();
+        let mut floors = OffsetFloors::default();
+        for at in &readings {
+            floors.note(at * 1000, offset_at(*at));
+        }
+        let now_ms = readings.last().copied().unwrap_or(0).max(fork_ms).max(suspend_at_ms);
+        let basis = ClockBasis {
+            clk_tck: 100,
+            boot_minus_mono_ns: offset_at(now_ms),
+            floors,
+        };
+        let start_ticks = (fork_ms * 1_000_000 + offset_at(fork_ms)) / 10_000_000;
+        match basis.start_order(start_ticks, threshold_ms * 1000) {
+            StartOrder::AtOrAfter => prop_assert!(fork_ms >= threshold_ms),
+            StartOrder::Before => prop_assert!(fork_ms < threshold_ms),
+            StartOrder::Uncertain => {}
+        }
+    }
+}
+
+/// A start after a suspend, against an invocation that began after the suspend too: with a
+/// reading of the offset since the suspend, before the invocation began, the start is placed
+/// before it; without one it is uncertain (it may have come before the suspend).
+#[test]
+fn a_reading_after_a_suspend_places_a_start_before_a_later_threshold() {
+    // Suspended 40 s at 10 s; forked at 20 s (boottime 60 s), the invocation began at 30 s.
+    let mut floors = OffsetFloors::default();
+    floors.note(15_000_000, 40_000_000_000);
+    let basis = ClockBasis {
+        clk_tck: 100,
+        boot_minus_mono_ns: 40_000_000_000,
+        floors,
+    };
+    assert_eq!(basis.start_order(6_000, 30_000_000), StartOrder::Before);
+    let unseen = ClockBasis {
+        floors: OffsetFloors::default(),
+        ..basis
+    };
+    assert_eq!(unseen.start_order(6_000, 30_000_000), StartOrder::Uncertain);
+    // A reading after the threshold bounds nothing at it.
+    let mut late = OffsetFloors::default();
+    late.note(31_000_000, 40_000_000_000);
+    let read_late = ClockBasis {
+        floors: late,
+        ..basis
+    };
+    assert_eq!(
+        read_late.start_order(6_000, 30_000_000),
+        StartOrder::Uncertain
+    );
 }
 
 #[test]
@@ -366,6 +430,7 @@ fn start_order_boundaries() {
     let no_suspend = ClockBasis {
         clk_tck: 100,
         boot_minus_mono_ns: 0,
+        ..ClockBasis::default()
     };
     let cases = [
         (100, 999_999, AtOrAfter),
@@ -390,6 +455,7 @@ fn start_order_boundaries() {
     let suspended = ClockBasis {
         clk_tck: 100,
         boot_minus_mono_ns: 5_000_000,
+        ..ClockBasis::default()
     };
     let cases = [
         (100, 995_000, AtOrAfter),
@@ -413,6 +479,7 @@ fn start_order_boundaries() {
     let odd = ClockBasis {
         clk_tck: 3,
         boot_minus_mono_ns: 0,
+        ..ClockBasis::default()
     };
     assert_eq!(odd.start_order(1, 333_333), AtOrAfter);
     assert_eq!(odd.start_order(1, 333_334), Uncertain);
@@ -422,12 +489,14 @@ fn start_order_boundaries() {
     let broken = ClockBasis {
         clk_tck: 0,
         boot_minus_mono_ns: 0,
+        ..ClockBasis::default()
     };
     assert_eq!(broken.start_order(100, 0), Uncertain);
 
     let extreme = ClockBasis {
         clk_tck: 1,
         boot_minus_mono_ns: u64::MAX,
+        ..ClockBasis::default()
     };
     assert_eq!(extreme.start_order(u64::MAX, u64::MAX), AtOrAfter);
     assert_eq!(extreme.start_order(1, 0), AtOrAfter);
@@ -442,7 +511,7 @@ fn start_order_boundaries() {
 
 #[test]
 fn clocks_can_be_read() {
-    let basis = ClockBasis::now().expect("clocks");
+    let basis = ClockBasis::now(&mut OffsetFloors::default()).expect("clocks");
     assert!(basis.clk_tck > 0);
     // This process started before now, whatever the offset.
     let boot_now_ns = read_clock_ns(ClockId::CLOCK_BOOTTIME, "CLOCK_BOOTTIME").expect("clock");
@@ -947,6 +1016,7 @@ fn earlier_pids(census: &[ProcessInfo], next: &NextInvocation, held: &[i32]) -> 
     let basis = ClockBasis {
         clk_tck: 100,
         boot_minus_mono_ns: 0,
+        ..ClockBasis::default()
     };
     earlier_processes(census, next, &basis, held)
         .into_iter()
@@ -960,7 +1030,10 @@ fn next_with_gone_root() -> NextInvocation {
         began_us: Some(5_000_000),
         roots_began_us: Some(5_000_000),
         roots: vec![],
-        gone_roots: vec![50],
+        gone_roots: vec![GoneRoot {
+            pid: 50,
+            began_us: Some(5_000_000),
+        }],
     }
 }
 
@@ -1000,12 +1073,32 @@ fn a_gone_roots_session_does_not_outweigh_an_older_parent() {
 
 #[test]
 fn a_child_of_a_member_of_a_gone_roots_session_is_not_ours() {
-    // Pid 60 is in the session of the gone root 50, so the next invocation's, though it
-    // started (at 1 s) before the latest beginning known of those after ours (an invocation
-    // in between began earlier, unheard of): its child 61 is not a leftover of ours either.
+    // Pid 60 is in the session of the gone root 50, of an invocation in between whose
+    // beginning is unknown, so a later invocation's, though it started (at 1 s) before the
+    // latest beginning known: its child 61 is not a leftover of ours either.
     let census = [process(60, 1, 50, 100), process(61, 60, 50, 600)];
+    let next = NextInvocation {
+        gone_roots: vec![GoneRoot {
+            pid: 50,
+            began_us: None,
+        }],
+        ..next_with_gone_root()
+    };
+    assert_eq!(earlier_pids(&census, &next, &[]), Vec::<i32>::new());
+}
+
+/// systemd guessed an earlier invocation's orphan (pid 50, leading session 50) as the next
+/// invocation's MainPID (`unit_search_main_pid`), then it died: a member of its session that
+/// started before the next invocation could fork is no member of a session that invocation
+/// began, so it stays possibly ours.
+#[test]
+fn a_member_of_a_gone_roots_session_older_than_its_invocation_is_ours() {
+    let census = [process(60, 1, 50, 100), process(61, 60, 50, 600)];
+    assert_eq!(earlier_pids(&census, &next_with_gone_root(), &[]), [60, 61]);
+    // Within the slack before the stamp of the beginning, it is the invocation's.
+    let forked_first = [process(60, 1, 50, 499)];
     assert_eq!(
-        earlier_pids(&census, &next_with_gone_root(), &[]),
+        earlier_pids(&forked_first, &next_with_gone_root(), &[]),
         Vec::<i32>::new()
     );
 }
@@ -1018,6 +1111,27 @@ fn a_process_whose_pid_was_a_gone_root_is_not_taken_for_it() {
     assert_eq!(earlier_pids(&[reused], &next_with_gone_root(), &[]), [50]);
 }
 
+/// A MainPID systemd named for a later invocation, which ignored its stop's SIGTERM
+/// (SendSIGKILL=no), lives on as a gone root: it started as its invocation began, so it is
+/// that root, not ours, even when an earlier count held it for want of knowing it.
+#[test]
+fn a_gone_root_that_outlived_its_stop_is_not_ours() {
+    let root = process(50, 1, 50, 499);
+    assert_eq!(
+        earlier_pids(std::slice::from_ref(&root), &next_with_gone_root(), &[50]),
+        Vec::<i32>::new()
+    );
+    // Where its invocation's beginning is unknown, its pid may have been used again.
+    let unknown = NextInvocation {
+        gone_roots: vec![GoneRoot {
+            pid: 50,
+            began_us: None,
+        }],
+        ..next_with_gone_root()
+    };
+    assert_eq!(earlier_pids(&[root], &unknown, &[50]), [50]);
+}
+
 #[test]
 fn what_is_known_of_later_invocations_adds_up() {
     let mut next = NextInvocation {
@@ -1026,11 +1140,12 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots: vec![90],
         gone_roots: vec![],
     };
+    let gone = |pid, began_us| GoneRoot { pid, began_us };
     next.absorb(&NextInvocation {
         began_us: Some(5_000_000),
         roots_began_us: Some(5_000_000),
         roots: vec![50],
-        gone_roots: vec![51, 90],
+        gone_roots: vec![gone(51, None), gone(90, Some(5_000_000))],
     });
     assert_eq!(
         next,
@@ -1038,9 +1153,9 @@ fn what_is_known_of_later_invocations_adds_up() {
             began_us: Some(5_000_000),
             roots_began_us: Some(9_000_000),
             roots: vec![90],
-            gone_roots: vec![50, 51],
+            gone_roots: vec![gone(50, Some(5_000_000)), gone(51, None)],
         },
-        "the earliest beginning, the roots' own; every other root, once"
+        "the earliest beginning, the roots' own; every other root, once, with its own"
     );
     next.absorb(&NextInvocation::default());
     assert_eq!(next.began_us, Some(5_000_000));
