@@ -1,8 +1,9 @@
 //! Regressions for five defects of the proof against real systemd: a RemainAfterExit unit's
 //! empty ControlGroup taken for "gone", a new invocation's cgroup taken for the one watched
 //! before, a requested (or a generation's final) stop reaching an invocation that is not ours,
-//! a foreign invocation's leftovers (an orphan included) holding up our proof, and systemd's
-//! own exit status worded as an exit 0 it never recorded.
+//! a foreign invocation's leftovers (an orphan included) holding up our proof, systemd's
+//! own exit status worded as an exit 0 it never recorded, and our leftover taken for the next
+//! invocation's because systemd guessed it as its MainPID.
 //!
 //! Each test checks what the agent must do, and names the defect it guards. Waits are
 //! generous; nothing here asserts speed. "Not proven for a while" is an observation of a few
@@ -62,6 +63,10 @@ pub const TESTS: &[Test] = &[
     (
         "an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof",
         an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof,
+    ),
+    (
+        "a_leftover_systemd_guesses_as_the_next_main_pid_blocks_our_proof",
+        a_leftover_systemd_guesses_as_the_next_main_pid_blocks_our_proof,
     ),
     (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
@@ -728,6 +733,71 @@ fn a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof() {
     assert_eq!(event["cause"], "restarted-outside", "{event}");
     assert_still_in(&sandbox, &cgroup, &theirs);
     kill_pids(&theirs);
+}
+
+/// `Type=forking` without `PIDFile=`: when ExecStart= leaves no daemon, systemd guesses the
+/// MainPID (`unit_search_main_pid`: the cgroup's only process whose parent is the manager), and
+/// our invocation's `KillMode=process` leftover, orphaned to the manager, is that guess. Our
+/// invocation is not over while it lives, whatever systemd names it; once it dies, ours is
+/// proven.
+///
+/// Failed before: the agent took systemd's MainPID of the next invocation for its own and
+/// proved ours `replaced-after-stop` at once, the leftover alive (found by the simulator, seen
+/// on systemd 252).
+fn a_leftover_systemd_guesses_as_the_next_main_pid_blocks_our_proof() {
+    let sandbox = Sandbox::start("guessedmain");
+    // The first start leaves a daemon; ExecStop= forks one leftover when the marker is set;
+    // with the second marker, ExecStart= leaves nothing.
+    sandbox.install_unit(
+        "guessed.service",
+        "[Service]\nType=forking\nKillMode=process\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/guessed.second ]; then exit 0; fi; \
+         sleep 1000 & exit 0'\n\
+         ExecStop=/bin/sh -c 'if rm /run/guessed.fork 2>/dev/null; then sleep 1000 & fi; \
+         exit 0'\n",
+    );
+    sandbox.systemctl_ok(&["start", "guessed.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("guessed.service", "InvocationID");
+    agent.one(&["watch", "guessed.service"]);
+
+    touch(&sandbox, "/run/guessed.fork");
+    touch(&sandbox, "/run/guessed.second");
+    let out = agent.cli(&["stop", "guessed.service", "--timeout", "2s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "the ExecStop= leftover blocks the proof: {out:?}"
+    );
+    let (cgroup, leftovers) = our_leftovers(&sandbox, "guessed.service", &ours);
+    assert_eq!(
+        leftovers.len(),
+        1,
+        "setup: one leftover of ours: {leftovers:?}"
+    );
+
+    sandbox.systemctl_ok(&["start", "guessed.service"]);
+    let second = wait_for_new_invocation(&sandbox, "guessed.service", &ours);
+    assert_eq!(
+        sandbox.show("guessed.service", "MainPID"),
+        leftovers[0].to_string(),
+        "setup: systemd guessed our leftover as invocation {second}'s MainPID"
+    );
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "guessed.service",
+        &format!(
+            "its leftover {leftovers:?}, which systemd named invocation {second}'s MainPID, \
+             lives in {cgroup}"
+        ),
+    );
+    assert_still_in(&sandbox, &cgroup, &leftovers);
+
+    kill_pids(&leftovers);
+    let event = agent.one(&["wait", "guessed.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
 }
 
 /// A unit restarted outside twice. The agent stops the first foreign invocation, loses the
