@@ -374,6 +374,15 @@ impl Core {
         watch.facts.apply_snapshot(snapshot);
         watch.stale = true;
         watch.reads.again = false;
+        // It decides nothing, but what it says of an invocation after ours is systemd's word,
+        // kept now: the facts keep only the current invocation's roots, and go with the
+        // connection.
+        if let Some(state) = watch.facts.state() {
+            self.note_after_ours(key, &state.invocation);
+        }
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
         let old_id = std::mem::replace(&mut watch.id, Rc::from(snapshot.id.as_str()));
         let id = Rc::clone(&watch.id);
         self.by_id.remove(&old_id, key);

@@ -1227,6 +1227,7 @@ fn a_cgroup_notice_is_read_only_when_the_proof_would_use_the_reading() {
 }
 
 mod beginnings;
+mod later_roots;
 mod listing;
 mod reads;
 mod records;
