@@ -88,6 +88,23 @@ impl Invocation {
     }
 }
 
+/// Whether a unit in `active_state` and `sub_state` has ended its invocation though it is
+/// neither `inactive` nor `failed` ([`UnitFacts::ended_meanwhile`]).
+fn ended_meanwhile(active_state: Option<&str>, sub_state: Option<&str>) -> bool {
+    matches!(sub_state, Some("auto-restart" | "auto-restart-queued"))
+        || active_state == Some("maintenance")
+}
+
+/// Whether InactiveExitTimestamp said beside `active_state` and `sub_state` tells when the
+/// invocation said with it began: once the unit left `inactive` or `failed` (systemd assigns
+/// the InvocationID before, while the timestamp is still the previous invocation's), and not
+/// when it left them again after the invocation ended (`unit_notify` stamps every such change):
+/// to wait for a restart, or to be cleaned.
+fn stamps_a_beginning(active_state: Option<&str>, sub_state: Option<&str>) -> bool {
+    !matches!(active_state, None | Some("inactive" | "failed"))
+        && !ended_meanwhile(active_state, sub_state)
+}
+
 /// Whether serial `a` comes after `b`, allowing for the counter wrapping around.
 fn newer(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) > 0
@@ -224,7 +241,7 @@ impl UnitFacts {
             return None;
         }
         let ((main, control), _) = snapshot.current.pids?;
-        let began = !matches!(snapshot.active_state.as_str(), "inactive" | "failed");
+        let began = stamps_a_beginning(Some(&snapshot.active_state), Some(&snapshot.sub_state));
         let began_us = snapshot
             .current
             .inactive_exit_us
@@ -298,12 +315,8 @@ impl UnitFacts {
         }
         // Only an invocation named after the first read is known to come after the watch's.
         let after_first_read = self.first_read.is_some_and(|read| !newer(read, serial));
-        // As for the current invocation: InactiveExitTimestamp tells when it began only once
-        // it has (`current_began_us`).
-        let began = !matches!(
-            change.active_state.as_deref(),
-            None | Some("inactive" | "failed")
-        );
+        // As for the current invocation (`current_began_us`).
+        let began = stamps_a_beginning(change.active_state.as_deref(), change.sub_state.as_deref());
         let began_us = change.inactive_exit_us.filter(|us| began && *us > 0);
         self.late_roots = match (change.invocation.as_deref(), unplaced) {
             (Some(invocation), Some(pids)) if after_first_read => Some(LateRoots::Placed {
@@ -384,14 +397,9 @@ impl UnitFacts {
     }
 
     /// When the current invocation began, if systemd says it has begun: InactiveExitTimestamp
-    /// said after the previous InvocationID, while the unit is not `inactive` or `failed`.
+    /// said after the previous InvocationID, in a state that stamps a beginning.
     fn current_began_us(&self) -> Option<u64> {
-        // systemd assigns the InvocationID before the unit leaves `inactive`: until it has,
-        // InactiveExitTimestamp still tells when the previous invocation began.
-        let began = !matches!(
-            self.active_state.value.as_deref(),
-            None | Some("inactive" | "failed")
-        );
+        let began = stamps_a_beginning(self.active_state.value.as_deref(), self.sub_state());
         self.inactive_exit_us
             .value
             .filter(|us| began && *us > 0 && self.said_of_current(self.inactive_exit_us.serial))
@@ -534,10 +542,7 @@ impl UnitFacts {
     /// `failed` before), or is being cleaned (`maintenance`, `service_clean`, only from
     /// `dead` or `failed`). The next start gets a new InvocationID.
     pub(super) fn ended_meanwhile(&self) -> bool {
-        matches!(
-            self.sub_state.value.as_deref(),
-            Some("auto-restart" | "auto-restart-queued")
-        ) || self.active_state.value.as_deref() == Some("maintenance")
+        ended_meanwhile(self.active_state(), self.sub_state())
     }
 
     pub(super) fn sub_state(&self) -> Option<&str> {
