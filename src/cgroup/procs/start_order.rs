@@ -162,8 +162,11 @@ pub(crate) struct GoneRoot {
 }
 
 /// How many gone roots a [`NextInvocation`] keeps; the oldest go first, and a session
-/// forgotten only makes its orphans wait.
-const MAX_GONE_ROOTS: usize = 16;
+/// forgotten only makes its orphans wait. An invocation has up to eight (one per command it
+/// runs), and a unit restarted outside while ours waits may run many: 16 lost the first
+/// invocation after ours, whose orphans the cgroup holds as long as any other's, after three
+/// or four restarts (found by the simulator). Only a watch that waits has them.
+const MAX_GONE_ROOTS: usize = 64;
 
 impl NextInvocation {
     /// Adds what is known of another invocation after the one counted for: a process that

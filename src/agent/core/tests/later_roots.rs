@@ -61,3 +61,33 @@ fn a_later_root_an_alias_read_told_outlives_the_next_invocation() {
     s.changed("real1.service", "inactive", C);
     s.assert_counted_as_a_later_root(77);
 }
+
+/// A unit restarted outside a dozen times while ours waits on a leftover: the roots of the
+/// first invocation after ours, whose orphans the cgroup may hold as long as any other's, are
+/// still counted as that invocation's (found by the simulator: they went first when the watch
+/// kept 16, and an orphan of the first waited as ours).
+#[test]
+fn the_first_invocation_after_ours_keeps_its_roots_through_a_dozen_restarts() {
+    let mut s = watching("r.service", "active");
+    // A process that may be ours keeps the proof open.
+    s.leftovers.insert("/app.slice/r.service".into(), vec![78]);
+    s.changed("r.service", "inactive", A);
+    for n in 0..12_u32 {
+        s.changed("r.service", "active", &format!("{:032x}", 0xb0 + n));
+        s.signal(SystemdSignal::UnitChanged {
+            path: unit_path("r.service"),
+            change: UnitChange {
+                main_pid: Some(200 + n),
+                control_pid: Some(300 + n),
+                ..UnitChange::default()
+            },
+        });
+        s.main_pid("r.service", 0);
+    }
+    s.changed("r.service", "inactive", &format!("{:032x}", 0xb0 + 11));
+    let gone_roots = s.counted_gone_roots();
+    assert!(
+        gone_roots.contains(&200) && gone_roots.contains(&300),
+        "the first invocation after ours: {gone_roots:?}"
+    );
+}
