@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, ReadKind, Snapshot};
 use super::kernel::{Inv, Pid, Reading, TICK_US, within};
-use super::oracle::{Oracle, StopSent, StopWhy, parse_inv};
+use super::oracle::{Oracle, StopSent, StopWhy, Told, parse_inv};
 use super::rng::Rng;
 use super::tenant::{Request, Tenant};
 use super::world::{Swarm, World};
@@ -85,9 +85,9 @@ pub(crate) struct Sim {
     /// Invocations of each unit the agent has been told are over: a message naming them sent
     /// after they ended in the world.
     told_over: BTreeMap<usize, BTreeSet<Inv>>,
-    /// MainPIDs and ControlPIDs of each unit the agent has been told of in this life: the
-    /// sessions an agent can know to be another invocation's.
-    pub told_roots: BTreeMap<(usize, Inv), BTreeSet<Pid>>,
+    /// What each watch (unit, its invocation) has been told in this life: the sessions and
+    /// the invocations an agent can know to be another invocation's, or after its own.
+    pub told: BTreeMap<(usize, Inv), Told>,
     /// The pids of each unit's last Service change that no Unit change followed yet.
     unplaced_roots: BTreeMap<usize, [Option<u32>; 2]>,
     /// The serial of the first read answered for each watch (unit, its invocation) in this
@@ -184,7 +184,7 @@ impl Sim {
             connected: false,
             seen: BTreeMap::new(),
             told_over: BTreeMap::new(),
-            told_roots: BTreeMap::new(),
+            told: BTreeMap::new(),
             read_units: BTreeMap::new(),
             unplaced_roots: BTreeMap::new(),
             stopped_ours: BTreeSet::new(),
@@ -260,7 +260,7 @@ impl Sim {
             && let Some(u) = unit.as_deref().and_then(|name| self.world.resolve(name))
         {
             self.read_units.retain(|(of, _), _| *of != u);
-            self.told_roots.retain(|(of, _), _| *of != u);
+            self.told.retain(|(of, _), _| *of != u);
         }
         let inv = json["invocation"].as_str().map(parse_inv);
         self.asking = unit.clone().map(|u| (u, inv));
@@ -291,7 +291,7 @@ impl Sim {
         self.key_invs.clear();
         self.seen.clear();
         self.told_over.clear();
-        self.told_roots.clear();
+        self.told.clear();
         self.read_units.clear();
         self.unplaced_roots.clear();
         self.stopped_ours.clear();
@@ -772,10 +772,16 @@ impl Sim {
                     // A Service change is placed by the InvocationID of the Unit change that
                     // follows it: until then, nothing tells whose its pids are.
                     let pids = [change.main_pid, change.control_pid];
-                    if change.invocation.is_some() {
+                    if let Some(inv) = &change.invocation {
                         let before = self.unplaced_roots.remove(&u).unwrap_or_default();
-                        self.tell_roots(u, before, serial);
-                        self.tell_roots(u, pids, serial);
+                        let began = change.inactive_exit_us.is_some()
+                            && tells_a_beginning(
+                                change.active_state.as_deref(),
+                                change.sub_state.as_deref(),
+                            );
+                        let inv = parse_inv(inv);
+                        self.tell(u, inv, began, before, serial);
+                        self.tell(u, inv, began, pids, serial);
                     } else {
                         self.unplaced_roots.insert(u, pids);
                     }
@@ -787,7 +793,9 @@ impl Sim {
         true
     }
 
-    fn tell_roots(&mut self, u: usize, pids: [Option<u32>; 2], serial: u32) {
+    /// Tells the watches of unit `u` placed by message `serial` (their first read is no newer)
+    /// of invocation `inv`, when it began if `began`, and its roots `pids`.
+    fn tell(&mut self, u: usize, inv: Inv, began: bool, pids: [Option<u32>; 2], serial: u32) {
         let placed_for: Vec<(usize, Inv)> = self
             .read_units
             .iter()
@@ -795,8 +803,12 @@ impl Sim {
             .map(|(watch, _)| *watch)
             .collect();
         for watch in placed_for {
-            let told = self.told_roots.entry(watch).or_default();
-            told.extend(pids.into_iter().flatten().filter(|pid| *pid > 0));
+            let told = self.told.entry(watch).or_default();
+            told.roots
+                .extend(pids.into_iter().flatten().filter(|pid| *pid > 0));
+            if began {
+                told.began.insert(inv);
+            }
         }
     }
 
@@ -845,9 +857,16 @@ impl Sim {
                     // A watch made without an invocation adopts the one its first read says.
                     let ours = self.key_invs.get(&key).copied().flatten().unwrap_or(inv);
                     self.read_units.entry((u, ours)).or_insert(snapshot.serial);
-                    if let Some(((main, control), _)) = snapshot.current.pids {
-                        self.tell_roots(u, [Some(main), Some(control)], snapshot.serial);
-                    }
+                    let pids = snapshot.current.pids;
+                    let roots = pids.map_or([None; 2], |((main, control), _)| {
+                        [Some(main), Some(control)]
+                    });
+                    let began = snapshot.current.inactive_exit_us.is_some()
+                        && tells_a_beginning(
+                            Some(&snapshot.active_state),
+                            Some(&snapshot.sub_state),
+                        );
+                    self.tell(u, inv, began, roots, snapshot.serial);
                     if over {
                         self.told_over.entry(u).or_default().insert(inv);
                     }
@@ -1154,4 +1173,14 @@ fn show_records(records: &[crate::agent::saved::SavedWatch]) -> String {
         })
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// Whether InactiveExitTimestamp said beside `active_state` and `sub_state` is when the
+/// invocation named with it began: once it left inactive or failed, and not again after it
+/// ended (`unit_notify` stamps it for a restart's wait and for `systemctl clean` too).
+fn tells_a_beginning(active_state: Option<&str>, sub_state: Option<&str>) -> bool {
+    !matches!(
+        active_state,
+        None | Some("inactive" | "failed" | "maintenance")
+    ) && !matches!(sub_state, Some("auto-restart" | "auto-restart-queued"))
 }

@@ -381,8 +381,7 @@ fn run(seed: u64, how: RunAs) -> Outcome {
         // Without faults, every owed proof is due within the liveness bound, workload or not.
         if phase != Phase::Chaos {
             let under_load = phase == Phase::Heal;
-            sim.oracle
-                .quiet_step(&sim.world, &sim.told_roots, under_load);
+            sim.oracle.quiet_step(&sim.world, &sim.told, under_load);
         }
         tape.push(Draws {
             sim: sim.rng.take_recorded(),

@@ -26,6 +26,16 @@ pub(crate) enum StopWhy {
     Final,
 }
 
+/// What one watch (unit, its invocation) was told in this life of the agent, from its first
+/// read on.
+#[derive(Debug, Default)]
+pub(crate) struct Told {
+    /// MainPIDs and ControlPIDs: the sessions it can know to be another invocation's.
+    pub roots: BTreeSet<Pid>,
+    /// Invocations it was told began, and when: those it can know to be after its own.
+    pub began: BTreeSet<Inv>,
+}
+
 /// A StopUnit the agent sends, with what the agent knew then.
 pub(crate) struct StopSent<'a> {
     /// The unit's name as the stop names it.
@@ -311,13 +321,14 @@ impl Oracle {
     /// closer to its deadline. Under load no operator kills what an older invocation of the
     /// unit left (KillMode=process), and the agent cannot tell such an orphan forked while ours
     /// ran from one of ours: no proof is due while one lives.
-    /// `told_roots`: the MainPIDs and ControlPIDs each watch (unit, invocation) was told of.
+    /// `told`: the MainPIDs and ControlPIDs, and the invocations, each watch (unit, invocation)
+    /// was told of.
     /// Another invocation's orphan in a session none of them began cannot be told from an
     /// orphaned child of our own leftover: the agent must wait for it, and the line says so.
     pub(crate) fn quiet_step(
         &mut self,
         w: &World,
-        told_roots: &BTreeMap<(usize, Inv), BTreeSet<Pid>>,
+        told: &BTreeMap<(usize, Inv), Told>,
         under_load: bool,
     ) {
         let mut late = Vec::new();
@@ -339,24 +350,35 @@ impl Oracle {
                     .values()
                     .filter(|p| p.unit == *u && p.invocation != *inv)
                     .collect();
+                let told = told.get(&(*u, *inv));
+                let told_began = |of: Inv| told.is_some_and(|told| told.began.contains(&of));
+                let told_root = |pid: Pid| told.is_some_and(|told| told.roots.contains(&pid));
                 let untold = |p: &&Proc| {
                     let leader_gone = w
                         .kernel
                         .procs
                         .get(&p.session)
                         .is_none_or(|leader| leader.session != p.session);
-                    p.session != p.pid
-                        && leader_gone
-                        && !told_roots
-                            .get(&(*u, *inv))
-                            .is_some_and(|told| told.contains(&p.session))
+                    p.session != p.pid && leader_gone && !told_root(p.session)
                 };
                 // A session leader (a main or control process, or a daemon that called
                 // setsid) forked as its invocation began, within the clock's uncertainty (a
-                // tick, and the time suspended): never told as a root, it may as well be a
-                // child a leftover of ours forked just before.
+                // tick, and the time suspended), or before the beginning of any invocation after
+                // ours the watch was told (it was never told its own: in an earlier life of the
+                // agent, before its first read, or only once it had ended): never told as a
+                // root, it may as well be a child a leftover of ours forked just before.
+                let began_of = |of: Inv| w.history.get(&of).map_or(0, |r| r.began_us);
                 let untold_root = |p: &&Proc| {
-                    let began = w.history.get(&p.invocation).map_or(0, |r| r.began_us);
+                    let began = if told_began(p.invocation) {
+                        began_of(p.invocation)
+                    } else {
+                        w.later(*inv)
+                            .into_iter()
+                            .filter(|&later| told_began(later))
+                            .map(began_of)
+                            .min()
+                            .unwrap_or(u64::MAX)
+                    };
                     let basis = ClockBasis {
                         clk_tck: 1_000_000 / TICK_US,
                         boot_minus_mono_ns: w.kernel.suspended_us * 1000,
@@ -365,9 +387,7 @@ impl Oracle {
                     p.session == p.pid
                         && basis.start_order(p.start_boot_us / TICK_US, began)
                             != StartOrder::AtOrAfter
-                        && !told_roots
-                            .get(&(*u, *inv))
-                            .is_some_and(|told| told.contains(&p.pid))
+                        && !told_root(p.pid)
                 };
                 let why = if others.is_empty() {
                     "nothing of another invocation is left".to_owned()
@@ -375,7 +395,7 @@ impl Oracle {
                     let untold: Vec<&Proc> = others.iter().copied().filter(untold_root).collect();
                     format!(
                         "other invocations' roots it was never told of, forked as their \
-                         invocation began: {}",
+                         invocation began or before any it was told began: {}",
                         describe(&untold)
                     )
                 } else if others.iter().any(untold) {
