@@ -91,9 +91,12 @@ pub(crate) struct Sim {
     /// The pids of each unit's last Service change that no Unit change followed yet.
     unplaced_roots: BTreeMap<usize, [Option<u32>; 2]>,
     /// The serial of the first read answered for each watch (unit, its invocation) in this
-    /// life: what the watch is told in an older message is of no invocation it can place
-    /// before or after its own.
+    /// life that put it under the unit's own name: what the watch is told in an older message
+    /// is of no invocation it can place before or after its own.
     read_units: BTreeMap<(usize, Inv), u32>,
+    /// Keys made with an alias whose read found the unit under its own name in this life: the
+    /// core follows the name at that read and adopts no invocation from it.
+    followed_aliases: BTreeSet<UnitKey>,
     /// Keys that sent a stop of their own invocation (requested) in this life of the agent.
     stopped_ours: BTreeSet<UnitKey>,
     /// Outputs of the drain under way, for the launch-file rule.
@@ -186,6 +189,7 @@ impl Sim {
             told_over: BTreeMap::new(),
             told: BTreeMap::new(),
             read_units: BTreeMap::new(),
+            followed_aliases: BTreeSet::new(),
             unplaced_roots: BTreeMap::new(),
             stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
@@ -293,6 +297,7 @@ impl Sim {
         self.told_over.clear();
         self.told.clear();
         self.read_units.clear();
+        self.followed_aliases.clear();
         self.unplaced_roots.clear();
         self.stopped_ours.clear();
         self.connected = false;
@@ -854,9 +859,27 @@ impl Sim {
                 {
                     let inv = parse_inv(&snapshot.invocation);
                     self.seen.entry(u).or_default().insert(inv);
-                    // A watch made without an invocation adopts the one its first read says.
-                    let ours = self.key_invs.get(&key).copied().flatten().unwrap_or(inv);
-                    self.read_units.entry((u, ours)).or_insert(snapshot.serial);
+                    let own_name = unit == self.world.units[u].name;
+                    let follows_alias =
+                        snapshot.loaded && !own_name && self.followed_aliases.insert(key);
+                    // A watch made without an invocation adopts the one its first read under
+                    // the unit's own name says (for an alias, the second).
+                    let adopted = self
+                        .core
+                        .as_ref()
+                        .and_then(|core| core.adopted_invocation(key).map(parse_inv));
+                    let ours = match self.key_invs.get(&key).copied().flatten().or(adopted) {
+                        Some(ours) => Some(ours),
+                        None if follows_alias => None,
+                        None => Some(inv),
+                    };
+                    // A watch hears the unit's signals under its own name only: one made with
+                    // an alias, once a read found the unit loaded under that name.
+                    if let Some(ours) = ours
+                        && (snapshot.loaded || own_name)
+                    {
+                        self.read_units.entry((u, ours)).or_insert(snapshot.serial);
+                    }
                     let pids = snapshot.current.pids;
                     let roots = pids.map_or([None; 2], |((main, control), _)| {
                         [Some(main), Some(control)]
