@@ -182,8 +182,18 @@ impl NextInvocation {
             began_us: later.roots_began_us,
         });
         for root in later_roots.chain(later.gone_roots.iter().copied()) {
-            if !self.roots.contains(&root.pid) && !self.gone_roots.iter().any(|g| g.pid == root.pid)
-            {
+            if self.roots.contains(&root.pid) {
+                continue;
+            }
+            if let Some(known) = self.gone_roots.iter_mut().find(|g| g.pid == root.pid) {
+                // A root gathered before its invocation's beginning was said takes it once
+                // said; of two invocations after the counted one, the earlier's: a member of
+                // that session which started between the two is the earlier's.
+                known.began_us = match (known.began_us, root.began_us) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            } else {
                 if self.gone_roots.len() == MAX_GONE_ROOTS {
                     self.gone_roots.remove(0);
                 }

@@ -91,3 +91,62 @@ fn the_first_invocation_after_ours_keeps_its_roots_through_a_dozen_restarts() {
         "the first invocation after ours: {gone_roots:?}"
     );
 }
+
+/// systemd names the next invocation while the unit is still inactive, with the ControlPID of
+/// its ExecStartPre= in the change before, and says when it began only once it is activating:
+/// the root gathered first, its beginning unknown, takes it once said (found by the simulator:
+/// a ControlPID that outlived its stop waited as ours, its invocation's beginning never joined
+/// to it).
+#[test]
+fn a_later_root_gathered_before_its_invocation_began_takes_its_beginning() {
+    let mut s = watching("b.service", "active");
+    s.leftovers.insert("/app.slice/b.service".into(), vec![78]);
+    s.changed("b.service", "inactive", A);
+    let mut said = |change: UnitChange| {
+        s.signal(SystemdSignal::UnitChanged {
+            path: unit_path("b.service"),
+            change,
+        })
+    };
+    said(UnitChange {
+        main_pid: Some(0),
+        control_pid: Some(77),
+        ..UnitChange::default()
+    });
+    said(UnitChange {
+        active_state: Some("inactive".into()),
+        invocation: Some(B.into()),
+        inactive_exit_us: Some(1_000),
+        ..UnitChange::default()
+    });
+    said(UnitChange {
+        active_state: Some("activating".into()),
+        invocation: Some(B.into()),
+        inactive_exit_us: Some(5_000),
+        ..UnitChange::default()
+    });
+    said(UnitChange {
+        active_state: Some("failed".into()),
+        invocation: Some(B.into()),
+        inactive_exit_us: Some(5_000),
+        ..UnitChange::default()
+    });
+    said(UnitChange {
+        control_pid: Some(0),
+        ..UnitChange::default()
+    });
+    said(UnitChange {
+        active_state: Some("inactive".into()),
+        invocation: Some(C.into()),
+        inactive_exit_us: Some(5_000),
+        ..UnitChange::default()
+    });
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert!(
+        counted.gone_roots.contains(&GoneRoot {
+            pid: 77,
+            began_us: Some(5_000)
+        }),
+        "{counted:?}"
+    );
+}
