@@ -97,6 +97,9 @@ pub(crate) struct Sim {
     /// Keys made with an alias whose read found the unit under its own name in this life: the
     /// core follows the name at that read and adopts no invocation from it.
     followed_aliases: BTreeSet<UnitKey>,
+    /// Keys whose watch the core dropped in this life: a read answered after is no first read
+    /// of any watch.
+    dropped_keys: BTreeSet<UnitKey>,
     /// Keys that sent a stop of their own invocation (requested) in this life of the agent.
     stopped_ours: BTreeSet<UnitKey>,
     /// Outputs of the drain under way, for the launch-file rule.
@@ -190,6 +193,7 @@ impl Sim {
             told: BTreeMap::new(),
             read_units: BTreeMap::new(),
             followed_aliases: BTreeSet::new(),
+            dropped_keys: BTreeSet::new(),
             unplaced_roots: BTreeMap::new(),
             stopped_ours: BTreeSet::new(),
             drained: Vec::new(),
@@ -298,6 +302,7 @@ impl Sim {
         self.told.clear();
         self.read_units.clear();
         self.followed_aliases.clear();
+        self.dropped_keys.clear();
         self.unplaced_roots.clear();
         self.stopped_ours.clear();
         self.connected = false;
@@ -452,6 +457,15 @@ impl Sim {
                     self.world.kernel.unwatch(&old);
                 }
                 self.leftovers.remove(&key);
+                // The watch is gone (refused, unwatched or proven): the next watch of its
+                // invocation is a new one, told nothing this one was.
+                self.dropped_keys.insert(key);
+                let unit = self.key_names.get(&key).and_then(|n| self.world.resolve(n));
+                let inv = self.key_invs.get(&key).copied().flatten();
+                if let (Some(u), Some(inv)) = (unit, inv) {
+                    self.read_units.remove(&(u, inv));
+                    self.told.remove(&(u, inv));
+                }
             }
             Output::CountLeftovers {
                 key,
@@ -877,6 +891,7 @@ impl Sim {
                     // an alias, once a read found the unit loaded under that name.
                     if let Some(ours) = ours
                         && (snapshot.loaded || own_name)
+                        && !self.dropped_keys.contains(&key)
                     {
                         self.read_units.entry((u, ours)).or_insert(snapshot.serial);
                     }
