@@ -186,6 +186,44 @@ const REBOOTED: &str =
     "instance exited (status unknown: the machine rebooted since it was watched)";
 const RESTARTED_OUTSIDE: &str = "instance exited (status unknown: restarted outside the activator)";
 
+/// Our invocation as a proof keeps it: systemd's 32 hex digits, or none, inline (40 bytes),
+/// where a `String` was 24 bytes and a 32-byte allocation in every watch; anything longer
+/// (never from systemd) on the heap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Invocation {
+    Inline {
+        len: u8,
+        text: [u8; INLINE_INVOCATION],
+    },
+    Heap(Box<str>),
+}
+
+/// The longest invocation kept inline: systemd's InvocationID in hex.
+const INLINE_INVOCATION: usize = 32;
+
+impl Invocation {
+    fn new(invocation: String) -> Invocation {
+        match u8::try_from(invocation.len()) {
+            Ok(len) if usize::from(len) <= INLINE_INVOCATION => {
+                let mut text = [0; INLINE_INVOCATION];
+                text[..invocation.len()].copy_from_slice(invocation.as_bytes());
+                Invocation::Inline { len, text }
+            }
+            _ => Invocation::Heap(invocation.into_boxed_str()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // The whole of a `str`, so never an error.
+            Invocation::Inline { len, text } => {
+                std::str::from_utf8(&text[..usize::from(*len)]).unwrap_or_default()
+            }
+            Invocation::Heap(text) => text,
+        }
+    }
+}
+
 /// A once-per-interval gate for a repeated log line.
 #[derive(Clone, Copy, Debug, Default)]
 struct RateLimit {
@@ -238,7 +276,8 @@ struct Seen {
 enum SeenInvocation {
     None,
     Ours,
-    Foreign(Box<str>),
+    /// Twice boxed, a thin pointer: a wide one made every watch 8 bytes larger for a rare case.
+    Foreign(Box<Box<str>>),
 }
 
 impl Seen {
@@ -250,7 +289,7 @@ impl Seen {
             } else if state.invocation == ours {
                 SeenInvocation::Ours
             } else {
-                SeenInvocation::Foreign(state.invocation.as_str().into())
+                SeenInvocation::Foreign(Box::new(state.invocation.as_str().into()))
             },
         }
     }
@@ -307,13 +346,14 @@ struct Verdict {
 /// ```
 #[derive(Debug)]
 pub struct UnitProof {
-    invocation: String,
+    invocation: Invocation,
     stop_requested: bool,
     /// The foreign invocation we stopped, once we did (`""` if the state named none).
     foreign_stopped: Option<Box<str>>,
     state: Option<Seen>,
     last_reading: Option<CgroupReading>,
-    proof: Option<Proof>,
+    /// Boxed: made once, at the end, and inline it would make every watch 24 bytes larger.
+    proof: Option<Box<Proof>>,
     trouble: Option<Box<Trouble>>,
     outputs: VecDeque<Output>,
 }
@@ -322,7 +362,7 @@ impl UnitProof {
     /// A proof for the invocation `invocation` (empty: the unit had none when the watch began).
     pub fn new(invocation: String) -> Self {
         UnitProof {
-            invocation,
+            invocation: Invocation::new(invocation),
             stop_requested: false,
             foreign_stopped: None,
             state: None,
@@ -344,7 +384,7 @@ impl UnitProof {
 
     /// Our invocation.
     pub fn invocation(&self) -> &str {
-        &self.invocation
+        self.invocation.as_str()
     }
 
     /// The last systemd state handed in, if it is still known.
@@ -354,7 +394,7 @@ impl UnitProof {
             active_state: seen.active_state.to_string(),
             invocation: match &seen.invocation {
                 SeenInvocation::None => String::new(),
-                SeenInvocation::Ours => self.invocation.clone(),
+                SeenInvocation::Ours => self.invocation().to_owned(),
                 SeenInvocation::Foreign(theirs) => theirs.to_string(),
             },
         })
@@ -367,7 +407,7 @@ impl UnitProof {
 
     /// The proof, once made.
     pub fn proof(&self) -> Option<&Proof> {
-        self.proof.as_ref()
+        self.proof.as_deref()
     }
 
     /// Whether a stop of ours was requested.
@@ -391,7 +431,7 @@ impl UnitProof {
         }
         match input {
             Input::State(state) => {
-                self.state = Some(Seen::new(&state, &self.invocation));
+                self.state = Some(Seen::new(&state, self.invocation.as_str()));
                 self.on_state();
             }
             Input::StateUnknown => {
@@ -429,7 +469,13 @@ impl UnitProof {
 
     /// The next thing the driver must do, if any.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.outputs.pop_front()
+        let output = self.outputs.pop_front();
+        if self.proof.is_some() && self.outputs.is_empty() {
+            // Nothing follows the proof: the queue's room goes back now, not when the watch
+            // is dropped.
+            self.outputs = VecDeque::new();
+        }
+        output
     }
 
     /// Whether systemd's last state is terminal for our invocation (`inactive` or `failed`,
@@ -484,7 +530,7 @@ impl UnitProof {
             return false;
         };
         let runs_another = match self.state.as_ref().map(|s| &s.invocation) {
-            Some(SeenInvocation::Foreign(theirs)) => theirs != stopped,
+            Some(SeenInvocation::Foreign(theirs)) => **theirs != *stopped,
             _ => false,
         };
         !self.stop_requested && v.foreign && (v.foreign_over || runs_another)
@@ -507,7 +553,7 @@ impl UnitProof {
             let stopped = theirs.into();
             let line = format!(
                 "unit restarted outside the activator (invocation {theirs}, ours {}); stopping it",
-                display_invocation(&self.invocation)
+                display_invocation(self.invocation.as_str())
             );
             self.outputs.push_back(Output::Log(Level::Warn, line));
             self.outputs
@@ -627,7 +673,7 @@ impl UnitProof {
         };
         self.trouble = None;
         self.outputs.push_back(Output::Proven(proof.clone()));
-        self.proof = Some(proof);
+        self.proof = Some(Box::new(proof));
     }
 }
 
