@@ -33,7 +33,6 @@ mod tests;
 pub mod release;
 pub(crate) mod words;
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use words::{Word, word};
@@ -349,13 +348,15 @@ pub struct UnitProof {
     invocation: Invocation,
     stop_requested: bool,
     /// The foreign invocation we stopped, once we did (`""` if the state named none).
-    foreign_stopped: Option<Box<str>>,
+    /// Twice boxed, a thin pointer, as `SeenInvocation::Foreign`.
+    foreign_stopped: Option<Box<Box<str>>>,
     state: Option<Seen>,
     last_reading: Option<CgroupReading>,
     /// Boxed: made once, at the end, and inline it would make every watch 24 bytes larger.
     proof: Option<Box<Proof>>,
     trouble: Option<Box<Trouble>>,
-    outputs: VecDeque<Output>,
+    /// Oldest first; a `Vec`, 8 bytes smaller than a `VecDeque`: it holds a few at most.
+    outputs: Vec<Output>,
 }
 
 impl UnitProof {
@@ -369,7 +370,7 @@ impl UnitProof {
             last_reading: None,
             proof: None,
             trouble: None,
-            outputs: VecDeque::new(),
+            outputs: Vec::new(),
         }
     }
 
@@ -445,8 +446,7 @@ impl UnitProof {
                 // Marked before the StopUnit goes out: from here on a new
                 // invocation is proof that ours is over, not a foreign one to stop.
                 self.stop_requested = true;
-                self.outputs
-                    .push_back(Output::StopUnit(StopReason::Requested));
+                self.outputs.push(Output::StopUnit(StopReason::Requested));
                 self.on_state();
             }
         }
@@ -463,17 +463,17 @@ impl UnitProof {
             && trouble.retry.at.is_some_and(|at| at <= now)
         {
             trouble.retry.at = None;
-            self.outputs.push_back(Output::ReadCgroup);
+            self.outputs.push(Output::ReadCgroup);
         }
     }
 
     /// The next thing the driver must do, if any.
     pub fn poll_output(&mut self) -> Option<Output> {
-        let output = self.outputs.pop_front();
+        let output = (!self.outputs.is_empty()).then(|| self.outputs.remove(0));
         if self.proof.is_some() && self.outputs.is_empty() {
             // Nothing follows the proof: the queue's room goes back now, not when the watch
             // is dropped.
-            self.outputs = VecDeque::new();
+            self.outputs = Vec::new();
         }
         output
     }
@@ -530,7 +530,7 @@ impl UnitProof {
             return false;
         };
         let runs_another = match self.state.as_ref().map(|s| &s.invocation) {
-            Some(SeenInvocation::Foreign(theirs)) => **theirs != *stopped,
+            Some(SeenInvocation::Foreign(theirs)) => **theirs != **stopped,
             _ => false,
         };
         !self.stop_requested && v.foreign && (v.foreign_over || runs_another)
@@ -550,18 +550,17 @@ impl UnitProof {
                 Some(SeenInvocation::Foreign(theirs)) => theirs,
                 _ => "",
             };
-            let stopped = theirs.into();
+            let stopped = Box::new(theirs.into());
             let line = format!(
                 "unit restarted outside the activator (invocation {theirs}, ours {}); stopping it",
                 display_invocation(self.invocation.as_str())
             );
-            self.outputs.push_back(Output::Log(Level::Warn, line));
-            self.outputs
-                .push_back(Output::StopUnit(StopReason::Foreign));
+            self.outputs.push(Output::Log(Level::Warn, line));
+            self.outputs.push(Output::StopUnit(StopReason::Foreign));
             self.foreign_stopped = Some(stopped);
         }
         if self.needs_cgroup(v) {
-            self.outputs.push_back(Output::ReadCgroup);
+            self.outputs.push(Output::ReadCgroup);
         } else {
             self.reset_retry();
         }
@@ -602,14 +601,14 @@ impl UnitProof {
                 // cgroup, and the invocation we stopped may leave its own: only a count of the
                 // processes not certainly the newer invocation's tells.
                 self.reset_retry();
-                self.outputs.push_back(Output::CountLeftovers);
+                self.outputs.push(Output::CountLeftovers);
             }
             CgroupReading::Populated => {
                 self.reset_retry();
                 if self.trouble().remain_log.allow(now) {
                     let active = self.state.as_ref().map_or("", |s| &*s.active_state);
                     let line = format!("processes remain after {active}; not releasing");
-                    self.outputs.push_back(Output::Log(Level::Warn, line));
+                    self.outputs.push(Output::Log(Level::Warn, line));
                 }
             }
             CgroupReading::Unreadable(why) => {
@@ -617,7 +616,7 @@ impl UnitProof {
                 let trouble = self.trouble();
                 if trouble.read_error_log.allow(now) {
                     self.outputs
-                        .push_back(Output::Log(Level::Warn, format!("cgroup.events: {why}")));
+                        .push(Output::Log(Level::Warn, format!("cgroup.events: {why}")));
                 }
                 self.trouble().retry.arm(now);
             }
@@ -650,13 +649,13 @@ impl UnitProof {
                     let line = format!(
                         "{count} processes of our invocation remain beside the new one; not releasing"
                     );
-                    self.outputs.push_back(Output::Log(Level::Warn, line));
+                    self.outputs.push(Output::Log(Level::Warn, line));
                 }
             }
             Err(why) => {
                 if self.trouble().read_error_log.allow(now) {
                     self.outputs
-                        .push_back(Output::Log(Level::Warn, format!("count leftovers: {why}")));
+                        .push(Output::Log(Level::Warn, format!("count leftovers: {why}")));
                 }
                 if self.replaced(v) || self.stopped_foreign_over(v) {
                     self.trouble().retry.arm(now);
@@ -672,7 +671,7 @@ impl UnitProof {
             message,
         };
         self.trouble = None;
-        self.outputs.push_back(Output::Proven(proof.clone()));
+        self.outputs.push(Output::Proven(proof.clone()));
         self.proof = Some(Box::new(proof));
     }
 }

@@ -43,6 +43,39 @@ impl std::ops::Deref for SpecIfAny {
     }
 }
 
+/// The `watch` requests a watch answers once the first reading of its cgroup is in. A thin
+/// pointer: a watch has them only until then, and a `Vec` inline is 16 bytes more a watch.
+#[derive(Debug, Default)]
+pub(super) struct WatchReplies(
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps every watch 16 bytes smaller"
+    )]
+    Option<Box<Vec<ReplyTo>>>,
+);
+
+impl WatchReplies {
+    pub(super) fn push(&mut self, reply: ReplyTo) {
+        self.0.get_or_insert_default().push(reply);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl IntoIterator for WatchReplies {
+    type Item = ReplyTo;
+    type IntoIter = std::vec::IntoIter<ReplyTo>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0
+            .map(|replies| *replies)
+            .unwrap_or_default()
+            .into_iter()
+    }
+}
+
 /// Where the unit's reads stand.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Reads {
@@ -113,7 +146,7 @@ pub(super) struct Watch {
     /// Boxed, like the other parts most watches never have: they would make every watch larger.
     pub unsent_stop: Option<Box<UnsentStop>>,
     /// `watch` requests answered once the first reading of the cgroup is in.
-    pub watch_replies: Vec<ReplyTo>,
+    pub watch_replies: WatchReplies,
     pub reads: Reads,
     /// The next read after a failed one (or a failed cgroup watch), and its backoff; boxed,
     /// as most watches never have one.
@@ -183,7 +216,7 @@ impl Watch {
             pending_stop: false,
             resumed: Resumed::default(),
             unsent_stop: None,
-            watch_replies: Vec::new(),
+            watch_replies: WatchReplies::default(),
             reads: Reads::default(),
             retry: None,
             restored: false,
