@@ -33,7 +33,6 @@ mod tests;
 pub mod release;
 pub(crate) mod words;
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use words::{Word, word};
@@ -186,6 +185,44 @@ const REBOOTED: &str =
     "instance exited (status unknown: the machine rebooted since it was watched)";
 const RESTARTED_OUTSIDE: &str = "instance exited (status unknown: restarted outside the activator)";
 
+/// Our invocation as a proof keeps it: systemd's 32 hex digits, or none, inline (40 bytes),
+/// where a `String` was 24 bytes and a 32-byte allocation in every watch; anything longer
+/// (never from systemd) on the heap.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Invocation {
+    Inline {
+        len: u8,
+        text: [u8; INLINE_INVOCATION],
+    },
+    Heap(Box<str>),
+}
+
+/// The longest invocation kept inline: systemd's InvocationID in hex.
+const INLINE_INVOCATION: usize = 32;
+
+impl Invocation {
+    fn new(invocation: String) -> Invocation {
+        match u8::try_from(invocation.len()) {
+            Ok(len) if usize::from(len) <= INLINE_INVOCATION => {
+                let mut text = [0; INLINE_INVOCATION];
+                text[..invocation.len()].copy_from_slice(invocation.as_bytes());
+                Invocation::Inline { len, text }
+            }
+            _ => Invocation::Heap(invocation.into_boxed_str()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // The whole of a `str`, so never an error.
+            Invocation::Inline { len, text } => {
+                std::str::from_utf8(&text[..usize::from(*len)]).unwrap_or_default()
+            }
+            Invocation::Heap(text) => text,
+        }
+    }
+}
+
 /// A once-per-interval gate for a repeated log line.
 #[derive(Clone, Copy, Debug, Default)]
 struct RateLimit {
@@ -238,7 +275,8 @@ struct Seen {
 enum SeenInvocation {
     None,
     Ours,
-    Foreign(Box<str>),
+    /// Twice boxed, a thin pointer: a wide one made every watch 8 bytes larger for a rare case.
+    Foreign(Box<Box<str>>),
 }
 
 impl Seen {
@@ -250,7 +288,7 @@ impl Seen {
             } else if state.invocation == ours {
                 SeenInvocation::Ours
             } else {
-                SeenInvocation::Foreign(state.invocation.as_str().into())
+                SeenInvocation::Foreign(Box::new(state.invocation.as_str().into()))
             },
         }
     }
@@ -307,29 +345,32 @@ struct Verdict {
 /// ```
 #[derive(Debug)]
 pub struct UnitProof {
-    invocation: String,
+    invocation: Invocation,
     stop_requested: bool,
     /// The foreign invocation we stopped, once we did (`""` if the state named none).
-    foreign_stopped: Option<Box<str>>,
+    /// Twice boxed, a thin pointer, as `SeenInvocation::Foreign`.
+    foreign_stopped: Option<Box<Box<str>>>,
     state: Option<Seen>,
     last_reading: Option<CgroupReading>,
-    proof: Option<Proof>,
+    /// Boxed: made once, at the end, and inline it would make every watch 24 bytes larger.
+    proof: Option<Box<Proof>>,
     trouble: Option<Box<Trouble>>,
-    outputs: VecDeque<Output>,
+    /// Oldest first; a `Vec`, 8 bytes smaller than a `VecDeque`: it holds a few at most.
+    outputs: Vec<Output>,
 }
 
 impl UnitProof {
     /// A proof for the invocation `invocation` (empty: the unit had none when the watch began).
     pub fn new(invocation: String) -> Self {
         UnitProof {
-            invocation,
+            invocation: Invocation::new(invocation),
             stop_requested: false,
             foreign_stopped: None,
             state: None,
             last_reading: None,
             proof: None,
             trouble: None,
-            outputs: VecDeque::new(),
+            outputs: Vec::new(),
         }
     }
 
@@ -344,7 +385,7 @@ impl UnitProof {
 
     /// Our invocation.
     pub fn invocation(&self) -> &str {
-        &self.invocation
+        self.invocation.as_str()
     }
 
     /// The last systemd state handed in, if it is still known.
@@ -354,7 +395,7 @@ impl UnitProof {
             active_state: seen.active_state.to_string(),
             invocation: match &seen.invocation {
                 SeenInvocation::None => String::new(),
-                SeenInvocation::Ours => self.invocation.clone(),
+                SeenInvocation::Ours => self.invocation().to_owned(),
                 SeenInvocation::Foreign(theirs) => theirs.to_string(),
             },
         })
@@ -367,7 +408,7 @@ impl UnitProof {
 
     /// The proof, once made.
     pub fn proof(&self) -> Option<&Proof> {
-        self.proof.as_ref()
+        self.proof.as_deref()
     }
 
     /// Whether a stop of ours was requested.
@@ -391,7 +432,7 @@ impl UnitProof {
         }
         match input {
             Input::State(state) => {
-                self.state = Some(Seen::new(&state, &self.invocation));
+                self.state = Some(Seen::new(&state, self.invocation.as_str()));
                 self.on_state();
             }
             Input::StateUnknown => {
@@ -405,8 +446,7 @@ impl UnitProof {
                 // Marked before the StopUnit goes out: from here on a new
                 // invocation is proof that ours is over, not a foreign one to stop.
                 self.stop_requested = true;
-                self.outputs
-                    .push_back(Output::StopUnit(StopReason::Requested));
+                self.outputs.push(Output::StopUnit(StopReason::Requested));
                 self.on_state();
             }
         }
@@ -423,13 +463,19 @@ impl UnitProof {
             && trouble.retry.at.is_some_and(|at| at <= now)
         {
             trouble.retry.at = None;
-            self.outputs.push_back(Output::ReadCgroup);
+            self.outputs.push(Output::ReadCgroup);
         }
     }
 
     /// The next thing the driver must do, if any.
     pub fn poll_output(&mut self) -> Option<Output> {
-        self.outputs.pop_front()
+        let output = (!self.outputs.is_empty()).then(|| self.outputs.remove(0));
+        if self.proof.is_some() && self.outputs.is_empty() {
+            // Nothing follows the proof: the queue's room goes back now, not when the watch
+            // is dropped.
+            self.outputs = Vec::new();
+        }
+        output
     }
 
     /// Whether systemd's last state is terminal for our invocation (`inactive` or `failed`,
@@ -484,7 +530,7 @@ impl UnitProof {
             return false;
         };
         let runs_another = match self.state.as_ref().map(|s| &s.invocation) {
-            Some(SeenInvocation::Foreign(theirs)) => theirs != stopped,
+            Some(SeenInvocation::Foreign(theirs)) => **theirs != **stopped,
             _ => false,
         };
         !self.stop_requested && v.foreign && (v.foreign_over || runs_another)
@@ -504,18 +550,17 @@ impl UnitProof {
                 Some(SeenInvocation::Foreign(theirs)) => theirs,
                 _ => "",
             };
-            let stopped = theirs.into();
+            let stopped = Box::new(theirs.into());
             let line = format!(
                 "unit restarted outside the activator (invocation {theirs}, ours {}); stopping it",
-                display_invocation(&self.invocation)
+                display_invocation(self.invocation.as_str())
             );
-            self.outputs.push_back(Output::Log(Level::Warn, line));
-            self.outputs
-                .push_back(Output::StopUnit(StopReason::Foreign));
+            self.outputs.push(Output::Log(Level::Warn, line));
+            self.outputs.push(Output::StopUnit(StopReason::Foreign));
             self.foreign_stopped = Some(stopped);
         }
         if self.needs_cgroup(v) {
-            self.outputs.push_back(Output::ReadCgroup);
+            self.outputs.push(Output::ReadCgroup);
         } else {
             self.reset_retry();
         }
@@ -556,14 +601,14 @@ impl UnitProof {
                 // cgroup, and the invocation we stopped may leave its own: only a count of the
                 // processes not certainly the newer invocation's tells.
                 self.reset_retry();
-                self.outputs.push_back(Output::CountLeftovers);
+                self.outputs.push(Output::CountLeftovers);
             }
             CgroupReading::Populated => {
                 self.reset_retry();
                 if self.trouble().remain_log.allow(now) {
                     let active = self.state.as_ref().map_or("", |s| &*s.active_state);
                     let line = format!("processes remain after {active}; not releasing");
-                    self.outputs.push_back(Output::Log(Level::Warn, line));
+                    self.outputs.push(Output::Log(Level::Warn, line));
                 }
             }
             CgroupReading::Unreadable(why) => {
@@ -571,7 +616,7 @@ impl UnitProof {
                 let trouble = self.trouble();
                 if trouble.read_error_log.allow(now) {
                     self.outputs
-                        .push_back(Output::Log(Level::Warn, format!("cgroup.events: {why}")));
+                        .push(Output::Log(Level::Warn, format!("cgroup.events: {why}")));
                 }
                 self.trouble().retry.arm(now);
             }
@@ -604,13 +649,13 @@ impl UnitProof {
                     let line = format!(
                         "{count} processes of our invocation remain beside the new one; not releasing"
                     );
-                    self.outputs.push_back(Output::Log(Level::Warn, line));
+                    self.outputs.push(Output::Log(Level::Warn, line));
                 }
             }
             Err(why) => {
                 if self.trouble().read_error_log.allow(now) {
                     self.outputs
-                        .push_back(Output::Log(Level::Warn, format!("count leftovers: {why}")));
+                        .push(Output::Log(Level::Warn, format!("count leftovers: {why}")));
                 }
                 if self.replaced(v) || self.stopped_foreign_over(v) {
                     self.trouble().retry.arm(now);
@@ -626,8 +671,8 @@ impl UnitProof {
             message,
         };
         self.trouble = None;
-        self.outputs.push_back(Output::Proven(proof.clone()));
-        self.proof = Some(proof);
+        self.outputs.push(Output::Proven(proof.clone()));
+        self.proof = Some(Box::new(proof));
     }
 }
 

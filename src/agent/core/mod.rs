@@ -506,7 +506,7 @@ impl Core {
                     let watch = self.units.get_mut(&key);
                     let count = pids.len();
                     if let Some(watch) = watch {
-                        watch.leftovers = pids.into_iter().collect();
+                        watch.leftovers = (count > 0).then(|| Box::new(pids.into_iter().collect()));
                     }
                     count
                 });
@@ -514,14 +514,15 @@ impl Core {
             }
             Input::LeftoverExited { key, pid } => {
                 if let Some(watch) = self.units.get_mut(&key)
-                    && watch.leftovers.remove(&pid)
+                    && let Some(leftovers) = &mut watch.leftovers
+                    && leftovers.remove(&pid)
                 {
-                    if watch.leftovers.is_empty() {
+                    if leftovers.is_empty() {
                         // What it forked since the last count may be left: count again, with
                         // it still counted as ours so its children are too.
                         self.count_leftovers(key, &[pid], now);
                     } else {
-                        let count = watch.leftovers.len();
+                        let count = leftovers.len();
                         self.feed(key, ProofInput::Leftovers(Ok(count)), now);
                     }
                 }
@@ -866,7 +867,14 @@ impl Core {
         if let Some(after_ours) = &watch.after_ours {
             next.absorb(&after_ours.known);
         }
-        let held = watch.leftovers.iter().chain(gone).copied().collect();
+        let held = watch
+            .leftovers
+            .as_deref()
+            .into_iter()
+            .flatten()
+            .chain(gone)
+            .copied()
+            .collect();
         self.outputs.push_back(Output::CountLeftovers {
             key,
             cgroup,

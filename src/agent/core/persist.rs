@@ -244,7 +244,11 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let invocation = watch.asked_invocation.clone().unwrap_or_default();
+        let invocation = watch
+            .asked_invocation
+            .as_deref()
+            .unwrap_or_default()
+            .to_owned();
         watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
         self.feed(key, ProofInput::Rebooted, now);
     }

@@ -67,7 +67,13 @@ impl Core {
             terminal_for_ms: terminal_at.map(|at| {
                 u64::try_from(now.saturating_duration_since(at).as_millis()).unwrap_or(u64::MAX)
             }),
-            leftovers: watch.leftovers.iter().copied().collect(),
+            leftovers: watch
+                .leftovers
+                .as_deref()
+                .into_iter()
+                .flatten()
+                .copied()
+                .collect(),
             remaining: None,
             remaining_total: None,
             remaining_error: None,

@@ -333,8 +333,8 @@ impl Core {
         if watch.proof.is_none() {
             let invocation = watch
                 .asked_invocation
-                .clone()
-                .unwrap_or_else(|| snapshot.invocation.clone());
+                .as_deref()
+                .map_or_else(|| snapshot.invocation.clone(), str::to_owned);
             watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
             self.unsaved.unit(&watch.unit);
             // Ours is known now: what was heard before of the invocations after it counts.

@@ -43,6 +43,39 @@ impl std::ops::Deref for SpecIfAny {
     }
 }
 
+/// The `watch` requests a watch answers once the first reading of its cgroup is in. A thin
+/// pointer: a watch has them only until then, and a `Vec` inline is 16 bytes more a watch.
+#[derive(Debug, Default)]
+pub(super) struct WatchReplies(
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps every watch 16 bytes smaller"
+    )]
+    Option<Box<Vec<ReplyTo>>>,
+);
+
+impl WatchReplies {
+    pub(super) fn push(&mut self, reply: ReplyTo) {
+        self.0.get_or_insert_default().push(reply);
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl IntoIterator for WatchReplies {
+    type Item = ReplyTo;
+    type IntoIter = std::vec::IntoIter<ReplyTo>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0
+            .map(|replies| *replies)
+            .unwrap_or_default()
+            .into_iter()
+    }
+}
+
 /// Where the unit's reads stand.
 #[derive(Clone, Copy, Debug, Default)]
 pub(super) struct Reads {
@@ -91,7 +124,7 @@ pub(super) struct Watch {
     /// registry's keys: each would otherwise be a copy a watch.
     pub id: Rc<str>,
     /// The invocation the watch was asked for; `None` adopts the current one.
-    pub asked_invocation: Option<String>,
+    pub asked_invocation: Option<Box<str>>,
     /// `None` until the first read of the unit came back.
     pub proof: Option<UnitProof>,
     pub facts: UnitFacts,
@@ -113,7 +146,7 @@ pub(super) struct Watch {
     /// Boxed, like the other parts most watches never have: they would make every watch larger.
     pub unsent_stop: Option<Box<UnsentStop>>,
     /// `watch` requests answered once the first reading of the cgroup is in.
-    pub watch_replies: Vec<ReplyTo>,
+    pub watch_replies: WatchReplies,
     pub reads: Reads,
     /// The next read after a failed one (or a failed cgroup watch), and its backoff; boxed,
     /// as most watches never have one.
@@ -125,8 +158,12 @@ pub(super) struct Watch {
     /// latency, and of how long remaining processes block it.
     pub terminal_at: Option<Instant>,
     /// Processes in the cgroup that may be ours, followed until they exit, while a new
-    /// invocation runs beside them.
-    pub leftovers: BTreeSet<i32>,
+    /// invocation runs beside them. Boxed: most watches never have any.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps every watch 16 bytes smaller"
+    )]
+    pub leftovers: Option<Box<BTreeSet<i32>>>,
     /// What systemd said of the invocations after ours, gathered as they came: the facts keep
     /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
     /// most watches never see one.
@@ -169,7 +206,7 @@ impl Watch {
         Watch {
             id: Rc::clone(&unit),
             unit,
-            asked_invocation,
+            asked_invocation: asked_invocation.map(String::into_boxed_str),
             proof: None,
             facts: UnitFacts::default(),
             stale: false,
@@ -179,13 +216,13 @@ impl Watch {
             pending_stop: false,
             resumed: Resumed::default(),
             unsent_stop: None,
-            watch_replies: Vec::new(),
+            watch_replies: WatchReplies::default(),
             reads: Reads::default(),
             retry: None,
             restored: false,
             timer: None,
             terminal_at: None,
-            leftovers: BTreeSet::new(),
+            leftovers: None,
             after_ours: None,
             proof_pending: None,
             event: None,
