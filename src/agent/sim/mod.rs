@@ -454,15 +454,24 @@ impl Tolerated {
 /// faithful enough to find: a run lists the seeds that show them and fails on anything else,
 /// or on more of them than their rate, so main stays mergeable while the core is fixed. Take
 /// an entry out once its defect is fixed; `EXITPROOF_SIM_STRICT=1` fails on these too.
-const KNOWN_DEFECTS: &[Tolerated] = &[Tolerated {
-    kind: "NO RELEASE of a launch file within the liveness bound after its proof",
-    why: "an alias watch asked to stop does not take the proof its sibling watch of the same \
+const KNOWN_DEFECTS: &[Tolerated] = &[
+    Tolerated {
+        kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
+        why: "issue 23 (4), what is left of it: 0 of 80,000 seeds on the two bases of \
+         2026-12-05 after the lost-proof fixes, but 1 of 20,000 on a random base \
+         (56425174831205h), not diagnosed (docs/sim-findings-2026-12-05-model.md)",
+        per_10k: 2,
+    },
+    Tolerated {
+        kind: "NO RELEASE of a launch file within the liveness bound after its proof",
+        why: "an alias watch asked to stop does not take the proof its sibling watch of the same \
          invocation made, and counts a later invocation's process it cannot place as ours: its \
          launch file is never released (263519739889804h, 1 of 20,000 random seeds at ee5e1b2; \
          it no longer fails, and no seed of 80,000 showed it after the lost-proof fixes of \
          2026-12-05; not diagnosed: docs/sim-findings-2026-12-05-model.md)",
-    per_10k: 1,
-}];
+        per_10k: 1,
+    },
+];
 
 /// Kinds no agent can avoid without risking a false proof, tolerated even by
 /// `EXITPROOF_SIM_STRICT=1`. An orphan in a session whose leader is gone, when the agent was
