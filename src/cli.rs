@@ -39,8 +39,10 @@ use crate::record_name::RecordName;
 use crate::transient;
 use crate::unit_name::{self, UnitName};
 
-mod failure;
 #[cfg(feature = "docs")]
+mod docs;
+mod failure;
+#[cfg(all(test, feature = "docs"))]
 mod man;
 mod render;
 
@@ -367,7 +369,7 @@ enum Cmd {
     #[cfg(feature = "docs")]
     Completions {
         /// The shell.
-        shell: clap_complete::Shell,
+        shell: docs::Shell,
     },
     /// Print the man page (roff), generated from this command line's definition.
     #[cfg(feature = "docs")]
@@ -587,19 +589,9 @@ fn run(cli: Cli) -> Result<ExitCode, Failure> {
             print(format, &stats)
         }
         #[cfg(feature = "docs")]
-        Cmd::Completions { shell } => {
-            // Into a buffer first: clap_complete panics on a failed write, and a closed pipe
-            // (`exitproof completions bash | head`) deserves an error message, not a panic.
-            let mut script = Vec::new();
-            let mut cli = <Cli as clap::CommandFactory>::command();
-            clap_complete::generate(shell, &mut cli, "exitproof", &mut script);
-            write_stdout(&script)
-        }
+        Cmd::Completions { shell } => write_stdout(&docs::Doc::Completions(shell).text()?),
         #[cfg(feature = "docs")]
-        Cmd::Man => {
-            let page = man::page(<Cli as clap::CommandFactory>::command());
-            write_stdout(page.as_bytes())
-        }
+        Cmd::Man => write_stdout(&docs::Doc::Man.text()?),
     }
 }
 

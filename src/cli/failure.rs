@@ -28,7 +28,9 @@ pub(super) const EXIT_STILL_RUNNING: u8 = 75;
 /// Exit code of a user the agent or the socket does not admit (sysexits' EX_NOPERM).
 pub(super) const EXIT_REFUSED: u8 = 77;
 
-/// Every exit code of the CLI and what it means, for the man page's EXIT STATUS.
+/// Every exit code of the CLI and what it means, for the man page's EXIT STATUS (written by a
+/// test: src/cli/docs.rs).
+#[cfg(all(test, feature = "docs"))]
 pub(super) const EXIT_STATUS: [(&str, &str); 9] = [
     (
         "0",
