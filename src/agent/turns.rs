@@ -1,9 +1,11 @@
 //! The loop's own accounting: per proof, the time from the loop's receipt of what decided it
 //! (the turn's wake from `epoll_wait`) to the proof written to its subscribers; per turn, what
-//! it did (saves, syncs, cgroup reads, heap trims) and how long each took, and how long its
-//! thread ran on a CPU (the rest it waited: for a disk, a kernel lock or the scheduler), so
-//! that a slow proof is explained by the agent's own figures. Fixed-size: nothing is allocated
-//! per turn.
+//! it did (saves, syncs, cgroup reads, heap trims) and how long each took, how long its
+//! thread ran on a CPU (the rest it waited: for a disk, a kernel lock or the scheduler), the
+//! page faults it took and how often the scheduler took the CPU from it, so that a slow proof
+//! is explained by the agent's own figures. Fixed-size: nothing is allocated per turn; a turn
+//! reads the thread's CPU time twice and its `getrusage` twice (about 1 and 0.5 to 0.7 µs a
+//! read on the 2-vCPU VM of docs/benchmarks/2026-12-05-state).
 //!
 //! Every input of a turn is stamped with the turn's wake: the bus messages and inotify notices
 //! handled in it were all read after it. What a proof waited for before that wake (the
@@ -11,6 +13,8 @@
 //! turn's, and shows in the slowest turns instead.
 
 use std::time::{Duration, Instant};
+
+use nix::sys::resource::{UsageWho, getrusage};
 
 use crate::agent::core::stats::Histogram;
 use crate::clock;
@@ -37,9 +41,8 @@ pub(super) enum Work {
 
 /// What the loop's turns did, and its proofs' times.
 pub(super) struct LoopAccount {
-    /// The wake of the turn under way, with CLOCK_MONOTONIC and the thread's CPU time at it;
-    /// `None` outside the loop (at start).
-    turn_began: Option<(Instant, u64, u64)>,
+    /// The wake of the turn under way; `None` outside the loop (at start).
+    turn_began: Option<TurnStart>,
     turn: TurnWork,
     turns: u64,
     total: TurnWork,
@@ -65,21 +68,26 @@ impl LoopAccount {
 
     /// The loop woke at `now`: whatever it reads in this turn arrived by then.
     pub(super) fn turn_begins(&mut self, now: Instant) {
-        self.turn_began = Some((now, clock::monotonic_ns(), clock::thread_cpu_ns()));
+        self.turn_began = Some(TurnStart {
+            wake: now,
+            mono_ns: clock::monotonic_ns(),
+            cpu_ns: clock::thread_cpu_ns(),
+            counts: ThreadCounts::now(),
+        });
         self.turn = TurnWork::default();
     }
 
     /// The turn is over at `now`.
     pub(super) fn turn_ends(&mut self, now: Instant) {
-        let Some((began, began_mono_ns, began_cpu_ns)) = self.turn_began.take() else {
+        let Some(began) = self.turn_began.take() else {
             return;
         };
-        self.turn.cpu_us = cpu_us_since(began_cpu_ns);
+        began.thread_since(&mut self.turn);
         self.turns += 1;
         add(&mut self.total, &self.turn);
         self.slowest_turns.offer(SlowTurn {
-            at_mono_ns: began_mono_ns,
-            us: micros(now.saturating_duration_since(began)),
+            at_mono_ns: began.mono_ns,
+            us: micros(now.saturating_duration_since(began.wake)),
             work: self.turn,
         });
     }
@@ -103,21 +111,19 @@ impl LoopAccount {
 
     /// A proof was written to its subscribers at `now`.
     pub(super) fn proof_told(&mut self, now: Instant) {
-        let Some((began, began_mono_ns, began_cpu_ns)) = self.turn_began else {
+        let Some(began) = self.turn_began else {
             return;
         };
         self.turn.proofs += 1;
-        let took = now.saturating_duration_since(began);
+        let took = now.saturating_duration_since(began.wake);
         self.latency.observe(took);
         self.latency_max = self.latency_max.max(took);
         if self.slowest_proofs.would_keep(micros(took)) {
-            // The CPU time is read only for a proof that is kept: one system call.
-            let work = TurnWork {
-                cpu_us: cpu_us_since(began_cpu_ns),
-                ..self.turn
-            };
+            // The thread's figures are read only for a proof that is kept: two system calls.
+            let mut work = self.turn;
+            began.thread_since(&mut work);
             self.slowest_proofs.offer(SlowTurn {
-                at_mono_ns: began_mono_ns,
+                at_mono_ns: began.mono_ns,
                 us: micros(took),
                 work,
             });
@@ -133,6 +139,46 @@ impl LoopAccount {
             slowest_proofs: self.slowest_proofs.list(),
             slowest_turns: self.slowest_turns.list(),
         }
+    }
+}
+
+/// Where a turn began: its wake, CLOCK_MONOTONIC and the thread's figures then.
+#[derive(Clone, Copy)]
+struct TurnStart {
+    wake: Instant,
+    mono_ns: u64,
+    cpu_ns: u64,
+    counts: ThreadCounts,
+}
+
+impl TurnStart {
+    /// Sets `work`'s CPU time, page faults and preemptions to the thread's since the start.
+    fn thread_since(&self, work: &mut TurnWork) {
+        work.cpu_us = clock::thread_cpu_ns().saturating_sub(self.cpu_ns) / 1000;
+        let counts = ThreadCounts::now();
+        work.minor_faults = counts.minor_faults.saturating_sub(self.counts.minor_faults);
+        work.preemptions = counts.preemptions.saturating_sub(self.counts.preemptions);
+    }
+}
+
+/// What the kernel counts of the loop's thread (`getrusage(RUSAGE_THREAD)`; zeros if it
+/// cannot be read).
+#[derive(Clone, Copy, Default)]
+struct ThreadCounts {
+    minor_faults: u64,
+    /// Involuntary context switches: the scheduler gave the CPU to another task.
+    preemptions: u64,
+}
+
+impl ThreadCounts {
+    fn now() -> Self {
+        getrusage(UsageWho::RUSAGE_THREAD).map_or_else(
+            |_| ThreadCounts::default(),
+            |usage| ThreadCounts {
+                minor_faults: u64::try_from(usage.minor_page_faults()).unwrap_or(0),
+                preemptions: u64::try_from(usage.involuntary_context_switches()).unwrap_or(0),
+            },
+        )
     }
 }
 
@@ -179,11 +225,8 @@ fn add(total: &mut TurnWork, turn: &TurnWork) {
     total.trims += turn.trims;
     total.trim_us += turn.trim_us;
     total.cpu_us += turn.cpu_us;
-}
-
-/// The thread's CPU time since `began_ns`, in microseconds.
-fn cpu_us_since(began_ns: u64) -> u64 {
-    clock::thread_cpu_ns().saturating_sub(began_ns) / 1000
+    total.minor_faults += turn.minor_faults;
+    total.preemptions += turn.preemptions;
 }
 
 fn micros(duration: Duration) -> u64 {
@@ -258,6 +301,21 @@ mod tests {
         let stats = account.stats();
         assert!(stats.work.cpu_us >= 2_000, "{:?}", stats.work);
         assert!(stats.slowest_proofs[0].work.cpu_us >= 2_000);
+    }
+
+    #[test]
+    fn a_turn_counts_the_page_faults_its_thread_took() {
+        let mut account = LoopAccount::new();
+        account.turn_begins(Instant::now());
+        // 64 MiB, fresh from the kernel: touching it faults a page (or a huge page) at a time.
+        let mut heap = vec![0u8; 64 << 20];
+        for page in heap.chunks_mut(4096) {
+            page[0] = 1;
+        }
+        std::hint::black_box(&heap);
+        account.turn_ends(Instant::now());
+        let work = account.stats().work;
+        assert!(work.minor_faults >= 32, "{work:?}");
     }
 
     #[test]

@@ -184,10 +184,12 @@ fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
     let work = &event_loop.work;
     let _ = writeln!(
         md,
-        "- {} turns, {} ms of them on a CPU: {} saves ({} ms), {} syncs ({} ms), {} cgroup \
-         reads ({} ms), {} heap trims ({} ms)",
+        "- {} turns, {} ms of them on a CPU, {} page faults, {} preemptions: {} saves ({} ms), \
+         {} syncs ({} ms), {} cgroup reads ({} ms), {} heap trims ({} ms)",
         event_loop.turns,
         fmt_ms(work.cpu_us as f64 / 1000.0),
+        work.minor_faults,
+        work.preemptions,
         work.saves,
         fmt_ms(work.save_us as f64 / 1000.0),
         work.syncs,
@@ -206,18 +208,20 @@ fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
     ] {
         let _ = writeln!(
             md,
-            "\n{title}:\n\n| at (CLOCK_MONOTONIC ms) | took (ms) | on a CPU (ms) | inputs | \
-             proofs | saves (ms) | syncs (ms) | cgroup reads (ms) | trims (ms) \
-             |\n|---:|---:|---:|---:|---:|---|---|---|---|"
+            "\n{title}:\n\n| at (CLOCK_MONOTONIC ms) | took (ms) | on a CPU (ms) | page \
+             faults | preemptions | inputs | proofs | saves (ms) | syncs (ms) | cgroup reads \
+             (ms) | trims (ms) |\n|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"
         );
         for turn in slow {
             let w = &turn.work;
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
                 turn.at_mono_ns / 1_000_000,
                 fmt_ms(turn.us as f64 / 1000.0),
                 fmt_ms(w.cpu_us as f64 / 1000.0),
+                w.minor_faults,
+                w.preemptions,
                 w.inputs,
                 w.proofs,
                 w.saves,

@@ -432,9 +432,20 @@ pub struct TurnWork {
     pub trim_us: u64,
     /// The time the loop's thread ran on a CPU (CLOCK_THREAD_CPUTIME_ID), in microseconds: the
     /// rest of the turn's time it was off the CPU, waiting for a disk, the kernel's locks or
-    /// the scheduler. Absent from agents before it (0).
+    /// the scheduler. A kernel without IRQ time accounting (`CONFIG_IRQ_TIME_ACCOUNTING`)
+    /// counts the interrupts it handled meanwhile on that CPU as the thread's time too,
+    /// whoever they were for. Absent from agents before it (0).
     #[serde(default)]
     pub cpu_us: u64,
+    /// Page faults the loop's thread took that read nothing from a disk (`getrusage`'s
+    /// `ru_minflt`): a heap grown or given back and touched again. Absent from agents before
+    /// it (0).
+    #[serde(default)]
+    pub minor_faults: u64,
+    /// Times the scheduler gave the loop's CPU to another task while it could run
+    /// (`ru_nivcsw`). Absent from agents before it (0).
+    #[serde(default)]
+    pub preemptions: u64,
 }
 
 /// One slow proof or turn: how long it took and what its turn did.

@@ -487,6 +487,8 @@ fn sample_stats() -> AgentStats {
                 trims: 29,
                 trim_us: 30,
                 cpu_us: 33,
+                minor_faults: 34,
+                preemptions: 35,
             },
             slowest_proofs: vec![SlowTurn {
                 at_mono_ns: 31,
