@@ -3,6 +3,32 @@
 
 use super::*;
 
+const REAL1_CGROUP: &str = "/app.slice/real1.service";
+
+/// `nick.service` watched for invocation A, its cgroup populated; its first read names the
+/// unit `real1.service`, running invocation B with MainPID 77. Returns the script and the
+/// watch's key.
+fn watched_by_an_alias_whose_read_names_b_with_main_pid_77() -> (Script, UnitKey) {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.cgroups
+        .insert(REAL1_CGROUP.into(), CgroupReading::Populated);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    let key = s.read_asked();
+    let mut read = UnitSnapshot {
+        serial: s.next_serial(),
+        ..snapshot("real1.service", "activating", B, REAL1_CGROUP)
+    };
+    read.current.pids = Some(((77, 0), read.serial));
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    (s, key)
+}
+
 /// An alias watch's read that names the unit under its own name and an invocation after ours
 /// decides nothing, but what it says of that invocation is systemd's word: its MainPID is a root
 /// after ours even once the connection it came on is lost and the next one names yet
@@ -10,28 +36,12 @@ use super::*;
 /// ours).
 #[test]
 fn a_later_root_an_alias_read_told_outlives_the_connection_it_came_on() {
-    let mut s = Script::new();
-    s.input(Input::BusUp);
-    let cgroup = "/app.slice/real1.service";
-    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
-    s.request(&format!(
-        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
-    ));
-    let key = s.read_asked();
-    let mut read = UnitSnapshot {
-        serial: s.next_serial(),
-        ..snapshot("real1.service", "activating", B, cgroup)
-    };
-    read.current.pids = Some(((77, 0), read.serial));
-    s.input(Input::UnitRead {
-        key,
-        result: Ok(read),
-    });
+    let (mut s, key) = watched_by_an_alias_whose_read_names_b_with_main_pid_77();
     assert_eq!(s.read_asked(), key, "the alias is followed");
     s.input(Input::BusLost);
     s.input(Input::BusUp);
     s.serial = 10;
-    s.answer_reads(|_| Ok(snapshot("real1.service", "active", C, cgroup)));
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", C, REAL1_CGROUP)));
     s.changed("real1.service", "inactive", C);
     s.assert_counted_as_a_later_root(77);
 }
@@ -40,24 +50,8 @@ fn a_later_root_an_alias_read_told_outlives_the_connection_it_came_on() {
 /// the facts keep only the current one's roots.
 #[test]
 fn a_later_root_an_alias_read_told_outlives_the_next_invocation() {
-    let mut s = Script::new();
-    s.input(Input::BusUp);
-    let cgroup = "/app.slice/real1.service";
-    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
-    s.request(&format!(
-        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
-    ));
-    let key = s.read_asked();
-    let mut read = UnitSnapshot {
-        serial: s.next_serial(),
-        ..snapshot("real1.service", "activating", B, cgroup)
-    };
-    read.current.pids = Some(((77, 0), read.serial));
-    s.input(Input::UnitRead {
-        key,
-        result: Ok(read),
-    });
-    s.answer_reads(|_| Ok(snapshot("real1.service", "active", C, cgroup)));
+    let (mut s, _) = watched_by_an_alias_whose_read_names_b_with_main_pid_77();
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", C, REAL1_CGROUP)));
     s.changed("real1.service", "inactive", C);
     s.assert_counted_as_a_later_root(77);
 }
@@ -102,6 +96,13 @@ fn a_later_root_gathered_before_its_invocation_began_takes_its_beginning() {
     let mut s = watching("b.service", "active");
     s.leftovers.insert("/app.slice/b.service".into(), vec![78]);
     s.changed("b.service", "inactive", A);
+    // ActiveState and InvocationID, with the InactiveExitTimestamp said beside them.
+    let state = |active: &str, invocation: &str, inactive_exit_us: u64| UnitChange {
+        active_state: Some(active.into()),
+        invocation: Some(invocation.into()),
+        inactive_exit_us: Some(inactive_exit_us),
+        ..UnitChange::default()
+    };
     let mut said = |change: UnitChange| {
         s.signal(SystemdSignal::UnitChanged {
             path: unit_path("b.service"),
@@ -113,34 +114,14 @@ fn a_later_root_gathered_before_its_invocation_began_takes_its_beginning() {
         control_pid: Some(77),
         ..UnitChange::default()
     });
-    said(UnitChange {
-        active_state: Some("inactive".into()),
-        invocation: Some(B.into()),
-        inactive_exit_us: Some(1_000),
-        ..UnitChange::default()
-    });
-    said(UnitChange {
-        active_state: Some("activating".into()),
-        invocation: Some(B.into()),
-        inactive_exit_us: Some(5_000),
-        ..UnitChange::default()
-    });
-    said(UnitChange {
-        active_state: Some("failed".into()),
-        invocation: Some(B.into()),
-        inactive_exit_us: Some(5_000),
-        ..UnitChange::default()
-    });
+    said(state("inactive", B, 1_000));
+    said(state("activating", B, 5_000));
+    said(state("failed", B, 5_000));
     said(UnitChange {
         control_pid: Some(0),
         ..UnitChange::default()
     });
-    said(UnitChange {
-        active_state: Some("inactive".into()),
-        invocation: Some(C.into()),
-        inactive_exit_us: Some(5_000),
-        ..UnitChange::default()
-    });
+    said(state("inactive", C, 5_000));
     let counted = s.counted_against.take().expect("leftovers counted");
     assert!(
         counted.gone_roots.contains(&GoneRoot {
