@@ -173,10 +173,7 @@ impl NextInvocation {
     /// began after the earliest of them began, or in a session one of them began, is not the
     /// counted one's either.
     pub(crate) fn absorb(&mut self, later: &NextInvocation) {
-        self.began_us = match (self.began_us, later.began_us) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        self.began_us = earliest(self.began_us, later.began_us);
         let later_roots = later.roots.iter().map(|&pid| GoneRoot {
             pid,
             began_us: later.roots_began_us,
@@ -189,10 +186,7 @@ impl NextInvocation {
                 // A root gathered before its invocation's beginning was said takes it once
                 // said; of two invocations after the counted one, the earlier's: a member of
                 // that session which started between the two is the earlier's.
-                known.began_us = match (known.began_us, root.began_us) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
+                known.began_us = earliest(known.began_us, root.began_us);
             } else {
                 if self.gone_roots.len() == MAX_GONE_ROOTS {
                     self.gone_roots.remove(0);
@@ -206,6 +200,14 @@ impl NextInvocation {
     #[cfg(test)]
     pub(crate) fn gone_pids(&self) -> Vec<i32> {
         self.gone_roots.iter().map(|g| g.pid).collect()
+    }
+}
+
+/// The earlier of two beginnings, either of which may be unknown.
+fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
     }
 }
 
