@@ -38,11 +38,12 @@ use zbus::runtime::traits::TaskHandle;
 use zbus::{Connection, Message};
 
 use self::core::{
-    Answer, Core, CoreConfig, Input, NextInvocation, Output, ReplyTo, StopKind, UnitKey,
+    Answer, Core, CoreConfig, CountedLeftovers, Input, NextInvocation, Output, ReplyTo, StopKind,
+    UnitKey,
 };
 use crate::cgroup::procs::{
-    ClockBasis, OffsetFloors, ProcessTracker, Tracked, earlier_processes, list_processes,
-    note_offset_floor,
+    ClockBasis, OffsetFloors, ProcessTracker, Tracked, earlier_processes, guessed_roots,
+    list_processes, note_offset_floor,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::clock;
@@ -921,7 +922,7 @@ impl Agent {
         cgroup: &str,
         next: &NextInvocation,
         held: &[i32],
-    ) -> Result<Vec<i32>, String> {
+    ) -> Result<CountedLeftovers, String> {
         let basis = ClockBasis::now(&mut self.offset_floors).map_err(|e| e.to_string())?;
         let census = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
         log::debug!(
@@ -947,7 +948,10 @@ impl Agent {
                 }
             }
         }
-        Ok(alive)
+        Ok(CountedLeftovers {
+            held: alive,
+            guessed_roots: guessed_roots(&census, next, &basis),
+        })
     }
 
     fn take_cgroup_notices(&mut self) {

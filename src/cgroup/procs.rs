@@ -29,7 +29,8 @@ mod tracker;
 #[cfg(test)]
 pub(crate) use start_order::StartOrder;
 pub(crate) use start_order::{
-    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, earlier_processes, note_offset_floor,
+    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, earlier_processes, guessed_roots,
+    note_offset_floor,
 };
 pub(crate) use tracker::{ProcessTracker, Tracked};
 

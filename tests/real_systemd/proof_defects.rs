@@ -9,6 +9,7 @@
 //! generous; nothing here asserts speed. "Not proven for a while" is an observation of a few
 //! seconds after a barrier that makes sure the agent has seen the event.
 
+use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, kill};
@@ -69,6 +70,10 @@ pub const TESTS: &[Test] = &[
         a_leftover_systemd_guesses_as_the_next_main_pid_blocks_our_proof,
     ),
     (
+        "a_child_our_leftover_forks_after_systemd_guessed_it_blocks_our_proof",
+        a_child_our_leftover_forks_after_systemd_guessed_it_blocks_our_proof,
+    ),
+    (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
         a_start_timeout_is_worded_as_status_unknown_not_exit_0,
     ),
@@ -101,6 +106,20 @@ fn sleepers(sandbox: &Sandbox, control_group: &str) -> Vec<i32> {
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/comm"))
                 .is_ok_and(|comm| comm.trim() == "sleep")
+        })
+        .collect()
+}
+
+/// The processes in the cgroup `control_group` that are members of the session `session`.
+fn in_session(sandbox: &Sandbox, control_group: &str, session: i32) -> Vec<i32> {
+    sandbox
+        .cgroup_pids(control_group)
+        .into_iter()
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            // After the command's closing parenthesis: state, ppid, pgrp, session.
+            let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+            after_comm.split_whitespace().nth(3) == Some(&*session.to_string())
         })
         .collect()
 }
@@ -746,58 +765,163 @@ fn a_leftover_of_a_foreign_invocation_we_stopped_does_not_block_our_proof() {
 /// on systemd 252).
 fn a_leftover_systemd_guesses_as_the_next_main_pid_blocks_our_proof() {
     let sandbox = Sandbox::start("guessedmain");
-    // The first start leaves a daemon; ExecStop= forks one leftover when the marker is set;
-    // with the second marker, ExecStart= leaves nothing.
-    sandbox.install_unit(
+    let guessed = a_leftover_guessed_as_the_next_main_pid(&sandbox, "guessed", "", "sleep 1000");
+    let (agent, leftovers) = (&guessed.agent, [guessed.leftover]);
+    assert_unproven(
+        agent,
         "guessed.service",
-        "[Service]\nType=forking\nKillMode=process\n\
-         ExecStart=/bin/sh -c 'if [ -e /run/guessed.second ]; then exit 0; fi; \
-         sleep 1000 & exit 0'\n\
-         ExecStop=/bin/sh -c 'if rm /run/guessed.fork 2>/dev/null; then sleep 1000 & fi; \
-         exit 0'\n",
+        &format!(
+            "its leftover {leftovers:?}, which systemd named invocation {}'s MainPID, lives in \
+             {}",
+            guessed.second, guessed.cgroup
+        ),
     );
-    sandbox.systemctl_ok(&["start", "guessed.service"]);
-    let agent = Agent::start(&sandbox);
-    let ours = sandbox.show("guessed.service", "InvocationID");
-    agent.one(&["watch", "guessed.service"]);
+    assert_still_in(&sandbox, &guessed.cgroup, &leftovers);
 
-    touch(&sandbox, "/run/guessed.fork");
-    touch(&sandbox, "/run/guessed.second");
-    let out = agent.cli(&["stop", "guessed.service", "--timeout", "2s"]);
+    kill_pids(&leftovers);
+    let event = agent.one(&["wait", "guessed.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], guessed.ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
+}
+
+/// What [`a_leftover_guessed_as_the_next_main_pid`] sets up.
+struct GuessedMainPid {
+    agent: Agent,
+    /// Our invocation, stopped by the agent, and the next, whose MainPID systemd guessed.
+    ours: String,
+    second: String,
+    cgroup: String,
+    /// Our one leftover, that guess.
+    leftover: i32,
+}
+
+/// A `Type=forking` unit `NAME.service` without `PIDFile=`, `KillMode=process`: its first start
+/// leaves a daemon; the agent watches it and stops it, and ExecStop= (after `stop_first`) runs
+/// `leftover` in the background, our one leftover. The next start's ExecStart= leaves nothing,
+/// so systemd guesses the leftover as that invocation's MainPID (`unit_search_main_pid`: the
+/// cgroup's only process whose parent is the manager). Returns once the agent has heard it.
+fn a_leftover_guessed_as_the_next_main_pid(
+    sandbox: &Sandbox,
+    name: &str,
+    stop_first: &str,
+    leftover: &str,
+) -> GuessedMainPid {
+    let unit = format!("{name}.service");
+    sandbox.install_unit(
+        &unit,
+        &format!(
+            "[Service]\nType=forking\nKillMode=process\n\
+             ExecStart=/bin/sh -c 'if [ -e /run/{name}.second ]; then exit 0; fi; \
+             sleep 1000 & exit 0'\n\
+             ExecStop=/bin/sh -c '{stop_first}\
+             if rm /run/{name}.fork 2>/dev/null; then {leftover} & fi; exit 0'\n"
+        ),
+    );
+    sandbox.systemctl_ok(&["start", &unit]);
+    let agent = Agent::start(sandbox);
+    let ours = sandbox.show(&unit, "InvocationID");
+    agent.one(&["watch", &unit]);
+
+    touch(sandbox, &format!("/run/{name}.fork"));
+    touch(sandbox, &format!("/run/{name}.second"));
+    let out = agent.cli(&["stop", &unit, "--timeout", "2s"]);
     assert_eq!(
         out.status.code(),
         Some(75),
         "the ExecStop= leftover blocks the proof: {out:?}"
     );
-    let (cgroup, leftovers) = our_leftovers(&sandbox, "guessed.service", &ours);
+    let state = sandbox.show(&unit, "ActiveState");
+    assert!(
+        matches!(state.as_str(), "inactive" | "failed"),
+        "{unit} is stopped, not {state}"
+    );
+    let cgroup = sandbox.show(&unit, "ControlGroup");
+    let leftovers = sandbox.cgroup_pids(&cgroup);
     assert_eq!(
         leftovers.len(),
         1,
         "setup: one leftover of ours: {leftovers:?}"
     );
 
-    sandbox.systemctl_ok(&["start", "guessed.service"]);
-    let second = wait_for_new_invocation(&sandbox, "guessed.service", &ours);
+    sandbox.systemctl_ok(&["start", &unit]);
+    let second = wait_for_new_invocation(sandbox, &unit, &ours);
     assert_eq!(
-        sandbox.show("guessed.service", "MainPID"),
+        sandbox.show(&unit, "MainPID"),
         leftovers[0].to_string(),
         "setup: systemd guessed our leftover as invocation {second}'s MainPID"
     );
     agent.barrier();
-    assert_unproven(
-        &agent,
-        "guessed.service",
-        &format!(
-            "its leftover {leftovers:?}, which systemd named invocation {second}'s MainPID, \
-             lives in {cgroup}"
-        ),
-    );
-    assert_still_in(&sandbox, &cgroup, &leftovers);
+    GuessedMainPid {
+        agent,
+        ours,
+        second,
+        cgroup,
+        leftover: leftovers[0],
+    }
+}
 
-    kill_pids(&leftovers);
-    let event = agent.one(&["wait", "guessed.service", "--timeout", PATIENCE_ARG]);
-    assert_eq!(event["invocation"], ours.as_str(), "{event}");
-    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
+/// As above, systemd guesses our leftover as the next invocation's MainPID; this leftover
+/// leads a session of its own (`setsid`). It forks a child into that session after the next
+/// invocation began, then exits: systemd stops the next invocation, and the child, ours, lives
+/// on in the cgroup. Our invocation is not over while it lives, through the next one's stop
+/// (a slow ExecStop=, so the agent counts while systemd names other roots) and after.
+///
+/// Failed before: once the guess was gone, the agent took its session for one the next
+/// invocation began and the child for that invocation's, and proved ours
+/// `replaced-after-stop` while its child lived (found by the simulator, seed 160436693682008).
+fn a_child_our_leftover_forks_after_systemd_guessed_it_blocks_our_proof() {
+    let sandbox = Sandbox::start("guessedfork");
+    let fifo = "/run/forks.fifo";
+    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
+        .expect("make the fifo the leftover waits on");
+    // The leftover waits on the fifo in a session of its own, then forks a child and exits;
+    // with the marker, ExecStop= takes 3 s.
+    let guessed = a_leftover_guessed_as_the_next_main_pid(
+        &sandbox,
+        "forks",
+        "if [ -e /run/forks.slow ]; then sleep 3; fi; ",
+        "setsid /bin/sh -c \"read line < /run/forks.fifo; sleep 1000 & exit 0\"",
+    );
+    let (agent, cgroup, second) = (&guessed.agent, &guessed.cgroup, &guessed.second);
+    let leftovers = [guessed.leftover];
+
+    // The leftover forks its child and exits; systemd stops invocation {second}, slowly.
+    touch(&sandbox, "/run/forks.slow");
+    let mut writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(sandbox.host_path(fifo))
+        .expect("setup: the leftover waits on the fifo");
+    std::io::Write::write_all(&mut writer, b"go\n").expect("release the leftover");
+    drop(writer);
+    sandbox.wait_until("systemd stops the next invocation", PATIENCE, || {
+        sandbox.show("forks.service", "ActiveState") == "deactivating"
+    });
+    let children = in_session(&sandbox, cgroup, leftovers[0]);
+    assert!(
+        !children.is_empty() && !sandbox.cgroup_pids(cgroup).contains(&leftovers[0]),
+        "setup: the leftover {leftovers:?} is gone and left its child in {cgroup}: {:?}",
+        sandbox.cgroup_pids(cgroup)
+    );
+    agent.barrier();
+    let why = format!(
+        "the child {children:?} of our leftover {leftovers:?}, which systemd guessed as \
+         invocation {second}'s MainPID, lives in {cgroup}"
+    );
+    assert_unproven(agent, "forks.service", &why);
+    sandbox.wait_until("the next invocation is over", PATIENCE, || {
+        matches!(
+            sandbox.show("forks.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        )
+    });
+    agent.barrier();
+    assert_unproven(agent, "forks.service", &why);
+    assert_still_in(&sandbox, cgroup, &children);
+
+    kill_pids(&children);
+    let event = agent.one(&["wait", "forks.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], guessed.ours.as_str(), "{event}");
 }
 
 /// A unit restarted outside twice. The agent stops the first foreign invocation, loses the

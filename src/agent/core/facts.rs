@@ -524,6 +524,7 @@ impl UnitFacts {
             roots,
             roots_began_us: began_us,
             gone_roots,
+            guessed_roots: Vec::new(),
         }
     }
 
@@ -697,6 +698,7 @@ mod tests {
                 roots_began_us: Some(5_000),
                 roots: vec![20],
                 gone_roots: vec![],
+                guessed_roots: vec![],
             }
         );
     }
@@ -725,6 +727,7 @@ mod tests {
                 roots_began_us: Some(7_000),
                 roots: vec![30],
                 gone_roots: vec![],
+                guessed_roots: vec![],
             }
         );
     }

@@ -180,11 +180,11 @@ pub(crate) enum Input {
     },
     /// inotify dropped events (`IN_Q_OVERFLOW`): any cgroup may have changed unseen.
     CgroupOverflow,
-    /// The synchronous answer to [`Output::CountLeftovers`]: the pids held, or why none could
-    /// be counted.
+    /// The synchronous answer to [`Output::CountLeftovers`]: what it found, or why nothing
+    /// could be counted.
     Leftovers {
         key: UnitKey,
-        result: Result<Vec<i32>, String>,
+        result: Result<CountedLeftovers, String>,
     },
     /// A process counted by [`Output::CountLeftovers`] exited.
     LeftoverExited {
@@ -196,6 +196,16 @@ pub(crate) enum Input {
         key: UnitKey,
         record: Option<ExitRecord>,
     },
+}
+
+/// What a count of leftovers ([`Output::CountLeftovers`]) found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct CountedLeftovers {
+    /// The processes that may be ours, each now held (a pidfd) until it exits.
+    pub held: Vec<i32>,
+    /// The roots systemd named for a later invocation that the census found to be guesses
+    /// of its, our leftovers (`crate::cgroup::procs::guessed_roots`).
+    pub guessed_roots: Vec<i32>,
 }
 
 /// Everything the driver must do.
@@ -502,11 +512,17 @@ impl Core {
             }
             Input::ExitRecord { key, record } => self.on_exit_record(key, record, now),
             Input::Leftovers { key, result } => {
-                let count = result.map(|pids| {
+                let count = result.map(|counted| {
                     let watch = self.units.get_mut(&key);
-                    let count = pids.len();
+                    let count = counted.held.len();
                     if let Some(watch) = watch {
-                        watch.leftovers = (count > 0).then(|| Box::new(pids.into_iter().collect()));
+                        watch.leftovers =
+                            (count > 0).then(|| Box::new(counted.held.into_iter().collect()));
+                        if !counted.guessed_roots.is_empty() {
+                            // Kept past the roots' exit: the sessions they led stay ours.
+                            let after_ours = watch.after_ours.get_or_insert_default();
+                            after_ours.known.note_guessed_roots(&counted.guessed_roots);
+                        }
                     }
                     count
                 });

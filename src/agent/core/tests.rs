@@ -24,6 +24,9 @@ struct Script {
     cgroups: HashMap<String, CgroupReading>,
     /// Per cgroup, the pids a count of leftovers finds (none unless a test says).
     leftovers: HashMap<String, Vec<i32>>,
+    /// The roots every count of leftovers finds to be systemd's guesses (none unless a test
+    /// says).
+    guessed_roots: Vec<i32>,
     /// What the last count of leftovers was told of the next invocation.
     counted_against: Option<NextInvocation>,
     outputs: Vec<Output>,
@@ -77,6 +80,7 @@ impl Script {
             now,
             cgroups: HashMap::new(),
             leftovers: HashMap::new(),
+            guessed_roots: Vec::new(),
             counted_against: None,
             outputs: Vec::new(),
             serial: 100,
@@ -124,11 +128,15 @@ impl Script {
                     key, cgroup, next, ..
                 } => {
                     self.counted_against = Some(next);
-                    let pids = self.leftovers.get(&cgroup).cloned().unwrap_or_default();
+                    let held = self.leftovers.get(&cgroup).cloned().unwrap_or_default();
+                    let guessed_roots = self.guessed_roots.clone();
                     self.core.handle_input(
                         Input::Leftovers {
                             key,
-                            result: Ok(pids),
+                            result: Ok(CountedLeftovers {
+                                held,
+                                guessed_roots,
+                            }),
                         },
                         self.now,
                     );
@@ -875,6 +883,7 @@ fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
             roots_began_us: Some(5_000_000),
             roots: vec![300],
             gone_roots: vec![],
+            guessed_roots: vec![],
         })
     );
     assert_eq!(s.phase("n.service"), Phase::Proven, "none of ours left");
@@ -1528,9 +1537,53 @@ fn leftovers_are_counted_against_every_invocation_after_ours() {
                 pid: 300,
                 began_us: Some(5_000_000)
             }],
+            guessed_roots: vec![],
         })
     );
     assert_eq!(s.phase("l.service"), Phase::Watching, "pid 42 may be ours");
+}
+
+/// systemd named our leftover (pid 300) the next invocation's MainPID, a guess of its, and a
+/// count found it so; it then died, and systemd named none. Every later count is still told
+/// it was a guess: what it forked into its session is ours, and must be waited for.
+#[test]
+fn a_root_a_count_found_guessed_stays_a_guess_after_it_is_gone() {
+    let mut s = watching("g.service", "active");
+    let cgroup = "/app.slice/g.service";
+    s.request(r#"{"cmd":"stop","unit":"g.service"}"#);
+    s.changed("g.service", "inactive", A);
+    // Ours is over; the next invocation's count finds 300 a guess and 301 ours.
+    s.leftovers.insert(cgroup.into(), vec![300, 301]);
+    s.guessed_roots = vec![300];
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("g.service"),
+        change: UnitChange {
+            active_state: Some("active".into()),
+            invocation: Some(B.into()),
+            inactive_exit_us: Some(5_000_000),
+            main_pid: Some(300),
+            ..UnitChange::default()
+        },
+    });
+    let next = s.counted_against.take().expect("leftovers counted");
+    assert_eq!((next.roots, next.guessed_roots), (vec![300], vec![]));
+    // The guess dies, and systemd names no MainPID: no count finds it a guess any more.
+    s.guessed_roots = vec![];
+    s.leftovers.insert(cgroup.into(), vec![301]);
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("g.service"),
+        change: UnitChange {
+            active_state: Some("failed".into()),
+            invocation: Some(B.into()),
+            main_pid: Some(0),
+            ..UnitChange::default()
+        },
+    });
+    s.input(Input::CgroupChanged { key: UnitKey(0) });
+    let next = s.counted_against.take().expect("leftovers counted");
+    assert_eq!(next.gone_pids(), [300]);
+    assert_eq!(next.guessed_roots, [300], "still a guess once gone");
+    assert_eq!(s.phase("g.service"), Phase::Stopping, "pid 301 is ours");
 }
 
 /// A `Reloading(false)` lost on a live connection would leave every unit stale for good: the

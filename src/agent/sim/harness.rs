@@ -24,12 +24,13 @@ use super::rng::Rng;
 use super::tenant::{Request, Tenant};
 use super::world::{Swarm, World};
 use crate::agent::core::{
-    AgentState, Answer, Core, CoreConfig, Input, Output, StateSave, StopKind, UnitKey,
+    AgentState, Answer, Core, CoreConfig, CountedLeftovers, Input, Output, StateSave, StopKind,
+    UnitKey,
 };
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{
-    ClockBasis, NextInvocation, OffsetFloors, ProcessInfo, earlier_processes,
+    ClockBasis, NextInvocation, OffsetFloors, ProcessInfo, earlier_processes, guessed_roots,
 };
 use crate::control::protocol::{RequestId, parse_request};
 use crate::proof::StopReason;
@@ -581,7 +582,7 @@ impl Sim {
         cgroup: &str,
         next: &NextInvocation,
         held: &[i32],
-    ) -> Result<Vec<i32>, String> {
+    ) -> Result<CountedLeftovers, String> {
         if !self.healed && self.rng.percent(2) {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
         }
@@ -632,7 +633,10 @@ impl Sim {
             .filter_map(|pid| procs.get(&(*pid as Pid)).map(|p| (p.pid, p.id)))
             .collect();
         self.leftovers.insert(key, held);
-        Ok(earlier)
+        Ok(CountedLeftovers {
+            held: earlier,
+            guessed_roots: guessed_roots(&census, next, &basis),
+        })
     }
 
     /// Delivers the exit of one held leftover that died, as the pidfd's readiness.

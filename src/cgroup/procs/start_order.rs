@@ -148,6 +148,10 @@ pub(crate) struct NextInvocation {
     /// Every other MainPID and ControlPID systemd named for it before (an ExecStartPre=, an
     /// ExecStart= that has exited): each began a session of its own, which its orphans keep.
     pub gone_roots: Vec<GoneRoot>,
+    /// Roots and gone roots that a count found alive and started before their invocation could
+    /// fork ([`guessed_roots`]): systemd's guesses, our leftovers. Kept for when they are gone,
+    /// as the session such a one leads is ours, and what it forked into it is too.
+    pub guessed_roots: Vec<i32>,
 }
 
 /// A MainPID or ControlPID systemd named for an invocation after the counted one, and no longer
@@ -194,6 +198,21 @@ impl NextInvocation {
                 self.gone_roots.push(root);
             }
         }
+        self.note_guessed_roots(&later.guessed_roots);
+    }
+
+    /// Keeps `pids`, found by [`guessed_roots`], as systemd's guesses; the oldest go first
+    /// beyond [`MAX_GONE_ROOTS`], and a guess forgotten only makes its session wait.
+    pub(crate) fn note_guessed_roots(&mut self, pids: &[i32]) {
+        for &pid in pids {
+            if self.guessed_roots.contains(&pid) {
+                continue;
+            }
+            if self.guessed_roots.len() == MAX_GONE_ROOTS {
+                self.guessed_roots.remove(0);
+            }
+            self.guessed_roots.push(pid);
+        }
     }
 
     /// The pids of [`NextInvocation::gone_roots`].
@@ -220,6 +239,40 @@ const MAX_ANCESTRY: usize = 64;
 /// tick truncation of `/proc`'s start times is allowed for besides.
 const FIRST_FORK_SLACK_TICKS: u64 = 2;
 
+/// Whether `process` certainly started before an invocation that began at `began` could fork
+/// its first process (its beginning less [`FIRST_FORK_SLACK_TICKS`]).
+fn before_first_fork(basis: &ClockBasis, process: &ProcessInfo, began: Option<u64>) -> bool {
+    began.is_some_and(|began| {
+        let slack_us = FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1);
+        let first_fork = began.saturating_sub(slack_us);
+        basis.start_order(process.start_ticks, first_fork) == StartOrder::Before
+    })
+}
+
+/// The roots and gone roots of `next` that `census` shows alive and started before their
+/// invocation could fork: not processes systemd forked for it, but guesses of its
+/// (`unit_search_main_pid` names an earlier invocation's orphan the MainPID of a Type=forking
+/// service without PIDFile=). A pid alive now that started before the invocation began was in
+/// use all along, so it is the very process systemd named. The core keeps them in
+/// [`NextInvocation::guessed_roots`], for when they are gone.
+pub(crate) fn guessed_roots(
+    census: &[ProcessInfo],
+    next: &NextInvocation,
+    basis: &ClockBasis,
+) -> Vec<i32> {
+    let named = next.roots.iter().map(|&pid| (pid, next.roots_began_us));
+    let gone = next.gone_roots.iter().map(|g| (g.pid, g.began_us));
+    named
+        .chain(gone)
+        .filter(|&(pid, began)| {
+            census
+                .iter()
+                .any(|p| p.pid == pid && before_first_fork(basis, p, began))
+        })
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
 /// The processes of `census` that may belong to an earlier invocation, given `held`, the
 /// processes an earlier count kept. systemd starts every process of a service as the leader of
 /// a session of its own (MainPID, ControlPID), and what they fork keeps that session even once
@@ -228,7 +281,8 @@ const FIRST_FORK_SLACK_TICKS: u64 = 2;
 ///    less [`FIRST_FORK_SLACK_TICKS`]): neither a root of it, whatever systemd names it, nor
 ///    of a root's lineage or session. systemd guesses the MainPID of a Type=forking service
 ///    without PIDFile= (`unit_search_main_pid`: the only process of the cgroup whose parent is
-///    the manager), and an earlier invocation's orphan is such a one;
+///    the manager), and an earlier invocation's orphan is such a one. A root gone from the
+///    census that an earlier count found so ([`NextInvocation::guessed_roots`]) stays a guess;
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
@@ -239,8 +293,11 @@ const FIRST_FORK_SLACK_TICKS: u64 = 2;
 ///    that root began, or one begun after that root was gone, which is after `next` began; so
 ///    not a process that certainly started before that root's invocation could fork, where
 ///    its beginning is known (a session has no member older than it: the gone root was a
-///    guess of systemd's, as in rule 0). The root itself counts only where that beginning is
-///    known and its start is not before it: its pid may have been used again;
+///    guess of systemd's, as in rule 0), nor a member of the session of a gone root that was
+///    such a guess, alive or found so by an earlier count: that session is the one our
+///    leftover led, and what it forked into it, even after `next` began, is ours. The root
+///    itself counts only where that beginning is known and its start is not before it: its
+///    pid may have been used again;
 /// 4. it was held before, or it is in the session of a process held before or started before
 ///    `next` began: earlier;
 /// 5. it is in a session whose leader is gone (not one it began itself): earlier, an orphan
@@ -263,21 +320,20 @@ pub(crate) fn earlier_processes<'a>(
             .flatten()
             .collect()
     };
-    // Whether `p` certainly started before an invocation that began at `began` could fork.
-    let before_first_fork = |p: &ProcessInfo, began: Option<u64>| {
-        began.is_some_and(|began| {
-            let slack_us = FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1);
-            let first_fork = began.saturating_sub(slack_us);
-            basis.start_order(p.start_ticks, first_fork) == StartOrder::Before
-        })
+    let before_next = |p: &ProcessInfo| before_first_fork(basis, p, next.roots_began_us);
+    // Whether systemd's naming `pid` a root of an invocation that began at `began` was a
+    // guess: by its start where it is alive (a pid used again is a new process), else as a
+    // count found it while it was.
+    let guessed = |pid: i32, began: Option<u64>| match by_pid.get(&pid) {
+        Some(p) => before_first_fork(basis, p, began),
+        None => next.guessed_roots.contains(&pid),
     };
-    let before_next = |p: &ProcessInfo| before_first_fork(p, next.roots_began_us);
     // Rule 0: a root that started before `next` could fork is a guess of systemd's.
     let roots: Vec<i32> = next
         .roots
         .iter()
         .copied()
-        .filter(|pid| by_pid.get(pid).is_none_or(|p| !before_next(p)))
+        .filter(|&pid| !guessed(pid, next.roots_began_us))
         .collect();
     let next_sessions = sessions_of(&roots);
     let held_sessions = sessions_of(held);
@@ -312,7 +368,8 @@ pub(crate) fn earlier_processes<'a>(
     let in_gone_roots_session = |p: &ProcessInfo| {
         next.gone_roots.iter().any(|g| {
             g.pid == p.session
-                && !before_first_fork(p, g.began_us)
+                && !guessed(g.pid, g.began_us)
+                && !before_first_fork(basis, p, g.began_us)
                 && (p.session != p.pid || g.began_us.is_some())
         })
     };

@@ -1034,6 +1034,7 @@ fn next_with_gone_root() -> NextInvocation {
             pid: 50,
             began_us: Some(5_000_000),
         }],
+        guessed_roots: vec![],
     }
 }
 
@@ -1139,6 +1140,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots_began_us: Some(9_000_000),
         roots: vec![90],
         gone_roots: vec![],
+        guessed_roots: vec![],
     };
     let gone = |pid, began_us| GoneRoot { pid, began_us };
     next.absorb(&NextInvocation {
@@ -1146,6 +1148,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots_began_us: Some(5_000_000),
         roots: vec![50],
         gone_roots: vec![gone(51, None), gone(90, Some(5_000_000))],
+        guessed_roots: vec![],
     });
     assert_eq!(
         next,
@@ -1154,6 +1157,7 @@ fn what_is_known_of_later_invocations_adds_up() {
             roots_began_us: Some(9_000_000),
             roots: vec![90],
             gone_roots: vec![gone(50, Some(5_000_000)), gone(51, None)],
+            guessed_roots: vec![],
         },
         "the earliest beginning, the roots' own; every other root, once, with its own"
     );
@@ -1173,6 +1177,7 @@ fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() 
         roots: vec![80],
         roots_began_us: Some(5_000_000),
         gone_roots: vec![],
+        guessed_roots: vec![],
     };
     let guessed = process(80, 1, 70, 100);
     let its_child = process(81, 80, 70, 600);
@@ -1180,4 +1185,100 @@ fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() 
     // A root forked just before the stamp of the beginning, within the slack, is the next's.
     let forked_first = process(80, 1, 80, 499);
     assert_eq!(earlier_pids(&[forked_first], &next, &[]), Vec::<i32>::new());
+}
+
+/// systemd guessed our leftover 50, leading session 50 since before the next invocation, as
+/// its MainPID (`unit_search_main_pid`); 50 forked 61 after the next invocation began, then
+/// died. 61 is ours, orphaned: a count that found 50 a guess while it lived says so for good.
+#[test]
+fn a_member_of_the_session_of_a_gone_guessed_root_is_ours() {
+    let child = process(61, 1, 50, 600);
+    let guessed = NextInvocation {
+        guessed_roots: vec![50],
+        ..next_with_gone_root()
+    };
+    assert_eq!(
+        earlier_pids(std::slice::from_ref(&child), &guessed, &[]),
+        [61]
+    );
+    // Not known to be a guess, the session is the one the gone root began for the next.
+    assert_eq!(
+        earlier_pids(&[child], &next_with_gone_root(), &[]),
+        Vec::<i32>::new()
+    );
+}
+
+/// The same guess alive, gone as a root only (systemd named another MainPID): its own start
+/// shows the session it leads is ours.
+#[test]
+fn a_member_of_the_session_of_a_living_guessed_gone_root_is_ours() {
+    let census = [process(50, 1, 50, 100), process(61, 1, 50, 600)];
+    assert_eq!(earlier_pids(&census, &next_with_gone_root(), &[]), [50, 61]);
+}
+
+/// A root systemd still names, found a guess by an earlier count, then dead before systemd
+/// said so: its session is not the next invocation's.
+#[test]
+fn a_member_of_the_session_of_a_dead_guessed_root_is_ours() {
+    let next = NextInvocation {
+        roots: vec![50],
+        gone_roots: vec![],
+        ..next_with_gone_root()
+    };
+    let child = process(61, 1, 50, 600);
+    let guessed = NextInvocation {
+        guessed_roots: vec![50],
+        ..next.clone()
+    };
+    assert_eq!(
+        earlier_pids(std::slice::from_ref(&child), &guessed, &[]),
+        [61]
+    );
+    assert_eq!(earlier_pids(&[child], &next, &[]), Vec::<i32>::new());
+}
+
+/// A pid once a guess, used again: the process alive now is judged by its own start.
+#[test]
+fn a_guessed_roots_pid_used_again_by_the_next_invocation_is_its_root() {
+    let next = NextInvocation {
+        roots: vec![50],
+        gone_roots: vec![],
+        guessed_roots: vec![50],
+        ..next_with_gone_root()
+    };
+    let census = [process(50, 1, 50, 500), process(61, 50, 50, 600)];
+    assert_eq!(earlier_pids(&census, &next, &[]), Vec::<i32>::new());
+}
+
+/// What a count reports as guesses: the roots and gone roots alive that started before their
+/// invocation could fork, and no other.
+#[test]
+fn a_count_reports_the_roots_that_started_before_their_invocation_as_guesses() {
+    let basis = ClockBasis {
+        clk_tck: 100,
+        boot_minus_mono_ns: 0,
+        ..ClockBasis::default()
+    };
+    let next = NextInvocation {
+        roots: vec![80, 90],
+        gone_roots: vec![
+            GoneRoot {
+                pid: 50,
+                began_us: Some(5_000_000),
+            },
+            GoneRoot {
+                pid: 51,
+                began_us: None,
+            },
+        ],
+        ..next_with_gone_root()
+    };
+    let census = [
+        process(80, 1, 80, 100),
+        process(90, 1, 90, 600),
+        process(50, 1, 50, 100),
+        process(51, 1, 51, 100),
+    ];
+    assert_eq!(guessed_roots(&census, &next, &basis), [80, 50]);
+    assert_eq!(guessed_roots(&[], &next, &basis), Vec::<i32>::new());
 }
