@@ -42,7 +42,7 @@ use self::core::{
     UnitKey,
 };
 use crate::cgroup::procs::{
-    ClockBasis, OffsetFloors, ProcessTracker, Tracked, earlier_processes, guessed_roots,
+    ClockBasis, OffsetFloors, ProcessStart, ProcessTracker, Tracked, earlier_processes,
     list_processes, note_offset_floor,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
@@ -921,7 +921,7 @@ impl Agent {
         key: UnitKey,
         cgroup: &str,
         next: &NextInvocation,
-        held: &[i32],
+        held: &[ProcessStart],
     ) -> Result<CountedLeftovers, String> {
         let basis = ClockBasis::now(&mut self.offset_floors).map_err(|e| e.to_string())?;
         let census = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
@@ -934,24 +934,25 @@ impl Agent {
         );
         let registry = self.poll.registry();
         self.leftovers.untrack_key(registry, key);
-        let mut alive = Vec::new();
+        let mut counted = CountedLeftovers::default();
         for process in earlier_processes(&census, next, &basis, held) {
+            let start = ProcessStart {
+                pid: process.pid,
+                start_ticks: process.start_ticks,
+            };
             match self
                 .leftovers
                 .track(registry, key, process.pid, process.start_ticks)
             {
-                Ok(Tracked::Alive) => alive.push(process.pid),
-                Ok(Tracked::AlreadyExited) => {}
+                Ok(Tracked::Alive) => counted.held.push(start),
+                Ok(Tracked::AlreadyExited) => counted.exited.push(start),
                 Err(e) => {
                     self.leftovers.untrack_key(registry, key);
                     return Err(e.to_string());
                 }
             }
         }
-        Ok(CountedLeftovers {
-            held: alive,
-            guessed_roots: guessed_roots(&census, next, &basis),
-        })
+        Ok(counted)
     }
 
     fn take_cgroup_notices(&mut self) {

@@ -29,7 +29,7 @@ mod tracker;
 #[cfg(test)]
 pub(crate) use start_order::StartOrder;
 pub(crate) use start_order::{
-    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, earlier_processes, guessed_roots,
+    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, ProcessStart, earlier_processes,
     note_offset_floor,
 };
 pub(crate) use tracker::{ProcessTracker, Tracked};

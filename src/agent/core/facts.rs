@@ -524,7 +524,7 @@ impl UnitFacts {
             roots,
             roots_began_us: began_us,
             gone_roots,
-            guessed_roots: Vec::new(),
+            once_held: Vec::new(),
         }
     }
 
@@ -698,7 +698,7 @@ mod tests {
                 roots_began_us: Some(5_000),
                 roots: vec![20],
                 gone_roots: vec![],
-                guessed_roots: vec![],
+                once_held: vec![],
             }
         );
     }
@@ -727,7 +727,7 @@ mod tests {
                 roots_began_us: Some(7_000),
                 roots: vec![30],
                 gone_roots: vec![],
-                guessed_roots: vec![],
+                once_held: vec![],
             }
         );
     }

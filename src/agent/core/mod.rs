@@ -44,7 +44,7 @@ use std::path::PathBuf;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-pub(crate) use crate::cgroup::procs::NextInvocation;
+pub(crate) use crate::cgroup::procs::{NextInvocation, ProcessStart};
 pub(crate) use crate::control::wire::CoreStats;
 pub(crate) use crate::control::wire::EventAnswer;
 pub(crate) use crate::control::wire::{RemainingProcess, UnitStatus};
@@ -198,14 +198,14 @@ pub(crate) enum Input {
     },
 }
 
-/// What a count of leftovers ([`Output::CountLeftovers`]) found.
+/// What a count of leftovers ([`Output::CountLeftovers`]) found: the processes that may be
+/// ours, each with its start.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct CountedLeftovers {
-    /// The processes that may be ours, each now held (a pidfd) until it exits.
-    pub held: Vec<i32>,
-    /// The roots systemd named for a later invocation that the census found to be guesses
-    /// of its, our leftovers (`crate::cgroup::procs::guessed_roots`).
-    pub guessed_roots: Vec<i32>,
+    /// Those now held (a pidfd each) until they exit.
+    pub held: Vec<ProcessStart>,
+    /// Those that exited before a pidfd could hold them.
+    pub exited: Vec<ProcessStart>,
 }
 
 /// Everything the driver must do.
@@ -233,14 +233,16 @@ pub(crate) enum Output {
     /// leftovers.
     DropKernelHandles { key: UnitKey },
     /// Count the processes in this cgroup and below that are not certainly `next`'s, hold a
-    /// pidfd for each, and answer with their pids (synchronous, [`Input::Leftovers`]); report
+    /// pidfd for each, and answer with their pids and starts (synchronous,
+    /// [`Input::Leftovers`]); report
     /// each one's exit later with [`Input::LeftoverExited`]. Replaces what was held for `key`.
     CountLeftovers {
         key: UnitKey,
         cgroup: String,
         next: NextInvocation,
-        /// The processes counted as earlier before, so their children count so too.
-        held: Vec<i32>,
+        /// The processes counted as earlier before, with their starts, so their children count
+        /// so too.
+        held: Vec<ProcessStart>,
     },
     /// Read `cgroup.events` of this cgroup now (synchronous).
     ReadCgroup { key: UnitKey, cgroup: String },
@@ -513,15 +515,11 @@ impl Core {
             Input::ExitRecord { key, record } => self.on_exit_record(key, record, now),
             Input::Leftovers { key, result } => {
                 let count = result.map(|counted| {
-                    let watch = self.units.get_mut(&key);
                     let count = counted.held.len();
-                    if let Some(watch) = watch {
-                        watch.leftovers =
-                            (count > 0).then(|| Box::new(counted.held.into_iter().collect()));
-                        if !counted.guessed_roots.is_empty() {
-                            // Kept past the roots' exit: the sessions they led stay ours.
-                            let after_ours = watch.after_ours.get_or_insert_default();
-                            after_ours.known.note_guessed_roots(&counted.guessed_roots);
+                    if let Some(watch) = self.units.get_mut(&key) {
+                        watch.hold_leftovers(counted.held);
+                        for process in counted.exited {
+                            watch.note_once_held(process);
                         }
                     }
                     count
@@ -531,14 +529,16 @@ impl Core {
             Input::LeftoverExited { key, pid } => {
                 if let Some(watch) = self.units.get_mut(&key)
                     && let Some(leftovers) = &mut watch.leftovers
-                    && leftovers.remove(&pid)
+                    && let Some(start_ticks) = leftovers.remove(&pid)
                 {
-                    if leftovers.is_empty() {
+                    let count = leftovers.len();
+                    let exited = ProcessStart { pid, start_ticks };
+                    watch.note_once_held(exited);
+                    if count == 0 {
                         // What it forked since the last count may be left: count again, with
                         // it still counted as ours so its children are too.
-                        self.count_leftovers(key, &[pid], now);
+                        self.count_leftovers(key, &[exited], now);
                     } else {
-                        let count = leftovers.len();
                         self.feed(key, ProofInput::Leftovers(Ok(count)), now);
                     }
                 }
@@ -866,7 +866,7 @@ impl Core {
 
     /// Asks for the unit's leftovers to be counted and followed. A unit with no cgroup has none
     /// (see [`Core::read_cgroup`] for when a missing cgroup is a fact).
-    fn count_leftovers(&mut self, key: UnitKey, gone: &[i32], now: Instant) {
+    fn count_leftovers(&mut self, key: UnitKey, gone: &[ProcessStart], now: Instant) {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
@@ -879,17 +879,14 @@ impl Core {
             return;
         }
         let cgroup = watch.control_group.to_string();
-        let mut next = watch.facts.next_invocation();
-        if let Some(after_ours) = &watch.after_ours {
-            next.absorb(&after_ours.known);
-        }
+        let next = watch.later_invocations();
         let held = watch
             .leftovers
             .as_deref()
             .into_iter()
-            .flatten()
-            .chain(gone)
-            .copied()
+            .flat_map(|leftovers| leftovers.iter())
+            .map(|(&pid, &start_ticks)| ProcessStart { pid, start_ticks })
+            .chain(gone.iter().copied())
             .collect();
         self.outputs.push_back(Output::CountLeftovers {
             key,

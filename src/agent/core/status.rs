@@ -71,7 +71,7 @@ impl Core {
                 .leftovers
                 .as_deref()
                 .into_iter()
-                .flatten()
+                .flat_map(|leftovers| leftovers.keys())
                 .copied()
                 .collect(),
             remaining: None,

@@ -1,13 +1,13 @@
 //! One watched unit: what the client asked for, what systemd said, and its proof.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use super::control_group::ControlGroup;
 use super::event::{ProofEvent, WatchView};
 use super::facts::UnitFacts;
-use super::{NextInvocation, ReplyTo, StopKind, UnitKey};
+use super::{NextInvocation, ProcessStart, ReplyTo, StopKind, UnitKey};
 use crate::cgroup::CgroupReading;
 use crate::control::protocol::WatchSpec;
 use crate::memory::shrink_when_sparse;
@@ -157,13 +157,14 @@ pub(super) struct Watch {
     /// When the core first learned that our invocation is terminal: the start of the proof's
     /// latency, and of how long remaining processes block it.
     pub terminal_at: Option<Instant>,
-    /// Processes in the cgroup that may be ours, followed until they exit, while a new
-    /// invocation runs beside them. Boxed: most watches never have any.
+    /// Processes in the cgroup that may be ours, each with its start (clock ticks since
+    /// boot), followed until they exit, while a new invocation runs beside them. Boxed: most
+    /// watches never have any.
     #[expect(
         clippy::box_collection,
         reason = "a thin pointer keeps every watch 16 bytes smaller"
     )]
-    pub leftovers: Option<Box<BTreeSet<i32>>>,
+    pub leftovers: Option<Box<BTreeMap<i32, u64>>>,
     /// What systemd said of the invocations after ours, gathered as they came: the facts keep
     /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
     /// most watches never see one.
@@ -231,6 +232,38 @@ impl Watch {
                 .map(|_| Box::new(Release::new(spec.launch_file.is_some()))),
             spec: SpecIfAny::new(spec),
         }
+    }
+
+    /// Keeps a process held as a leftover and held no more, with its start: a root systemd
+    /// names with its pid, gone, is judged by it (a guess of systemd's, or a pid used again).
+    pub(super) fn note_once_held(&mut self, process: ProcessStart) {
+        let after_ours = self.after_ours.get_or_insert_default();
+        after_ours.known.note_once_held(process);
+    }
+
+    /// Holds `held`, a count's answer, in place of what was held: what drops out (exited, or
+    /// found not ours) is kept as once held.
+    pub(super) fn hold_leftovers(&mut self, held: Vec<ProcessStart>) {
+        let before = self.leftovers.take();
+        for (&pid, &start_ticks) in before.iter().flat_map(|before| before.iter()) {
+            if !held.contains(&ProcessStart { pid, start_ticks }) {
+                self.note_once_held(ProcessStart { pid, start_ticks });
+            }
+        }
+        self.leftovers = (!held.is_empty()).then(|| {
+            let starts = held.iter().map(|p| (p.pid, p.start_ticks));
+            Box::new(starts.collect())
+        });
+    }
+
+    /// What is known of the invocations after ours: the current one's, from the facts, and
+    /// what was gathered of the others.
+    pub(super) fn later_invocations(&self) -> NextInvocation {
+        let mut next = self.facts.next_invocation();
+        if let Some(after_ours) = &self.after_ours {
+            next.absorb(&after_ours.known);
+        }
+        next
     }
 
     /// Our invocation, once known.

@@ -30,7 +30,7 @@ use crate::agent::core::{
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{
-    ClockBasis, NextInvocation, OffsetFloors, ProcessInfo, earlier_processes, guessed_roots,
+    ClockBasis, NextInvocation, OffsetFloors, ProcessInfo, ProcessStart, earlier_processes,
 };
 use crate::control::protocol::{RequestId, parse_request};
 use crate::proof::StopReason;
@@ -581,7 +581,7 @@ impl Sim {
         key: UnitKey,
         cgroup: &str,
         next: &NextInvocation,
-        held: &[i32],
+        held: &[ProcessStart],
     ) -> Result<CountedLeftovers, String> {
         if !self.healed && self.rng.percent(2) {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
@@ -594,10 +594,14 @@ impl Sim {
             boot_minus_mono_ns: self.world.kernel.suspended_us * 1000,
             floors: self.offset_floors,
         };
-        let earlier: Vec<i32> = earlier_processes(&census, next, &basis, held)
+        let counted: Vec<ProcessStart> = earlier_processes(&census, next, &basis, held)
             .into_iter()
-            .map(|p| p.pid)
+            .map(|p| ProcessStart {
+                pid: p.pid,
+                start_ticks: p.start_ticks,
+            })
             .collect();
+        let earlier: Vec<i32> = counted.iter().map(|p| p.pid).collect();
         if self.trace.is_some() {
             let all: Vec<String> = census
                 .iter()
@@ -633,9 +637,10 @@ impl Sim {
             .filter_map(|pid| procs.get(&(*pid as Pid)).map(|p| (p.pid, p.id)))
             .collect();
         self.leftovers.insert(key, held);
+        // The census and the pidfds are one instant here: every process counted is held.
         Ok(CountedLeftovers {
-            held: earlier,
-            guessed_roots: guessed_roots(&census, next, &basis),
+            held: counted,
+            exited: Vec::new(),
         })
     }
 

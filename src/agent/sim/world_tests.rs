@@ -486,7 +486,7 @@ fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
             roots_began_us: Some(next_began),
             roots,
             gone_roots: vec![],
-            guessed_roots: vec![],
+            once_held: vec![],
         };
         let mut pids: Vec<i32> = earlier_processes(&census, &next, &basis, &[])
             .into_iter()

@@ -148,10 +148,20 @@ pub(crate) struct NextInvocation {
     /// Every other MainPID and ControlPID systemd named for it before (an ExecStartPre=, an
     /// ExecStart= that has exited): each began a session of its own, which its orphans keep.
     pub gone_roots: Vec<GoneRoot>,
-    /// Roots and gone roots that a count found alive and started before their invocation could
-    /// fork ([`guessed_roots`]): systemd's guesses, our leftovers. Kept for when they are gone,
-    /// as the session such a one leads is ours, and what it forked into it is too.
-    pub guessed_roots: Vec<i32>,
+    /// Processes a count held as possibly ours and held no more (they exited, or a later count
+    /// found them not ours), each with its start: a root systemd named with such a pid, gone
+    /// now, is judged by that start, as rule 0 judges a root alive. systemd guesses our leftover as a MainPID (see
+    /// [`earlier_processes`]), and the session such a guess leads stays ours once it is gone.
+    /// A pid used again since started later, so that errs toward waiting.
+    pub once_held: Vec<ProcessStart>,
+}
+
+/// A process as a count of leftovers saw it: its pid and its start (clock ticks since boot,
+/// field 22 of `/proc/PID/stat`), which together name it for good.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ProcessStart {
+    pub pid: i32,
+    pub start_ticks: u64,
 }
 
 /// A MainPID or ControlPID systemd named for an invocation after the counted one, and no longer
@@ -198,21 +208,21 @@ impl NextInvocation {
                 self.gone_roots.push(root);
             }
         }
-        self.note_guessed_roots(&later.guessed_roots);
+        for &process in &later.once_held {
+            self.note_once_held(process);
+        }
     }
 
-    /// Keeps `pids`, found by [`guessed_roots`], as systemd's guesses; the oldest go first
-    /// beyond [`MAX_GONE_ROOTS`], and a guess forgotten only makes its session wait.
-    pub(crate) fn note_guessed_roots(&mut self, pids: &[i32]) {
-        for &pid in pids {
-            if self.guessed_roots.contains(&pid) {
-                continue;
-            }
-            if self.guessed_roots.len() == MAX_GONE_ROOTS {
-                self.guessed_roots.remove(0);
-            }
-            self.guessed_roots.push(pid);
+    /// Keeps `process`, held as possibly ours and held no more: the last of a pid replaces
+    /// the one before, and the oldest go first beyond [`MAX_GONE_ROOTS`] (a start forgotten
+    /// makes a root named with that pid, gone, count as its invocation's, as before a count
+    /// held it).
+    pub(crate) fn note_once_held(&mut self, process: ProcessStart) {
+        self.once_held.retain(|known| known.pid != process.pid);
+        if self.once_held.len() == MAX_GONE_ROOTS {
+            self.once_held.remove(0);
         }
+        self.once_held.push(process);
     }
 
     /// The pids of [`NextInvocation::gone_roots`].
@@ -239,38 +249,15 @@ const MAX_ANCESTRY: usize = 64;
 /// tick truncation of `/proc`'s start times is allowed for besides.
 const FIRST_FORK_SLACK_TICKS: u64 = 2;
 
-/// Whether `process` certainly started before an invocation that began at `began` could fork
-/// its first process (its beginning less [`FIRST_FORK_SLACK_TICKS`]).
-fn before_first_fork(basis: &ClockBasis, process: &ProcessInfo, began: Option<u64>) -> bool {
+/// Whether a process that started at `start_ticks` certainly started before an invocation
+/// that began at `began` could fork its first process (its beginning less
+/// [`FIRST_FORK_SLACK_TICKS`]).
+fn before_first_fork(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -> bool {
     began.is_some_and(|began| {
         let slack_us = FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1);
         let first_fork = began.saturating_sub(slack_us);
-        basis.start_order(process.start_ticks, first_fork) == StartOrder::Before
+        basis.start_order(start_ticks, first_fork) == StartOrder::Before
     })
-}
-
-/// The roots and gone roots of `next` that `census` shows alive and started before their
-/// invocation could fork: not processes systemd forked for it, but guesses of its
-/// (`unit_search_main_pid` names an earlier invocation's orphan the MainPID of a Type=forking
-/// service without PIDFile=). A pid alive now that started before the invocation began was in
-/// use all along, so it is the very process systemd named. The core keeps them in
-/// [`NextInvocation::guessed_roots`], for when they are gone.
-pub(crate) fn guessed_roots(
-    census: &[ProcessInfo],
-    next: &NextInvocation,
-    basis: &ClockBasis,
-) -> Vec<i32> {
-    let named = next.roots.iter().map(|&pid| (pid, next.roots_began_us));
-    let gone = next.gone_roots.iter().map(|g| (g.pid, g.began_us));
-    named
-        .chain(gone)
-        .filter(|&(pid, began)| {
-            census
-                .iter()
-                .any(|p| p.pid == pid && before_first_fork(basis, p, began))
-        })
-        .map(|(pid, _)| pid)
-        .collect()
 }
 
 /// The processes of `census` that may belong to an earlier invocation, given `held`, the
@@ -282,7 +269,7 @@ pub(crate) fn guessed_roots(
 ///    of a root's lineage or session. systemd guesses the MainPID of a Type=forking service
 ///    without PIDFile= (`unit_search_main_pid`: the only process of the cgroup whose parent is
 ///    the manager), and an earlier invocation's orphan is such a one. A root gone from the
-///    census that an earlier count found so ([`NextInvocation::guessed_roots`]) stays a guess;
+///    census is judged by its start where a count held it ([`NextInvocation::once_held`]);
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
@@ -294,7 +281,7 @@ pub(crate) fn guessed_roots(
 ///    not a process that certainly started before that root's invocation could fork, where
 ///    its beginning is known (a session has no member older than it: the gone root was a
 ///    guess of systemd's, as in rule 0), nor a member of the session of a gone root that was
-///    such a guess, alive or found so by an earlier count: that session is the one our
+///    such a guess, by its start alive or as a count held it: that session is the one our
 ///    leftover led, and what it forked into it, even after `next` began, is ours. The root
 ///    itself counts only where that beginning is known and its start is not before it: its
 ///    pid may have been used again;
@@ -311,7 +298,7 @@ pub(crate) fn earlier_processes<'a>(
     census: &'a [ProcessInfo],
     next: &NextInvocation,
     basis: &ClockBasis,
-    held: &[i32],
+    held: &[ProcessStart],
 ) -> Vec<&'a ProcessInfo> {
     let by_pid: HashMap<i32, &ProcessInfo> = census.iter().map(|p| (p.pid, p)).collect();
     let sessions_of = |pids: &[i32]| -> HashSet<i32> {
@@ -320,14 +307,23 @@ pub(crate) fn earlier_processes<'a>(
             .flatten()
             .collect()
     };
-    let before_next = |p: &ProcessInfo| before_first_fork(basis, p, next.roots_began_us);
+    let before_next =
+        |p: &ProcessInfo| before_first_fork(basis, p.start_ticks, next.roots_began_us);
     // Whether systemd's naming `pid` a root of an invocation that began at `began` was a
-    // guess: by its start where it is alive (a pid used again is a new process), else as a
-    // count found it while it was.
-    let guessed = |pid: i32, began: Option<u64>| match by_pid.get(&pid) {
-        Some(p) => before_first_fork(basis, p, began),
-        None => next.guessed_roots.contains(&pid),
+    // guess: by its start where it is alive (a pid used again is a new process), else by its
+    // start as a count held it (held still, its exit not yet heard, or exited since).
+    let guessed = |pid: i32, began: Option<u64>| {
+        let start = match by_pid.get(&pid) {
+            Some(p) => Some(p.start_ticks),
+            None => held
+                .iter()
+                .chain(&next.once_held)
+                .find(|e| e.pid == pid)
+                .map(|e| e.start_ticks),
+        };
+        start.is_some_and(|start| before_first_fork(basis, start, began))
     };
+    let held: Vec<i32> = held.iter().map(|p| p.pid).collect();
     // Rule 0: a root that started before `next` could fork is a guess of systemd's.
     let roots: Vec<i32> = next
         .roots
@@ -336,7 +332,7 @@ pub(crate) fn earlier_processes<'a>(
         .filter(|&pid| !guessed(pid, next.roots_began_us))
         .collect();
     let next_sessions = sessions_of(&roots);
-    let held_sessions = sessions_of(held);
+    let held_sessions = sessions_of(&held);
     // The process and its ancestors within the census, nearest first.
     let lineage = |process: &'a ProcessInfo| {
         let mut chain = vec![process];
@@ -369,7 +365,7 @@ pub(crate) fn earlier_processes<'a>(
         next.gone_roots.iter().any(|g| {
             g.pid == p.session
                 && !guessed(g.pid, g.began_us)
-                && !before_first_fork(basis, p, g.began_us)
+                && !before_first_fork(basis, p.start_ticks, g.began_us)
                 && (p.session != p.pid || g.began_us.is_some())
         })
     };

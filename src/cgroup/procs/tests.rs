@@ -1012,7 +1012,31 @@ fn process(pid: i32, ppid: i32, session: i32, start_ticks: u64) -> ProcessInfo {
     }
 }
 
+/// The pids `earlier_processes` keeps, `held` being processes of the census an earlier count
+/// held.
 fn earlier_pids(census: &[ProcessInfo], next: &NextInvocation, held: &[i32]) -> Vec<i32> {
+    let held: Vec<ProcessStart> = held
+        .iter()
+        .map(|&pid| {
+            let process = census
+                .iter()
+                .find(|p| p.pid == pid)
+                .expect("held in the census");
+            ProcessStart {
+                pid,
+                start_ticks: process.start_ticks,
+            }
+        })
+        .collect();
+    earlier_pids_holding(census, next, &held)
+}
+
+/// As [`earlier_pids`], with `held` as an earlier count saw it (some may be gone now).
+fn earlier_pids_holding(
+    census: &[ProcessInfo],
+    next: &NextInvocation,
+    held: &[ProcessStart],
+) -> Vec<i32> {
     let basis = ClockBasis {
         clk_tck: 100,
         boot_minus_mono_ns: 0,
@@ -1034,7 +1058,7 @@ fn next_with_gone_root() -> NextInvocation {
             pid: 50,
             began_us: Some(5_000_000),
         }],
-        guessed_roots: vec![],
+        once_held: vec![],
     }
 }
 
@@ -1140,7 +1164,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots_began_us: Some(9_000_000),
         roots: vec![90],
         gone_roots: vec![],
-        guessed_roots: vec![],
+        once_held: vec![],
     };
     let gone = |pid, began_us| GoneRoot { pid, began_us };
     next.absorb(&NextInvocation {
@@ -1148,7 +1172,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots_began_us: Some(5_000_000),
         roots: vec![50],
         gone_roots: vec![gone(51, None), gone(90, Some(5_000_000))],
-        guessed_roots: vec![],
+        once_held: vec![],
     });
     assert_eq!(
         next,
@@ -1157,7 +1181,7 @@ fn what_is_known_of_later_invocations_adds_up() {
             roots_began_us: Some(9_000_000),
             roots: vec![90],
             gone_roots: vec![gone(50, Some(5_000_000)), gone(51, None)],
-            guessed_roots: vec![],
+            once_held: vec![],
         },
         "the earliest beginning, the roots' own; every other root, once, with its own"
     );
@@ -1177,7 +1201,7 @@ fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() 
         roots: vec![80],
         roots_began_us: Some(5_000_000),
         gone_roots: vec![],
-        guessed_roots: vec![],
+        once_held: vec![],
     };
     let guessed = process(80, 1, 70, 100);
     let its_child = process(81, 80, 70, 600);
@@ -1189,23 +1213,35 @@ fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() 
 
 /// systemd guessed our leftover 50, leading session 50 since before the next invocation, as
 /// its MainPID (`unit_search_main_pid`); 50 forked 61 after the next invocation began, then
-/// died. 61 is ours, orphaned: a count that found 50 a guess while it lived says so for good.
+/// died. 61 is ours, orphaned: the start a count held 50 with shows the guess.
 #[test]
 fn a_member_of_the_session_of_a_gone_guessed_root_is_ours() {
     let child = process(61, 1, 50, 600);
-    let guessed = NextInvocation {
-        guessed_roots: vec![50],
+    let held_before = NextInvocation {
+        once_held: vec![ProcessStart {
+            pid: 50,
+            start_ticks: 100,
+        }],
         ..next_with_gone_root()
     };
     assert_eq!(
-        earlier_pids(std::slice::from_ref(&child), &guessed, &[]),
+        earlier_pids(std::slice::from_ref(&child), &held_before, &[]),
         [61]
     );
-    // Not known to be a guess, the session is the one the gone root began for the next.
+    // Not known, the session is the one the gone root began for the next invocation; nor
+    // where the process held with that pid started as the next invocation began.
     assert_eq!(
-        earlier_pids(&[child], &next_with_gone_root(), &[]),
+        earlier_pids(std::slice::from_ref(&child), &next_with_gone_root(), &[]),
         Vec::<i32>::new()
     );
+    let its_own = NextInvocation {
+        once_held: vec![ProcessStart {
+            pid: 50,
+            start_ticks: 499,
+        }],
+        ..next_with_gone_root()
+    };
+    assert_eq!(earlier_pids(&[child], &its_own, &[]), Vec::<i32>::new());
 }
 
 /// The same guess alive, gone as a root only (systemd named another MainPID): its own start
@@ -1216,8 +1252,8 @@ fn a_member_of_the_session_of_a_living_guessed_gone_root_is_ours() {
     assert_eq!(earlier_pids(&census, &next_with_gone_root(), &[]), [50, 61]);
 }
 
-/// A root systemd still names, found a guess by an earlier count, then dead before systemd
-/// said so: its session is not the next invocation's.
+/// A root systemd still names, held by an earlier count with a start before its invocation,
+/// then dead before systemd said so: its session is not the next invocation's.
 #[test]
 fn a_member_of_the_session_of_a_dead_guessed_root_is_ours() {
     let next = NextInvocation {
@@ -1226,59 +1262,86 @@ fn a_member_of_the_session_of_a_dead_guessed_root_is_ours() {
         ..next_with_gone_root()
     };
     let child = process(61, 1, 50, 600);
-    let guessed = NextInvocation {
-        guessed_roots: vec![50],
+    let held_before = NextInvocation {
+        once_held: vec![ProcessStart {
+            pid: 50,
+            start_ticks: 100,
+        }],
         ..next.clone()
     };
     assert_eq!(
-        earlier_pids(std::slice::from_ref(&child), &guessed, &[]),
+        earlier_pids(std::slice::from_ref(&child), &held_before, &[]),
         [61]
     );
     assert_eq!(earlier_pids(&[child], &next, &[]), Vec::<i32>::new());
 }
 
-/// A pid once a guess, used again: the process alive now is judged by its own start.
+/// A pid held and exited, used again: the process alive now is judged by its own start.
 #[test]
-fn a_guessed_roots_pid_used_again_by_the_next_invocation_is_its_root() {
+fn a_pid_held_before_and_used_again_by_the_next_invocation_is_its_root() {
     let next = NextInvocation {
         roots: vec![50],
         gone_roots: vec![],
-        guessed_roots: vec![50],
+        once_held: vec![ProcessStart {
+            pid: 50,
+            start_ticks: 100,
+        }],
         ..next_with_gone_root()
     };
     let census = [process(50, 1, 50, 500), process(61, 50, 50, 600)];
     assert_eq!(earlier_pids(&census, &next, &[]), Vec::<i32>::new());
 }
 
-/// What a count reports as guesses: the roots and gone roots alive that started before their
-/// invocation could fork, and no other.
+/// What is kept of exited processes: the last of a pid, the oldest dropped beyond the bound,
+/// and what a later invocation's knowledge adds.
 #[test]
-fn a_count_reports_the_roots_that_started_before_their_invocation_as_guesses() {
-    let basis = ClockBasis {
-        clk_tck: 100,
-        boot_minus_mono_ns: 0,
-        ..ClockBasis::default()
-    };
-    let next = NextInvocation {
-        roots: vec![80, 90],
-        gone_roots: vec![
-            GoneRoot {
-                pid: 50,
-                began_us: Some(5_000_000),
-            },
-            GoneRoot {
-                pid: 51,
-                began_us: None,
-            },
-        ],
-        ..next_with_gone_root()
-    };
-    let census = [
-        process(80, 1, 80, 100),
-        process(90, 1, 90, 600),
-        process(50, 1, 50, 100),
-        process(51, 1, 51, 100),
+fn the_starts_of_exited_processes_are_kept_once_each() {
+    let start = |pid, start_ticks| ProcessStart { pid, start_ticks };
+    let mut next = NextInvocation::default();
+    next.note_once_held(start(50, 100));
+    next.note_once_held(start(51, 100));
+    next.note_once_held(start(50, 300));
+    assert_eq!(next.once_held, [start(51, 100), start(50, 300)]);
+    next.absorb(&NextInvocation {
+        once_held: vec![start(52, 200)],
+        ..NextInvocation::default()
+    });
+    assert_eq!(next.once_held.len(), 3);
+    for pid in 100..200 {
+        next.note_once_held(start(pid, 400));
+    }
+    assert_eq!(next.once_held.len(), 64, "bounded");
+    assert_eq!(next.once_held.last(), Some(&start(199, 400)));
+}
+
+/// As above, the guess's exit not yet heard when the count is made: it is still held, with the
+/// start the count before saw, and that start tells (found by the simulator: the signal that
+/// systemd's main process is gone came before the guess's pidfd was read).
+#[test]
+fn a_member_of_the_session_of_a_held_guessed_root_gone_unheard_is_ours() {
+    let child = process(61, 1, 50, 600);
+    let held = [
+        ProcessStart {
+            pid: 50,
+            start_ticks: 100,
+        },
+        ProcessStart {
+            pid: 61,
+            start_ticks: 600,
+        },
     ];
-    assert_eq!(guessed_roots(&census, &next, &basis), [80, 50]);
-    assert_eq!(guessed_roots(&[], &next, &basis), Vec::<i32>::new());
+    assert_eq!(
+        earlier_pids_holding(std::slice::from_ref(&child), &next_with_gone_root(), &held),
+        [61]
+    );
+    // Held, the process named root started as its invocation began: its session is that
+    // invocation's.
+    let its_own = [ProcessStart {
+        pid: 50,
+        start_ticks: 499,
+    }];
+    assert_eq!(
+        earlier_pids_holding(&[child], &next_with_gone_root(), &its_own),
+        Vec::<i32>::new()
+    );
 }
