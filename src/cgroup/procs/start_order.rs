@@ -243,21 +243,42 @@ fn earliest(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// How far up the parent chain a process is followed to a root of the current invocation.
 const MAX_ANCESTRY: usize = 64;
 
-/// How long before the stamp of its beginning (InactiveExitTimestamp) systemd may fork an
-/// invocation's first process, in clock ticks: it forks, then records the state change
-/// (`service_spawn`, then `service_set_state` and `unit_notify`), microseconds apart, and the
-/// tick truncation of `/proc`'s start times is allowed for besides.
+/// How long before the stamp of its beginning (InactiveExitTimestamp) systemd forks an
+/// invocation's first process, in clock ticks, on a machine that lets it run: it forks, then
+/// records the state change (`service_spawn`, then `service_set_state` and `unit_notify`),
+/// microseconds apart, and the tick truncation of `/proc`'s start times is allowed for besides.
 const FIRST_FORK_SLACK_TICKS: u64 = 2;
 
-/// Whether a process that started at `start_ticks` certainly started before an invocation
-/// that began at `began` could fork its first process (its beginning less
-/// [`FIRST_FORK_SLACK_TICKS`]).
-fn before_first_fork(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -> bool {
+/// How long before that stamp systemd may have forked the first process on a loaded machine,
+/// preempted between the fork and the stamp: 26 to 36 ms was seen in CI on the 2-core machine (a
+/// real-systemd test's restart). A root that started within this of its invocation's
+/// beginning, but before [`FIRST_FORK_SLACK_TICKS`], is taken for that first fork, not for a
+/// guess, unless its invocation named another root: systemd guesses a MainPID only after the
+/// ExecStart= of a Type=forking service exited.
+const LATE_STAMP_SLACK_US: u64 = 500_000;
+
+/// Whether a process that started at `start_ticks` certainly started more than `slack_us`
+/// before an invocation that began at `began`.
+fn started_before(basis: &ClockBasis, start_ticks: u64, began: Option<u64>, slack_us: u64) -> bool {
     began.is_some_and(|began| {
-        let slack_us = FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1);
-        let first_fork = began.saturating_sub(slack_us);
-        basis.start_order(start_ticks, first_fork) == StartOrder::Before
+        basis.start_order(start_ticks, began.saturating_sub(slack_us)) == StartOrder::Before
     })
+}
+
+/// Whether a process that started at `start_ticks` certainly started before an invocation
+/// that began at `began` could fork its first process, on a machine that lets systemd run.
+fn before_first_fork(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -> bool {
+    let slack_us = FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1);
+    started_before(basis, start_ticks, began, slack_us)
+}
+
+/// Whether a process that started at `start_ticks` certainly started before an invocation
+/// that began at `began` could fork its first process, however late systemd stamped it
+/// ([`LATE_STAMP_SLACK_US`]).
+fn before_late_stamp(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -> bool {
+    let slack_us =
+        LATE_STAMP_SLACK_US.max(FIRST_FORK_SLACK_TICKS * 1_000_000 / basis.clk_tck.max(1));
+    started_before(basis, start_ticks, began, slack_us)
 }
 
 /// The processes of `census` that may belong to an earlier invocation, given `held`, the
@@ -265,11 +286,13 @@ fn before_first_fork(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -
 /// a session of its own (MainPID, ControlPID), and what they fork keeps that session even once
 /// orphaned. So, for each process, the first that applies:
 /// 0. it certainly started before the invocation of `next`'s roots could fork (its beginning
-///    less [`FIRST_FORK_SLACK_TICKS`]): neither a root of it, whatever systemd names it, nor
-///    of a root's lineage or session. systemd guesses the MainPID of a Type=forking service
-///    without PIDFile= (`unit_search_main_pid`: the only process of the cgroup whose parent is
-///    the manager), and an earlier invocation's orphan is such a one. A root gone from the
-///    census is judged by its start where a count held it ([`NextInvocation::once_held`]);
+///    less [`LATE_STAMP_SLACK_US`], or less [`FIRST_FORK_SLACK_TICKS`] where that invocation
+///    named another root): neither a root of it, whatever systemd names it, nor of a root's
+///    lineage or session. systemd guesses the MainPID of a Type=forking service without
+///    PIDFile= (`unit_search_main_pid`: the only process of the cgroup whose parent is the
+///    manager), after its ExecStart= exited, and an earlier invocation's orphan is such a one.
+///    A root gone from the census is judged by its start where a count held it
+///    ([`NextInvocation::once_held`]);
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
@@ -308,7 +331,16 @@ pub(crate) fn earlier_processes<'a>(
             .collect()
     };
     let before_next =
-        |p: &ProcessInfo| before_first_fork(basis, p.start_ticks, next.roots_began_us);
+        |p: &ProcessInfo| before_late_stamp(basis, p.start_ticks, next.roots_began_us);
+    // Whether the invocation that began at `began` named a root other than `pid`.
+    let named_another = |pid: i32, began: Option<u64>| {
+        let roots = next.roots.iter().map(|&root| (root, next.roots_began_us));
+        let gone = next.gone_roots.iter().map(|g| (g.pid, g.began_us));
+        began.is_some()
+            && roots
+                .chain(gone)
+                .any(|(root, of)| root != pid && of == began)
+    };
     // Whether systemd's naming `pid` a root of an invocation that began at `began` was a
     // guess: by its start where it is alive (a pid used again is a new process), else by its
     // start as a count held it (held still, its exit not yet heard, or exited since).
@@ -321,7 +353,10 @@ pub(crate) fn earlier_processes<'a>(
                 .find(|e| e.pid == pid)
                 .map(|e| e.start_ticks),
         };
-        start.is_some_and(|start| before_first_fork(basis, start, began))
+        start.is_some_and(|start| {
+            before_late_stamp(basis, start, began)
+                || (before_first_fork(basis, start, began) && named_another(pid, began))
+        })
     };
     let held: Vec<i32> = held.iter().map(|p| p.pid).collect();
     // Rule 0: a root that started before `next` could fork is a guess of systemd's.
@@ -365,7 +400,7 @@ pub(crate) fn earlier_processes<'a>(
         next.gone_roots.iter().any(|g| {
             g.pid == p.session
                 && !guessed(g.pid, g.began_us)
-                && !before_first_fork(basis, p.start_ticks, g.began_us)
+                && !before_late_stamp(basis, p.start_ticks, g.began_us)
                 && (p.session != p.pid || g.began_us.is_some())
         })
     };

@@ -1345,3 +1345,30 @@ fn a_member_of_the_session_of_a_held_guessed_root_gone_unheard_is_ours() {
         Vec::<i32>::new()
     );
 }
+
+/// systemd forked the next invocation's first process (its MainPID, Type=simple) 40 ms before
+/// it stamped the beginning, preempted on a loaded machine (seen in CI, where this made two
+/// real-systemd tests wait for the next invocation's main process): that root and what it
+/// forked are the next invocation's. Where the invocation named another root first (the
+/// ExecStart= of a Type=forking service, gone), a root that started before the stamp is a
+/// guess; and one that started long before is a guess in any case.
+#[test]
+fn a_first_root_forked_before_a_late_stamp_is_the_next_invocations() {
+    let next = NextInvocation {
+        roots: vec![80],
+        gone_roots: vec![],
+        ..next_with_gone_root()
+    };
+    let census = [process(80, 1, 80, 496), process(81, 80, 80, 497)];
+    assert_eq!(earlier_pids(&census, &next, &[]), Vec::<i32>::new());
+    let after_exec_start = NextInvocation {
+        gone_roots: vec![GoneRoot {
+            pid: 79,
+            began_us: Some(5_000_000),
+        }],
+        ..next.clone()
+    };
+    assert_eq!(earlier_pids(&census, &after_exec_start, &[]), [80, 81]);
+    let long_before = [process(80, 1, 80, 400), process(81, 80, 80, 497)];
+    assert_eq!(earlier_pids(&long_before, &next, &[]), [80, 81]);
+}
