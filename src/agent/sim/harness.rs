@@ -737,6 +737,9 @@ impl Sim {
 
     /// The invocation of a key the agent reads for the first time: the one its watch request
     /// names, the one of the restored watch, or none yet (adopted at the first read).
+    /// A restored proof (one whose release was cut short reads the unit again for its final
+    /// stop) is of its own invocation: the core holds it as an event, not as a proof it could
+    /// say it adopted, and the invocation a read names then is another's.
     fn new_key_invocation(&self, unit: &str) -> Option<Inv> {
         if let Some((name, inv)) = &self.asking
             && name == unit
@@ -746,10 +749,12 @@ impl Sim {
         if let Some(inv) = self.asked_names.get(unit) {
             return *inv;
         }
-        self.restored
-            .watches
-            .iter()
-            .find(|w| w.unit == unit && w.proof.is_none())
+        // The record the core restores (`one_record_per_unit`): an unproven one if any, else
+        // the last proof.
+        let of_unit = || self.restored.watches.iter().filter(|w| w.unit == unit);
+        of_unit()
+            .find(|w| w.proof.is_none())
+            .or_else(|| of_unit().next_back())
             .map(|w| parse_inv(&w.invocation))
     }
 
