@@ -74,6 +74,10 @@ pub const TESTS: &[Test] = &[
         a_child_our_leftover_forks_after_systemd_guessed_it_blocks_our_proof,
     ),
     (
+        "the_guessed_leftovers_child_blocks_our_proof_through_reload_reexec_and_agent_restart",
+        the_guessed_leftovers_child_blocks_our_proof_through_reload_reexec_and_agent_restart,
+    ),
+    (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
         a_start_timeout_is_worded_as_status_unknown_not_exit_0,
     ),
@@ -871,50 +875,16 @@ fn a_leftover_guessed_as_the_next_main_pid(
 /// `replaced-after-stop` while its child lived (found by the simulator, seed 160436693682008).
 fn a_child_our_leftover_forks_after_systemd_guessed_it_blocks_our_proof() {
     let sandbox = Sandbox::start("guessedfork");
-    let fifo = "/run/forks.fifo";
-    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
-        .expect("make the fifo the leftover waits on");
-    // The leftover waits on the fifo in a session of its own, then forks a child and exits;
-    // with the marker, ExecStop= takes 3 s.
-    let guessed = a_leftover_guessed_as_the_next_main_pid(
-        &sandbox,
-        "forks",
-        "if [ -e /run/forks.slow ]; then sleep 3; fi; ",
-        "setsid /bin/sh -c \"read line < /run/forks.fifo; sleep 1000 & exit 0\"",
-    );
-    let (agent, cgroup, second) = (&guessed.agent, &guessed.cgroup, &guessed.second);
-    let leftovers = [guessed.leftover];
-
-    // The leftover forks its child and exits; systemd stops invocation {second}, slowly.
-    touch(&sandbox, "/run/forks.slow");
-    let mut writer = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(sandbox.host_path(fifo))
-        .expect("setup: the leftover waits on the fifo");
-    std::io::Write::write_all(&mut writer, b"go\n").expect("release the leftover");
-    drop(writer);
-    sandbox.wait_until("systemd stops the next invocation", PATIENCE, || {
-        sandbox.show("forks.service", "ActiveState") == "deactivating"
-    });
-    let children = in_session(&sandbox, cgroup, leftovers[0]);
-    assert!(
-        !children.is_empty() && !sandbox.cgroup_pids(cgroup).contains(&leftovers[0]),
-        "setup: the leftover {leftovers:?} is gone and left its child in {cgroup}: {:?}",
-        sandbox.cgroup_pids(cgroup)
-    );
-    agent.barrier();
+    let guessed = a_guessed_leftover_forking_into_its_session(&sandbox);
+    let (agent, cgroup) = (&guessed.agent, &guessed.cgroup);
+    let children = the_guessed_leftover_forks_and_exits(&sandbox, &guessed);
     let why = format!(
-        "the child {children:?} of our leftover {leftovers:?}, which systemd guessed as \
-         invocation {second}'s MainPID, lives in {cgroup}"
+        "the child {children:?} of our leftover {}, which systemd guessed as invocation {}'s \
+         MainPID, lives in {cgroup}",
+        guessed.leftover, guessed.second
     );
     assert_unproven(agent, "forks.service", &why);
-    sandbox.wait_until("the next invocation is over", PATIENCE, || {
-        matches!(
-            sandbox.show("forks.service", "ActiveState").as_str(),
-            "inactive" | "failed"
-        )
-    });
+    the_next_invocation_is_over(&sandbox);
     agent.barrier();
     assert_unproven(agent, "forks.service", &why);
     assert_still_in(&sandbox, cgroup, &children);
@@ -922,6 +892,115 @@ fn a_child_our_leftover_forks_after_systemd_guessed_it_blocks_our_proof() {
     kill_pids(&children);
     let event = agent.one(&["wait", "forks.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["invocation"], guessed.ours.as_str(), "{event}");
+}
+
+/// As above, and then systemd reloads, re-executes itself, and the agent is killed and started
+/// again, each while the child lives. A reload announces the unit anew and a re-execution
+/// hands the guessed MainPID over in systemd's serialization (`service_serialize`); an agent
+/// started again has lost what it heard of the next invocation (the gone guess and its start):
+/// it must err toward waiting, never take the child for the next invocation's.
+fn the_guessed_leftovers_child_blocks_our_proof_through_reload_reexec_and_agent_restart() {
+    let sandbox = Sandbox::start("guessedre");
+    let mut guessed = a_guessed_leftover_forking_into_its_session(&sandbox);
+    let children = the_guessed_leftover_forks_and_exits(&sandbox, &guessed);
+    let (leftover, second, cgroup) = (guessed.leftover, &guessed.second, &guessed.cgroup);
+    let why = |after: &str| {
+        format!(
+            "the child {children:?} of our leftover {leftover}, which systemd guessed as \
+             invocation {second}'s MainPID, lives in {cgroup} ({after})"
+        )
+    };
+    sandbox.systemctl_ok(&["daemon-reload"]);
+    guessed.agent.barrier();
+    assert_unproven(
+        &guessed.agent,
+        "forks.service",
+        &why("after a daemon-reload"),
+    );
+    the_next_invocation_is_over(&sandbox);
+    sandbox.systemctl_ok(&["daemon-reexec"]);
+    sandbox.wait_until("the manager is back", PATIENCE, || {
+        let state = sandbox.systemctl(&["is-system-running"]);
+        matches!(
+            String::from_utf8_lossy(&state.stdout).trim(),
+            "running" | "degraded"
+        )
+    });
+    guessed.agent.barrier();
+    assert_unproven(
+        &guessed.agent,
+        "forks.service",
+        &why("after a daemon-reexec"),
+    );
+    let (ours, cgroup) = (guessed.ours.clone(), guessed.cgroup.clone());
+    guessed.agent.kill_hard();
+    let agent = Agent::start(&sandbox);
+    agent.barrier();
+    assert_unproven(&agent, "forks.service", &why("the agent started again"));
+    assert_still_in(&sandbox, &cgroup, &children);
+
+    kill_pids(&children);
+    let event = agent.one(&["wait", "forks.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+}
+
+/// The fifo the leftover of [`a_guessed_leftover_forking_into_its_session`] waits on.
+const FORKS_FIFO: &str = "/run/forks.fifo";
+
+/// [`a_leftover_guessed_as_the_next_main_pid`] of `forks.service`, whose leftover leads a
+/// session of its own (`setsid`) and, once told through [`FORKS_FIFO`], forks a child into it
+/// and exits; with `/run/forks.slow`, its ExecStop= takes 3 s.
+fn a_guessed_leftover_forking_into_its_session(sandbox: &Sandbox) -> GuessedMainPid {
+    nix::unistd::mkfifo(
+        &sandbox.host_path(FORKS_FIFO),
+        nix::sys::stat::Mode::S_IRWXU,
+    )
+    .expect("make the fifo the leftover waits on");
+    a_leftover_guessed_as_the_next_main_pid(
+        sandbox,
+        "forks",
+        "if [ -e /run/forks.slow ]; then sleep 3; fi; ",
+        "setsid /bin/sh -c \"read line < /run/forks.fifo; sleep 1000 & exit 0\"",
+    )
+}
+
+/// Tells the guessed leftover to fork its child and exit, so systemd stops the next
+/// invocation, slowly; returns the child, once the leftover is gone and the agent has heard.
+fn the_guessed_leftover_forks_and_exits(sandbox: &Sandbox, guessed: &GuessedMainPid) -> Vec<i32> {
+    touch(sandbox, "/run/forks.slow");
+    let mut writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(sandbox.host_path(FORKS_FIFO))
+        .expect("setup: the leftover waits on the fifo");
+    std::io::Write::write_all(&mut writer, b"go\n").expect("release the leftover");
+    drop(writer);
+    sandbox.wait_until("systemd stops the next invocation", PATIENCE, || {
+        sandbox.show("forks.service", "ActiveState") == "deactivating"
+    });
+    let children = in_session(sandbox, &guessed.cgroup, guessed.leftover);
+    assert!(
+        !children.is_empty()
+            && !sandbox
+                .cgroup_pids(&guessed.cgroup)
+                .contains(&guessed.leftover),
+        "setup: the leftover {} is gone and left its child in {}: {:?}",
+        guessed.leftover,
+        guessed.cgroup,
+        sandbox.cgroup_pids(&guessed.cgroup)
+    );
+    guessed.agent.barrier();
+    children
+}
+
+/// Waits for the invocation after ours of `forks.service` to be over.
+fn the_next_invocation_is_over(sandbox: &Sandbox) {
+    sandbox.wait_until("the next invocation is over", PATIENCE, || {
+        matches!(
+            sandbox.show("forks.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        )
+    });
 }
 
 /// A unit restarted outside twice. The agent stops the first foreign invocation, loses the
