@@ -28,6 +28,7 @@
 mod control_group;
 mod event;
 mod facts;
+mod names;
 mod persist;
 mod proven;
 mod requests;
@@ -41,7 +42,6 @@ mod watch;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 pub(crate) use crate::cgroup::procs::{NextInvocation, ProcessStart};
@@ -49,6 +49,7 @@ pub(crate) use crate::control::wire::CoreStats;
 pub(crate) use crate::control::wire::EventAnswer;
 pub(crate) use crate::control::wire::{RemainingProcess, UnitStatus};
 pub(crate) use event::{ProofEvent, WatchView};
+use names::NameIndex;
 use persist::Unsaved;
 pub(crate) use status::{MAX_REMAINING, still_running_message};
 use waiters::Waiters;
@@ -319,13 +320,13 @@ pub(crate) struct Core {
     config: CoreConfig,
     outputs: VecDeque<Output>,
     units: Watches,
-    /// Watches by the name the client used.
-    by_name: HashMap<Rc<str>, UnitKey>,
+    /// Watches by the name the client used: one a name.
+    by_name: NameIndex,
     /// Makes the watches' control groups out of pieces they share.
     control_groups: control_group::ControlGroups,
     /// Watches by systemd's own name for the unit (differs from the client's for an alias),
     /// which names it in signals too (its object path escapes it).
-    by_id: Index,
+    by_id: NameIndex,
     /// Each unit's next timer (its proof's retry, or a read retry).
     timers: BTreeSet<(Instant, UnitKey)>,
     waiters: Waiters<UnitKey, ReplyTo>,
@@ -339,7 +340,7 @@ pub(crate) struct Core {
     reloading: Option<Instant>,
     /// Bumped whenever facts seen before may be stale (reload, bus lost or back): a read
     /// started in an older epoch does not make a unit's facts fresh.
-    fact_epoch: u64,
+    fact_epoch: u32,
     reads_in_flight: usize,
     read_queue: VecDeque<UnitKey>,
     next_resync: Option<Instant>,
@@ -366,65 +367,6 @@ pub(crate) struct Core {
     wall_minus_mono_ns: Option<i128>,
 }
 
-/// Keys by a string, several per string (an alias and its unit may both be watched), in the
-/// order they came. Almost every string has one key, so the first is held alone and only the
-/// others in a list: a list for each would cost an allocation a watch. The strings are the
-/// watches' own, shared.
-#[derive(Debug, Default)]
-struct Index {
-    first: HashMap<Rc<str>, UnitKey>,
-    others: HashMap<Rc<str>, Vec<UnitKey>>,
-}
-
-impl Index {
-    fn insert(&mut self, name: &Rc<str>, key: UnitKey) {
-        match self.first.get(name) {
-            None => {
-                self.first.insert(Rc::clone(name), key);
-            }
-            Some(first) if *first == key => {}
-            Some(_) => {
-                let others = self.others.entry(Rc::clone(name)).or_default();
-                if !others.contains(&key) {
-                    others.push(key);
-                }
-            }
-        }
-    }
-
-    fn remove(&mut self, name: &str, key: UnitKey) {
-        if self.first.get(name) == Some(&key) {
-            match self.others.get_mut(name) {
-                Some(others) => {
-                    let next = others.remove(0);
-                    if let Some(first) = self.first.get_mut(name) {
-                        *first = next;
-                    }
-                    if others.is_empty() {
-                        self.others.remove(name);
-                    }
-                }
-                None => {
-                    self.first.remove(name);
-                    shrink_when_sparse(&mut self.first);
-                }
-            }
-        } else if let Some(others) = self.others.get_mut(name) {
-            others.retain(|k| *k != key);
-            if others.is_empty() {
-                self.others.remove(name);
-            }
-        }
-    }
-
-    /// The keys of `name`, owned so the caller may change the core while it goes through
-    /// them; with one key (almost always: this runs for every signal) nothing is allocated.
-    fn get(&self, name: &str) -> impl Iterator<Item = UnitKey> + use<> {
-        let others = self.others.get(name).cloned().unwrap_or_default();
-        self.first.get(name).copied().into_iter().chain(others)
-    }
-}
-
 impl Core {
     /// A core taking up `restored`, the state of a previous run. Nothing is read until
     /// [`Input::BusUp`].
@@ -434,8 +376,8 @@ impl Core {
             config,
             outputs: VecDeque::new(),
             units: Watches::default(),
-            by_name: HashMap::new(),
-            by_id: Index::default(),
+            by_name: NameIndex::new(|watch| &watch.unit),
+            by_id: NameIndex::new(|watch| &watch.id),
             control_groups: control_group::ControlGroups::default(),
             timers: BTreeSet::new(),
             waiters: Waiters::default(),
@@ -1098,11 +1040,8 @@ impl Core {
         if watch.event.is_none() {
             self.outputs.push_back(Output::DropKernelHandles { key });
         }
-        if self.by_name.get(&watch.unit) == Some(&key) {
-            self.by_name.remove(&watch.unit);
-            shrink_when_sparse(&mut self.by_name);
-        }
-        self.by_id.remove(&watch.id, key);
+        self.by_name.remove(&watch.unit, key, &self.units);
+        self.by_id.remove(&watch.id, key, &self.units);
         if let Some(at) = watch.timer {
             self.timers.remove(&(at, key));
         }

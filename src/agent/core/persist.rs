@@ -71,8 +71,8 @@ impl Core {
         for unit in unsaved.units {
             let record = self
                 .by_name
-                .get(unit.as_str())
-                .and_then(|key| self.units.get(key))
+                .key(unit.as_str(), &self.units)
+                .and_then(|key| self.units.get(&key))
                 .and_then(saved_watch_of);
             match record {
                 Some(record) => changes.watches.push(record),
@@ -171,16 +171,17 @@ impl Core {
                 match proof.event() {
                     Ok(event) => {
                         let key = self.new_key();
-                        self.by_name.insert(Rc::clone(&watch.unit), key);
+                        let (name, id) = (Rc::clone(&watch.unit), Rc::clone(&watch.id));
+                        let event_rebooted = event.cause == wire::Cause::Rebooted;
+                        watch.event = Some(Box::new(event));
+                        self.units.insert(key, watch);
+                        self.by_name.replace(&name, key, &self.units);
                         if record.release_unfinished {
                             // Killed between the proof's save and the end of its release,
                             // whose final stop hears the unit's signals until it is decided.
-                            self.by_id.insert(&watch.id, key);
-                            to_release
-                                .push((key, rebooted || event.cause == wire::Cause::Rebooted));
+                            self.by_id.insert(&id, key, &self.units);
+                            to_release.push((key, rebooted || event_rebooted));
                         }
-                        watch.event = Some(Box::new(event));
-                        self.units.insert(key, watch);
                         self.proven_order.push_back((now, key));
                     }
                     Err(e) => self.log(
@@ -197,13 +198,14 @@ impl Core {
                 watch.unsent_stop = Some(Box::new(UnsentStop {
                     kind: StopKind::Proof(StopReason::Requested),
                     target: record.invocation.clone(),
-                    first_read: 0,
+                    first_read: None,
                 }));
             }
             let key = self.new_key();
-            self.by_name.insert(Rc::clone(&watch.unit), key);
-            self.by_id.insert(&watch.id, key);
+            let (name, id) = (Rc::clone(&watch.unit), Rc::clone(&watch.id));
             self.units.insert(key, watch);
+            self.by_name.replace(&name, key, &self.units);
+            self.by_id.insert(&id, key, &self.units);
             if rebooted {
                 to_prove.push(key);
             }

@@ -134,7 +134,7 @@ impl Core {
             return Vec::new();
         };
         self.by_id
-            .get(&watch.id)
+            .keys(&watch.id, &self.units)
             .filter(|other| {
                 *other != key
                     && self.units.get(other).is_some_and(|w| {

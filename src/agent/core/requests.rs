@@ -45,8 +45,8 @@ impl Core {
             }
             Command::Unwatch(UnwatchArgs {
                 unit: Some(unit), ..
-            }) => match self.by_name.get(unit.as_str()) {
-                Some(&key) => {
+            }) => match self.by_name.key(unit.as_str(), &self.units) {
+                Some(key) => {
                     self.unwatch(key);
                     self.reply_when_saved(reply, Answer::Done);
                 }
@@ -143,7 +143,7 @@ impl Core {
                 return;
             }
         }
-        if let Some(&key) = self.by_name.get(unit.as_str())
+        if let Some(key) = self.by_name.key(unit.as_str(), &self.units)
             && let Some(watch) = self.units.get_mut(&key)
         {
             let ours = watch.our_invocation().map(str::to_owned);
@@ -213,8 +213,8 @@ impl Core {
 
     /// The unit's watch, started (adopting its current invocation) if there is none.
     fn ensure_watch(&mut self, unit: &UnitName) -> UnitKey {
-        match self.by_name.get(unit.as_str()) {
-            Some(&key) => key,
+        match self.by_name.key(unit.as_str(), &self.units) {
+            Some(key) => key,
             None => self.new_watch(unit, None, WatchSpec::default()),
         }
     }
@@ -227,9 +227,10 @@ impl Core {
     ) -> UnitKey {
         let key = self.new_key();
         let watch = Watch::new(unit, invocation, spec);
-        self.by_name.insert(Rc::clone(&watch.unit), key);
-        self.by_id.insert(&watch.id, key);
+        let (name, id) = (Rc::clone(&watch.unit), Rc::clone(&watch.id));
         self.units.insert(key, watch);
+        self.by_name.replace(&name, key, &self.units);
+        self.by_id.insert(&id, key, &self.units);
         self.read_unit(key);
         self.mark_changed(key);
         key

@@ -42,7 +42,7 @@ pub(crate) const MAX_REMAINING: usize = 32;
 
 impl Core {
     pub(super) fn cmd_status(&mut self, reply: ReplyTo, unit: &UnitName, now: Instant) {
-        let Some(&key) = self.by_name.get(unit.as_str()) else {
+        let Some(key) = self.by_name.key(unit.as_str(), &self.units) else {
             let message = format!("{unit} is not watched");
             self.reply(reply, Answer::Error(ErrorKind::NotWatched, message));
             return;

@@ -51,7 +51,7 @@ impl Core {
     pub(super) fn on_bus_up(&mut self, _now: Instant) {
         self.bus_up = true;
         self.reloading = None;
-        self.fact_epoch += 1;
+        self.fact_epoch = self.fact_epoch.wrapping_add(1);
         for key in self.live_keys() {
             self.read_unit(key);
         }
@@ -63,7 +63,7 @@ impl Core {
         }
         self.bus_up = false;
         self.reloading = None;
-        self.fact_epoch += 1;
+        self.fact_epoch = self.fact_epoch.wrapping_add(1);
         self.log(
             log::Level::Error,
             "lost systemd on the bus: every unit's state is unknown until it is read again"
@@ -96,7 +96,7 @@ impl Core {
                 let Some(unit) = unit_of_path(&path) else {
                     return;
                 };
-                for key in self.by_id.get(&unit) {
+                for key in self.by_id.keys(&unit, &self.units) {
                     let Some(watch) = self.units.get_mut(&key) else {
                         continue;
                     };
@@ -114,7 +114,7 @@ impl Core {
             // read says which. During a reload every unit is read once it ends.
             SystemdSignal::UnitRemoved { unit } | SystemdSignal::UnitNew { unit } => {
                 if self.reloading.is_none() {
-                    for key in self.by_id.get(&unit) {
+                    for key in self.by_id.keys(&unit, &self.units) {
                         self.read_unit(key);
                     }
                 }
@@ -125,7 +125,7 @@ impl Core {
                     "systemd is reloading: no proof from what was seen before".to_owned(),
                 );
                 self.reloading = Some(now);
-                self.fact_epoch += 1;
+                self.fact_epoch = self.fact_epoch.wrapping_add(1);
                 for key in self.keys_where(|_| true) {
                     if let Some(watch) = self.units.get_mut(&key) {
                         watch.stale = true;
@@ -139,7 +139,7 @@ impl Core {
 
     fn end_reload(&mut self) {
         self.reloading = None;
-        self.fact_epoch += 1;
+        self.fact_epoch = self.fact_epoch.wrapping_add(1);
         for key in self.live_keys() {
             self.read_unit(key);
         }
@@ -194,7 +194,7 @@ impl Core {
             return;
         };
         watch.reads.epoch = self.fact_epoch;
-        watch.reads.sent += 1;
+        watch.reads.sent = watch.reads.sent.wrapping_add(1);
         self.reads_in_flight += 1;
         let unit = watch.unit.to_string();
         // Only a client's new watch that names no invocation asks whether systemd knows the
@@ -383,10 +383,10 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let old_id = std::mem::replace(&mut watch.id, Rc::from(snapshot.id.as_str()));
-        let id = Rc::clone(&watch.id);
-        self.by_id.remove(&old_id, key);
-        self.by_id.insert(&id, key);
+        let id: Rc<str> = Rc::from(snapshot.id.as_str());
+        let old_id = std::mem::replace(&mut watch.id, Rc::clone(&id));
+        self.by_id.remove(&old_id, key, &self.units);
+        self.by_id.insert(&id, key, &self.units);
         self.share_snapshot(key, snapshot, now);
         self.confirm_after_ours(key, snapshot.serial);
         self.read_unit(key);
@@ -400,7 +400,7 @@ impl Core {
         if !snapshot.loaded {
             return;
         }
-        for other in self.by_id.get(&snapshot.id) {
+        for other in self.by_id.keys(&snapshot.id, &self.units) {
             if let Some(sibling) = self.units.get_mut(&other)
                 && other != key
             {
@@ -533,7 +533,7 @@ impl Core {
                 StopKind::FinalGeneration => Some(String::new()),
             };
             let target = target.unwrap_or_default();
-            let first_read = if final_stop { watch.reads.sent + 1 } else { 0 };
+            let first_read = final_stop.then(|| watch.reads.sent.wrapping_add(1));
             watch.unsent_stop = Some(Box::new(UnsentStop {
                 kind,
                 target,
@@ -577,10 +577,10 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let decidable = watch
-            .unsent_stop
-            .as_ref()
-            .is_some_and(|stop| watch.reads.answered >= stop.first_read);
+        let decidable = watch.unsent_stop.as_ref().is_some_and(|stop| {
+            stop.first_read
+                .is_none_or(|first| watch.reads.answered_since(first))
+        });
         if watch.stale || !self.bus_up || !decidable {
             return;
         }

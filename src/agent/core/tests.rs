@@ -4,6 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use super::watch::Reads;
 use super::*;
 use crate::agent::saved::SavedWatch;
 use crate::cgroup::procs::GoneRoot;
@@ -1022,28 +1023,90 @@ fn version_is_answered_at_once_with_the_build_versions() {
     );
 }
 
-#[test]
-fn an_index_keeps_every_key_of_a_name_in_the_order_they_came() {
-    let mut index = Index::default();
-    for key in [1, 2, 3, 2] {
-        index.insert(&"a.service".into(), UnitKey(key));
+/// Watches of `names` under keys 1, 2, ... in that order, each with systemd's name `id` when
+/// its name starts with `alias-`.
+fn watches_named(names: &[&str], id: &str) -> Watches {
+    let mut units = Watches::default();
+    for (key, name) in (1..).zip(names) {
+        let unit: UnitName = name.parse().expect("a valid unit name");
+        let spec = crate::control::protocol::WatchSpec::default();
+        let mut watch = Watch::new(&unit, None, spec);
+        if name.starts_with("alias-") {
+            watch.id = id.into();
+        }
+        units.insert(UnitKey(key), watch);
     }
-    index.insert(&"b.service".into(), UnitKey(4));
+    units
+}
+
+#[test]
+fn an_index_keeps_every_key_of_a_name_oldest_watch_first() {
+    let units = watches_named(
+        &[
+            "a.service",
+            "alias-1.service",
+            "alias-2.service",
+            "b.service",
+        ],
+        "a.service",
+    );
+    let mut by_id = NameIndex::new(|watch| &watch.id);
+    for key in [3, 1, 2, 3] {
+        by_id.insert("a.service", UnitKey(key), &units);
+    }
+    by_id.insert("b.service", UnitKey(4), &units);
+    let keys = |index: &NameIndex, name| index.keys(name, &units).collect::<Vec<_>>();
     assert_eq!(
-        index.get("a.service").collect::<Vec<_>>(),
+        keys(&by_id, "a.service"),
         [UnitKey(1), UnitKey(2), UnitKey(3)]
     );
-    index.remove("a.service", UnitKey(1));
-    assert_eq!(
-        index.get("a.service").collect::<Vec<_>>(),
-        [UnitKey(2), UnitKey(3)]
-    );
-    index.remove("a.service", UnitKey(3));
-    index.remove("a.service", UnitKey(2));
-    assert_eq!(index.get("a.service").collect::<Vec<_>>(), []);
-    assert_eq!(index.get("b.service").collect::<Vec<_>>(), [UnitKey(4)]);
-    index.remove("b.service", UnitKey(9));
-    assert_eq!(index.get("b.service").collect::<Vec<_>>(), [UnitKey(4)]);
+    by_id.remove("a.service", UnitKey(1), &units);
+    assert_eq!(keys(&by_id, "a.service"), [UnitKey(2), UnitKey(3)]);
+    by_id.remove("a.service", UnitKey(3), &units);
+    by_id.remove("a.service", UnitKey(2), &units);
+    assert_eq!(keys(&by_id, "a.service"), []);
+    assert_eq!(keys(&by_id, "b.service"), [UnitKey(4)]);
+    by_id.remove("b.service", UnitKey(9), &units);
+    by_id.remove("a.service", UnitKey(4), &units);
+    assert_eq!(keys(&by_id, "b.service"), [UnitKey(4)]);
+    // A key is found only under the name its watch has now.
+    assert_eq!(keys(&by_id, "alias-1.service"), []);
+}
+
+#[test]
+fn an_index_by_the_clients_name_holds_the_last_watch_of_a_name() {
+    let units = watches_named(&["a.service", "a.service", "b.service"], "");
+    let mut by_name = NameIndex::new(|watch| &watch.unit);
+    by_name.replace("a.service", UnitKey(1), &units);
+    by_name.replace("b.service", UnitKey(3), &units);
+    by_name.replace("a.service", UnitKey(2), &units);
+    assert_eq!(by_name.key("a.service", &units), Some(UnitKey(2)));
+    assert_eq!(by_name.keys("a.service", &units).count(), 1);
+    // The watch it replaced is no longer filed: removing it leaves the last one.
+    by_name.remove("a.service", UnitKey(1), &units);
+    assert_eq!(by_name.key("a.service", &units), Some(UnitKey(2)));
+    assert_eq!(by_name.key("b.service", &units), Some(UnitKey(3)));
+}
+
+#[test]
+fn an_index_finds_every_key_as_it_grows_and_shrinks() {
+    let names: Vec<String> = (0..1000).map(|i| format!("u{i}.service")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let units = watches_named(&names, "");
+    let mut by_name = NameIndex::new(|watch| &watch.unit);
+    for (key, name) in (1..).zip(&names) {
+        by_name.replace(name, UnitKey(key), &units);
+    }
+    // Nine in ten removed, which shrinks the table on the way.
+    for (key, name) in (1..).zip(&names) {
+        if key % 10 != 0 {
+            by_name.remove(name, UnitKey(key), &units);
+        }
+    }
+    for (key, name) in (1..).zip(&names) {
+        let expected = (key % 10 == 0).then_some(UnitKey(key));
+        assert_eq!(by_name.key(name, &units), expected, "{name}");
+    }
 }
 
 /// The change sets a script's outputs hold, in order.
@@ -2431,4 +2494,17 @@ fn a_proof_is_saved_before_anyone_is_told_even_without_a_generation() {
     // What was written by then is what a restart takes up: the unit, proven.
     let mut restarted = Script::restored(s.saved.clone(), "boot-1");
     assert_eq!(restarted.phase("b.service"), Phase::Proven);
+}
+
+#[test]
+fn a_read_answered_after_the_counter_wrapped_is_one_sent_after_the_decision() {
+    let reads = |answered| Reads {
+        answered,
+        ..Reads::default()
+    };
+    assert!(reads(5).answered_since(5));
+    assert!(reads(6).answered_since(5));
+    assert!(!reads(4).answered_since(5));
+    assert!(reads(1).answered_since(u32::MAX));
+    assert!(!reads(u32::MAX).answered_since(0));
 }
