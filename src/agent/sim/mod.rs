@@ -460,19 +460,10 @@ impl Tolerated {
 const KNOWN_DEFECTS: &[Tolerated] = &[
     Tolerated {
         kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
-        why: "issue 23 (4), what is left of it: 0 of 80,000 seeds on the two bases of \
-         2026-12-05 after the lost-proof fixes, but 1 of 20,000 on a random base \
-         (56425174831205h), not diagnosed (docs/sim-findings-2026-12-05-model.md)",
+        why: "issue 23 (4), what is left of it: 3 of 100,000 seeds on base 110974389502644 \
+         at d9e1998 (110974389532477h, 110974389571932, 110974389574438h), being diagnosed \
+         (docs/sim-findings-2026-12-05-model.md)",
         per_10k: 2,
-    },
-    Tolerated {
-        kind: "NO RELEASE of a launch file within the liveness bound after its proof",
-        why: "an alias watch asked to stop does not take the proof its sibling watch of the same \
-         invocation made, and counts a later invocation's process it cannot place as ours: its \
-         launch file is never released (263519739889804h, 1 of 20,000 random seeds at ee5e1b2; \
-         it no longer fails, and no seed of 80,000 showed it after the lost-proof fixes of \
-         2026-12-05; not diagnosed: docs/sim-findings-2026-12-05-model.md)",
-        per_10k: 1,
     },
 ];
 
