@@ -151,6 +151,11 @@ pub(super) fn render(stats: &AgentStats) -> String {
                 ("sync", work.sync_us),
                 ("cgroup-read", work.cgroup_read_us),
                 ("trim", work.trim_us),
+                ("census", work.census_us),
+                ("bus", work.bus_us),
+                ("rules", work.rules_us),
+                ("tell", work.tell_us),
+                ("log", work.log_us),
             ],
         ),
     );

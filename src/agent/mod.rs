@@ -484,7 +484,11 @@ impl Agent {
             let mut cgroups_ready = false;
             for event in events.iter() {
                 match event.token() {
-                    t if self.runtime.owns(t) => self.runtime.handle_event(event),
+                    t if self.runtime.owns(t) => {
+                        let bus = self.account.begin(Work::Bus, clock::now());
+                        self.runtime.handle_event(event);
+                        self.account.end(bus, clock::now());
+                    }
                     t if self.leftovers.owns(t) => {
                         if let Some((key, pid)) =
                             self.leftovers.handle_event(self.poll.registry(), t)
@@ -513,8 +517,10 @@ impl Agent {
                         .handle_event(self.poll.registry(), event, &mut requests),
                 }
             }
+            let bus = self.account.begin(Work::Bus, clock::now());
             self.runtime.turn();
             self.take_completions();
+            self.account.end(bus, clock::now());
             if cgroups_ready {
                 self.take_cgroup_notices();
             }
@@ -533,8 +539,10 @@ impl Agent {
             if self.core.poll_timeout().is_some_and(|at| at <= now) {
                 self.metrics_changed(now);
             }
+            let rules = self.account.begin(Work::Rules, now);
             self.core.handle_timeout(now);
             self.core.end_turn(now);
+            self.account.end(rules, clock::now());
             self.carry_out();
             if self
                 .state_store
@@ -575,8 +583,15 @@ impl Agent {
         let now = clock::now();
         self.account.input();
         self.metrics_changed(now);
-        self.core.handle_input(input, now);
+        self.rules(input, now);
         self.carry_out();
+    }
+
+    /// Hands `input` to the core, its time charged to the rules.
+    fn rules(&mut self, input: Input, now: Instant) {
+        let rules = self.account.begin(Work::Rules, now);
+        self.core.handle_input(input, now);
+        self.account.end(rules, clock::now());
     }
 
     /// Something happened that may change the figures: the metrics file is refreshed soon.
@@ -594,16 +609,27 @@ impl Agent {
             && let Some(output) = self.core.poll_output()
         {
             match output {
-                Output::ReadUnit { key, unit, kind } => self.read_unit(key, unit, kind),
-                Output::StartUnit { reply, unit } => self.start_unit(reply, unit),
-                Output::StopUnit { key, unit, kind } => self.stop_unit(key, unit, kind),
+                Output::ReadUnit { key, unit, kind } => {
+                    let bus = self.account.begin(Work::Bus, clock::now());
+                    self.read_unit(key, unit, kind);
+                    self.account.end(bus, clock::now());
+                }
+                Output::StartUnit { reply, unit } => {
+                    let bus = self.account.begin(Work::Bus, clock::now());
+                    self.start_unit(reply, unit);
+                    self.account.end(bus, clock::now());
+                }
+                Output::StopUnit { key, unit, kind } => {
+                    let bus = self.account.begin(Work::Bus, clock::now());
+                    self.stop_unit(key, unit, kind);
+                    self.account.end(bus, clock::now());
+                }
                 Output::AddInotifyWatches { key, cgroup } => {
                     let result = self
                         .cgroups
                         .add_watches(key, &cgroup)
                         .map_err(|e| e.to_string());
-                    self.core
-                        .handle_input(Input::InotifyWatchesAdded { key, result }, clock::now());
+                    self.rules(Input::InotifyWatchesAdded { key, result }, clock::now());
                 }
                 Output::DropKernelHandles { key } => {
                     self.cgroups.remove_watches(key);
@@ -615,25 +641,25 @@ impl Agent {
                     next,
                     held,
                 } => {
+                    let census = self.account.begin(Work::Census, clock::now());
                     let result = self.count_leftovers(key, &cgroup, &next, &held);
-                    self.core
-                        .handle_input(Input::Leftovers { key, result }, clock::now());
+                    let now = clock::now();
+                    self.account.end(census, now);
+                    self.rules(Input::Leftovers { key, result }, now);
                 }
                 Output::ReadCgroup { key, cgroup } => {
-                    let started = clock::now();
+                    let read = self.account.begin(Work::CgroupRead, clock::now());
                     let reading = self.cgroups.read_cgroup(&cgroup);
                     let now = clock::now();
-                    self.account.worked(Work::CgroupRead, started, now);
+                    self.account.end(read, now);
                     self.account.input();
-                    self.core
-                        .handle_input(Input::CgroupRead { key, reading }, now);
+                    self.rules(Input::CgroupRead { key, reading }, now);
                 }
                 Output::TakeExitRecord { key, run_dir, name } => {
                     let record = read_exit_record(&run_dir, &name);
                     self.records_to_remove.push((run_dir, name));
                     self.account.input();
-                    self.core
-                        .handle_input(Input::ExitRecord { key, record }, clock::now());
+                    self.rules(Input::ExitRecord { key, record }, clock::now());
                 }
                 Output::RemoveLaunchFile { unit, path } => {
                     // unlink never follows the final component: a symlink is removed, never
@@ -660,46 +686,53 @@ impl Agent {
                     to,
                     answer: Answer::Units(views),
                 } => {
+                    let tell = self.account.begin(Work::Tell, clock::now());
                     let reply = list_reply(to.id, views);
                     self.server
                         .send_streamed(self.poll.registry(), to.client, reply);
+                    self.account.end(tell, clock::now());
                 }
                 Output::Reply { to, mut answer } => {
+                    let tell = self.account.begin(Work::Tell, clock::now());
                     if let Answer::Status(status) | Answer::StillRunning(status) = &mut answer {
                         remaining::add_remaining(&self.cgroup_root, status);
                         status.systemd_error = self.systemd_error();
                     }
                     let line = answer_line(to.id, answer, |core| self.stats(core));
                     self.server.send(self.poll.registry(), to.client, &line);
+                    self.account.end(tell, clock::now());
                 }
-                Output::Broadcast { clients, event } => match event_line(&event) {
-                    Ok(line) => {
-                        for client in clients {
-                            self.server.send(self.poll.registry(), client, &line);
+                Output::Broadcast { clients, event } => {
+                    let tell = self.account.begin(Work::Tell, clock::now());
+                    match event_line(&event) {
+                        Ok(line) => {
+                            for client in clients {
+                                self.server.send(self.poll.registry(), client, &line);
+                            }
+                            self.account.proof_told(clock::now());
                         }
-                        self.account.proof_told(clock::now());
+                        Err(e) => log::error!("{}: encode the proof event: {e}", event.unit),
                     }
-                    Err(e) => log::error!("{}: encode the proof event: {e}", event.unit),
-                },
-                Output::Log {
-                    level,
-                    line,
-                    about: None,
-                } => log::log!(level, "{line}"),
-                Output::Log {
-                    level,
-                    line,
-                    about: Some(about),
-                } => log::log!(
-                    level,
-                    unit = about.unit.as_str(),
-                    invocation = about.invocation.as_str(),
-                    cause = about.cause.map_or("", crate::control::wire::Cause::name);
-                    "{line}"
-                ),
+                    self.account.end(tell, clock::now());
+                }
+                Output::Log { level, line, about } => {
+                    let log = self.account.begin(Work::Log, clock::now());
+                    match about {
+                        None => log::log!(level, "{line}"),
+                        Some(about) => log::log!(
+                            level,
+                            unit = about.unit.as_str(),
+                            invocation = about.invocation.as_str(),
+                            cause = about.cause.map_or("", crate::control::wire::Cause::name);
+                            "{line}"
+                        ),
+                    }
+                    self.account.end(log, clock::now());
+                }
                 Output::Save(save) => {
                     if let Some(store) = &mut self.state_store {
                         let started = clock::now();
+                        let timed = self.account.begin(Work::Save, started);
                         let what = match &*save {
                             StateSave::Snapshot(state) => {
                                 format!("a snapshot of {} watches", state.watches.len())
@@ -711,7 +744,7 @@ impl Agent {
                         };
                         let saved = store.save(*save);
                         let now = clock::now();
-                        self.account.worked(Work::Save, started, now);
+                        self.account.end(timed, now);
                         match saved {
                             Ok(bytes) => log::debug!(
                                 "saved {what} ({bytes} bytes) in {} us",
@@ -748,8 +781,9 @@ impl Agent {
         let Some(store) = self.state_store.as_mut().filter(|s| s.unsynced()) else {
             return true;
         };
+        let timed = self.account.begin(Work::Sync, now);
         let synced = store.sync();
-        self.account.worked(Work::Sync, now, clock::now());
+        self.account.end(timed, clock::now());
         match synced {
             Ok(_) => true,
             Err(e) => {
@@ -1002,8 +1036,9 @@ impl Agent {
         }
         if self.release_heap.is_some_and(|at| at <= now) {
             self.release_heap = None;
+            let trim = self.account.begin(Work::Trim, now);
             crate::memory::trim_free_heap();
-            self.account.worked(Work::Trim, now, clock::now());
+            self.account.end(trim, clock::now());
         }
         if let Some(mut metrics) = self.metrics.take() {
             metrics.refresh_if_due(now, || self.stats(self.core.stats()));

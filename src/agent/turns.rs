@@ -1,11 +1,13 @@
 //! The loop's own accounting: per proof, the time from the loop's receipt of what decided it
 //! (the turn's wake from `epoll_wait`) to the proof written to its subscribers; per turn, what
-//! it did (saves, syncs, cgroup reads, heap trims) and how long each took, how long its
+//! it did (saves, syncs, cgroup reads, heap trims, leftover counts, the bus, the rules, answers
+//! and events to clients, log lines) and how long each took, how long its
 //! thread ran on a CPU (the rest it waited: for a disk, a kernel lock or the scheduler), the
 //! page faults it took and how often the scheduler took the CPU from it, so that a slow proof
 //! is explained by the agent's own figures. Fixed-size: nothing is allocated per turn; a turn
 //! reads the thread's CPU time twice and its `getrusage` twice (about 1 and 0.5 to 0.7 µs a
-//! read on the 2-vCPU VM of docs/benchmarks/2026-12-05-state).
+//! read on the 2-vCPU VM of docs/benchmarks/2026-12-05-state), and the clock once at each
+//! beginning and end of a kind of work (tens of nanoseconds, from the vDSO).
 //!
 //! Every input of a turn is stamped with the turn's wake: the bus messages and inotify notices
 //! handled in it were all read after it. What a proof waited for before that wake (the
@@ -31,20 +33,44 @@ pub(crate) const OWN_LATENCY_BOUNDS_US: [u64; 23] = [
 /// How many of the slowest proofs, and of the slowest turns, are kept.
 const SLOWEST_KEPT: usize = 5;
 
-/// A kind of work a turn does, timed.
+/// A kind of work a turn does, timed. Each moment of a turn is charged to one kind at most:
+/// work begun inside another pauses it (the rules, handed a message inside the bus's work, or
+/// a save they asked for).
 #[derive(Clone, Copy, Debug)]
 pub(super) enum Work {
     Save,
     Sync,
     CgroupRead,
     Trim,
+    /// Listing a cgroup's processes and reading `/proc` for a count of leftovers.
+    Census,
+    /// The D-Bus connection: reading and decoding messages, sending calls.
+    Bus,
+    /// The core: the rules and the proofs.
+    Rules,
+    /// Answers and proof events encoded and written to clients.
+    Tell,
+    /// Log lines written.
+    Log,
 }
+
+/// How many kinds of [`Work`] there are.
+const WORK_KINDS: usize = 9;
+
+/// The work a [`LoopAccount::begin`] paused, given back to [`LoopAccount::end`].
+#[must_use = "the work paused is resumed by `end`"]
+pub(super) struct Paused(Option<Work>);
 
 /// What the loop's turns did, and its proofs' times.
 pub(super) struct LoopAccount {
     /// The wake of the turn under way; `None` outside the loop (at start).
     turn_began: Option<TurnStart>,
     turn: TurnWork,
+    /// The work under way and since when.
+    doing: Option<(Work, Instant)>,
+    /// Each kind's time in the turn so far, in nanoseconds, by `Work as usize`: summed in
+    /// nanoseconds, as many spans are shorter than a microsecond.
+    turn_ns: [u64; WORK_KINDS],
     turns: u64,
     total: TurnWork,
     latency: Histogram<{ OWN_LATENCY_BOUNDS_US.len() }>,
@@ -58,6 +84,8 @@ impl LoopAccount {
         LoopAccount {
             turn_began: None,
             turn: TurnWork::default(),
+            doing: None,
+            turn_ns: [0; WORK_KINDS],
             turns: 0,
             total: TurnWork::default(),
             latency: Histogram::new(&OWN_LATENCY_BOUNDS_US),
@@ -76,6 +104,8 @@ impl LoopAccount {
             counts: ThreadCounts::now(),
         });
         self.turn = TurnWork::default();
+        self.turn_ns = [0; WORK_KINDS];
+        self.doing = None;
     }
 
     /// The turn is over at `now`.
@@ -83,6 +113,10 @@ impl LoopAccount {
         let Some(began) = self.turn_began.take() else {
             return;
         };
+        if let Some((work, since)) = self.doing.take() {
+            self.charge(work, since, now);
+        }
+        self.turn_times();
         began.thread_since(&mut self.turn);
         self.turns += 1;
         add(&mut self.total, &self.turn);
@@ -97,17 +131,50 @@ impl LoopAccount {
         self.turn.inputs += 1;
     }
 
-    /// `work` ran from `started` to `now`.
-    pub(super) fn worked(&mut self, work: Work, started: Instant, now: Instant) {
-        let us = micros(now.saturating_duration_since(started));
-        let (count, time) = match work {
-            Work::Save => (&mut self.turn.saves, &mut self.turn.save_us),
-            Work::Sync => (&mut self.turn.syncs, &mut self.turn.sync_us),
-            Work::CgroupRead => (&mut self.turn.cgroup_reads, &mut self.turn.cgroup_read_us),
-            Work::Trim => (&mut self.turn.trims, &mut self.turn.trim_us),
+    /// `work` begins at `now`, pausing the work under way, which [`LoopAccount::end`] resumes.
+    pub(super) fn begin(&mut self, work: Work, now: Instant) -> Paused {
+        let count = match work {
+            Work::Save => Some(&mut self.turn.saves),
+            Work::Sync => Some(&mut self.turn.syncs),
+            Work::CgroupRead => Some(&mut self.turn.cgroup_reads),
+            Work::Trim => Some(&mut self.turn.trims),
+            Work::Census | Work::Bus | Work::Rules | Work::Tell | Work::Log => None,
         };
-        *count += 1;
-        *time += us;
+        if let Some(count) = count {
+            *count += 1;
+        }
+        let paused = self.doing.replace((work, now));
+        if let Some((outer, since)) = paused {
+            self.charge(outer, since, now);
+        }
+        Paused(paused.map(|(outer, _)| outer))
+    }
+
+    /// The work begun last ends at `now`; what it paused resumes.
+    pub(super) fn end(&mut self, paused: Paused, now: Instant) {
+        if let Some((work, since)) = self.doing.take() {
+            self.charge(work, since, now);
+        }
+        self.doing = paused.0.map(|outer| (outer, now));
+    }
+
+    fn charge(&mut self, work: Work, since: Instant, now: Instant) {
+        let ns = now.saturating_duration_since(since).as_nanos();
+        self.turn_ns[work as usize] += u64::try_from(ns).unwrap_or(u64::MAX);
+    }
+
+    /// Sets the turn's times of each kind of work from what was charged so far.
+    fn turn_times(&mut self) {
+        let us = |work: Work| self.turn_ns[work as usize] / 1000;
+        self.turn.save_us = us(Work::Save);
+        self.turn.sync_us = us(Work::Sync);
+        self.turn.cgroup_read_us = us(Work::CgroupRead);
+        self.turn.trim_us = us(Work::Trim);
+        self.turn.census_us = us(Work::Census);
+        self.turn.bus_us = us(Work::Bus);
+        self.turn.rules_us = us(Work::Rules);
+        self.turn.tell_us = us(Work::Tell);
+        self.turn.log_us = us(Work::Log);
     }
 
     /// A proof was written to its subscribers at `now`.
@@ -121,6 +188,12 @@ impl LoopAccount {
         self.latency_max = self.latency_max.max(took);
         if self.slowest_proofs.would_keep(micros(took)) {
             // The thread's figures are read only for a proof that is kept: two system calls.
+            // The work under way is charged up to now, and goes on.
+            if let Some((work, since)) = self.doing {
+                self.charge(work, since, now);
+                self.doing = Some((work, now));
+            }
+            self.turn_times();
             let mut work = self.turn;
             began.thread_since(&mut work);
             self.slowest_proofs.offer(SlowTurn {
@@ -225,6 +298,11 @@ fn add(total: &mut TurnWork, turn: &TurnWork) {
     total.cgroup_read_us += turn.cgroup_read_us;
     total.trims += turn.trims;
     total.trim_us += turn.trim_us;
+    total.census_us += turn.census_us;
+    total.bus_us += turn.bus_us;
+    total.rules_us += turn.rules_us;
+    total.tell_us += turn.tell_us;
+    total.log_us += turn.log_us;
     total.cpu_us += turn.cpu_us;
     total.minor_faults += turn.minor_faults;
     total.preemptions += turn.preemptions;
@@ -260,19 +338,20 @@ mod tests {
         let mut account = LoopAccount::new();
         let wake = Instant::now();
         account.turn_begins(wake);
+        let at = |us| wake + Duration::from_micros(us);
         account.input();
-        account.worked(
-            Work::CgroupRead,
-            wake + Duration::from_micros(10),
-            wake + Duration::from_micros(40),
-        );
-        account.proof_told(wake + Duration::from_micros(60));
-        account.worked(
-            Work::Save,
-            wake + Duration::from_micros(60),
-            wake + Duration::from_micros(560),
-        );
-        account.turn_ends(wake + Duration::from_micros(570));
+        let bus = account.begin(Work::Bus, at(5));
+        let rules = account.begin(Work::Rules, at(8));
+        let read = account.begin(Work::CgroupRead, at(10));
+        account.end(read, at(40));
+        let tell = account.begin(Work::Tell, at(45));
+        account.proof_told(at(60));
+        account.end(tell, at(61));
+        account.end(rules, at(62));
+        account.end(bus, at(63));
+        let save = account.begin(Work::Save, at(63));
+        account.end(save, at(563));
+        account.turn_ends(at(570));
         let stats = account.stats();
         assert_eq!(stats.proof_latency.count, 1);
         assert_eq!(stats.proof_latency_max_us, 60);
@@ -280,12 +359,18 @@ mod tests {
         let proof = stats.slowest_proofs[0];
         assert_eq!((proof.us, proof.work.cgroup_reads), (60, 1));
         assert_eq!(proof.work.cgroup_read_us, 30);
+        // Each moment charged once: the bus until the rules began, the rules but for the
+        // read, the telling up to the proof.
+        let w = proof.work;
+        assert_eq!((w.bus_us, w.rules_us, w.tell_us), (3, 7, 15));
         assert_eq!(
             proof.work.saves, 0,
             "the save came after the proof was told"
         );
         let turn = stats.slowest_turns[0];
         assert_eq!((turn.us, turn.work.saves, turn.work.save_us), (570, 1, 500));
+        let w = turn.work;
+        assert_eq!((w.bus_us, w.rules_us, w.tell_us), (4, 8, 16));
         assert_eq!(stats.work.proofs, 1);
     }
 

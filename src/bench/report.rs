@@ -185,7 +185,8 @@ fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
     let _ = writeln!(
         md,
         "- {} turns, {} ms of them on a CPU, {} page faults, {} preemptions: {} saves ({} ms), \
-         {} syncs ({} ms), {} cgroup reads ({} ms), {} heap trims ({} ms)",
+         {} syncs ({} ms), {} cgroup reads ({} ms), {} heap trims ({} ms); leftover counts {} \
+         ms, the bus {} ms, the rules {} ms, telling clients {} ms, log lines {} ms",
         event_loop.turns,
         fmt_ms(work.cpu_us as f64 / 1000.0),
         work.minor_faults,
@@ -198,6 +199,11 @@ fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
         fmt_ms(work.cgroup_read_us as f64 / 1000.0),
         work.trims,
         fmt_ms(work.trim_us as f64 / 1000.0),
+        fmt_ms(work.census_us as f64 / 1000.0),
+        fmt_ms(work.bus_us as f64 / 1000.0),
+        fmt_ms(work.rules_us as f64 / 1000.0),
+        fmt_ms(work.tell_us as f64 / 1000.0),
+        fmt_ms(work.log_us as f64 / 1000.0),
     );
     for (title, slow) in [
         (
@@ -210,13 +216,15 @@ fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
             md,
             "\n{title}:\n\n| at (CLOCK_MONOTONIC ms) | took (ms) | on a CPU (ms) | page \
              faults | preemptions | inputs | proofs | saves (ms) | syncs (ms) | cgroup reads \
-             (ms) | trims (ms) |\n|---:|---:|---:|---:|---:|---:|---:|---|---|---|---|"
+             (ms) | trims (ms) | counts, bus, rules, telling, logs (ms) |\n\
+             |---:|---:|---:|---:|---:|---:|---:|---|---|---|---|---|"
         );
         for turn in slow {
             let w = &turn.work;
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} ({}) | {} ({}) | {} ({}) | {} ({}) | \
+                 {}, {}, {}, {}, {} |",
                 turn.at_mono_ns / 1_000_000,
                 fmt_ms(turn.us as f64 / 1000.0),
                 fmt_ms(w.cpu_us as f64 / 1000.0),
@@ -232,6 +240,11 @@ fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
                 fmt_ms(w.cgroup_read_us as f64 / 1000.0),
                 w.trims,
                 fmt_ms(w.trim_us as f64 / 1000.0),
+                fmt_ms(w.census_us as f64 / 1000.0),
+                fmt_ms(w.bus_us as f64 / 1000.0),
+                fmt_ms(w.rules_us as f64 / 1000.0),
+                fmt_ms(w.tell_us as f64 / 1000.0),
+                fmt_ms(w.log_us as f64 / 1000.0),
             );
         }
     }

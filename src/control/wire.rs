@@ -430,6 +430,22 @@ pub struct TurnWork {
     pub trims: u64,
     /// Their time, in microseconds.
     pub trim_us: u64,
+    /// Time spent counting leftovers (a cgroup's processes and their `/proc` entries), in
+    /// microseconds. Absent from agents before it (0), as are the four below.
+    #[serde(default)]
+    pub census_us: u64,
+    /// Time spent on the D-Bus connection (reading, decoding, sending), in microseconds.
+    #[serde(default)]
+    pub bus_us: u64,
+    /// Time spent in the rules (the core and the proofs), in microseconds.
+    #[serde(default)]
+    pub rules_us: u64,
+    /// Time spent encoding and writing answers and proof events to clients, in microseconds.
+    #[serde(default)]
+    pub tell_us: u64,
+    /// Time spent writing log lines, in microseconds.
+    #[serde(default)]
+    pub log_us: u64,
     /// The time the loop's thread ran on a CPU (CLOCK_THREAD_CPUTIME_ID), in microseconds: the
     /// rest of the turn's time it was off the CPU, waiting for a disk, the kernel's locks or
     /// the scheduler. A kernel without IRQ time accounting (`CONFIG_IRQ_TIME_ACCOUNTING`)

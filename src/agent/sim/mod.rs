@@ -457,15 +457,13 @@ impl Tolerated {
 /// faithful enough to find: a run lists the seeds that show them and fails on anything else,
 /// or on more of them than their rate, so main stays mergeable while the core is fixed. Take
 /// an entry out once its defect is fixed; `EXITPROOF_SIM_STRICT=1` fails on these too.
-const KNOWN_DEFECTS: &[Tolerated] = &[
-    Tolerated {
-        kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
-        why: "issue 23 (4), what is left of it: 3 of 100,000 seeds on base 110974389502644 \
+const KNOWN_DEFECTS: &[Tolerated] = &[Tolerated {
+    kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
+    why: "issue 23 (4), what is left of it: 3 of 100,000 seeds on base 110974389502644 \
          at d9e1998 (110974389532477h, 110974389571932, 110974389574438h), being diagnosed \
          (docs/sim-findings-2026-12-05-model.md)",
-        per_10k: 2,
-    },
-];
+    per_10k: 2,
+}];
 
 /// Kinds no agent can avoid without risking a false proof, tolerated even by
 /// `EXITPROOF_SIM_STRICT=1`. An orphan in a session whose leader is gone, when the agent was
