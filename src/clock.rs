@@ -65,13 +65,13 @@ pub(crate) fn wall_seconds() -> u64 {
         .map_or(0, |since| since.as_secs())
 }
 
-/// `clock` now, in nanoseconds: processes' start times are placed against CLOCK_BOOTTIME and
-/// CLOCK_MONOTONIC, which `Instant` does not tell apart.
 /// The CPU time the calling thread has used, in nanoseconds (0 if it cannot be read).
 pub(crate) fn thread_cpu_ns() -> u64 {
     clock_ns(ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |ns| u64::try_from(ns).unwrap_or(0))
 }
 
+/// `clock` now, in nanoseconds: processes' start times are placed against CLOCK_BOOTTIME and
+/// CLOCK_MONOTONIC, which `Instant` does not tell apart.
 pub(crate) fn clock_ns(clock: ClockId) -> nix::Result<i128> {
     let time = clock_gettime(clock)?;
     Ok(i128::from(time.tv_sec()) * 1_000_000_000 + i128::from(time.tv_nsec()))

@@ -706,10 +706,18 @@ impl Agent {
                     let tell = self.account.begin(Work::Tell, clock::now());
                     match event_line(&event) {
                         Ok(line) => {
+                            // Told once the last write's own work is done: a write wakes its
+                            // subscriber, which may take the loop's CPU before the write
+                            // returns; that wait is the subscriber's, with the proof in its
+                            // socket already, so the write counts by the CPU time it took.
+                            let mut written = clock::now();
                             for client in clients {
+                                let (at, cpu_ns) = (clock::now(), clock::thread_cpu_ns());
                                 self.server.send(self.poll.registry(), client, &line);
+                                let took = clock::thread_cpu_ns().saturating_sub(cpu_ns);
+                                written = at + Duration::from_nanos(took);
                             }
-                            self.account.proof_told(clock::now());
+                            self.account.proof_told(written);
                         }
                         Err(e) => log::error!("{}: encode the proof event: {e}", event.unit),
                     }

@@ -1,5 +1,7 @@
 //! The loop's own accounting: per proof, the time from the loop's receipt of what decided it
-//! (the turn's wake from `epoll_wait`) to the proof written to its subscribers; per turn, what
+//! (the turn's wake from `epoll_wait`) to the proof written to its subscribers (the last write
+//! counted by its own CPU time: the subscriber it wakes may take the CPU before it returns, and
+//! has the proof by then); per turn, what
 //! it did (saves, syncs, cgroup reads, heap trims, leftover counts, the bus, the rules, answers
 //! and events to clients, log lines) and how long each took, how long its
 //! thread ran on a CPU (the rest it waited: for a disk, a kernel lock or the scheduler), the

@@ -166,8 +166,8 @@ fn own_time_section(md: &mut String, run: &BenchRun, summary: &Summary) {
         md,
         "\n## the agent's own time per proof (its `stats`)\n\nFrom the loop's receipt of \
          what decided a proof (its wake from `epoll_wait`) to the proof written to its \
-         subscribers; p50 and p99 are the upper bounds of the histogram's buckets that hold \
-         them.\n"
+         subscribers (the last write counted by its own CPU time); p50 and p99 are the upper \
+         bounds of the histogram's buckets that hold them.\n"
     );
     let (Some(own), Some(event_loop)) = (summary.agent_own_ms, &run.agent_loop) else {
         let _ = writeln!(md, "- not taken");
