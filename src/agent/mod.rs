@@ -977,11 +977,9 @@ impl Agent {
         let registry = self.poll.registry();
         self.leftovers.untrack_key(registry, key);
         let mut counted = CountedLeftovers::default();
+        let listed = census.iter().map(|p| p.pid).collect();
         for process in earlier_processes(&census, next, &basis, held) {
-            let start = ProcessStart {
-                pid: process.pid,
-                start_ticks: process.start_ticks,
-            };
+            let start = ProcessStart::held_in(process, &listed);
             match self
                 .leftovers
                 .track(registry, key, process.pid, process.start_ticks)

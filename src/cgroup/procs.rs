@@ -25,6 +25,9 @@ use super::watcher::locate;
 mod start_order;
 mod tracker;
 
+/// For the core's tests, which hold a process where a count found it.
+#[cfg(test)]
+pub(crate) use start_order::Lineage;
 /// For the simulator's oracle, which places a start as the agent can.
 #[cfg(test)]
 pub(crate) use start_order::StartOrder;

@@ -150,6 +150,8 @@ pub(super) struct UnitFacts {
     /// the watch's invocation or a later one (the facts only move forward from a read), while
     /// an older message may name one before it.
     first_read: Option<u32>,
+    /// A read was in on an earlier connection: every message of this one was sent after it.
+    read_before_loss: bool,
 }
 
 /// Roots said in a late signal, and then whose they are.
@@ -460,6 +462,7 @@ impl UnitFacts {
         });
         *self = UnitFacts {
             before_loss: known.or_else(|| self.before_loss.take()),
+            read_before_loss: self.read_before_loss || self.first_read.is_some(),
             ..UnitFacts::default()
         };
     }
@@ -475,6 +478,11 @@ impl UnitFacts {
     /// Whether a read is in on this connection.
     pub(super) fn read_in(&self) -> bool {
         self.first_read.is_some()
+    }
+
+    /// Whether a read was in on an earlier connection of this life of the agent.
+    pub(super) fn read_before_loss(&self) -> bool {
+        self.read_before_loss
     }
 
     /// Whether systemd had the unit loaded, as last said (`None`: not said yet).

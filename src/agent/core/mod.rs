@@ -471,10 +471,10 @@ impl Core {
             Input::LeftoverExited { key, pid } => {
                 if let Some(watch) = self.units.get_mut(&key)
                     && let Some(leftovers) = &mut watch.leftovers
-                    && let Some(start_ticks) = leftovers.remove(&pid)
+                    && let Some(held) = leftovers.remove(&pid)
                 {
                     let count = leftovers.len();
-                    let exited = ProcessStart { pid, start_ticks };
+                    let exited = held.start();
                     watch.note_once_held(exited);
                     if count == 0 {
                         // What it forked since the last count may be left: count again, with
@@ -827,7 +827,7 @@ impl Core {
             .as_deref()
             .into_iter()
             .flat_map(|leftovers| leftovers.iter())
-            .map(|(&pid, &start_ticks)| ProcessStart { pid, start_ticks })
+            .map(|(_, &held)| held)
             .chain(gone.iter().copied())
             .collect();
         self.outputs.push_back(Output::CountLeftovers {
@@ -921,14 +921,19 @@ impl Core {
     /// Only once the facts can name no invocation before ours: from the first read on (they
     /// only move forward from a read, on this connection and the next), and for a watch taken
     /// up after a restart (ours began before this life), even while its proof waits for
-    /// another read (one that found its unit under another name). Before the first read of a
-    /// new watch, a signal sent before ours began may name an earlier invocation.
+    /// another read (one that found its unit under another name): for a watch that names its
+    /// invocation, such a read on a connection since lost places the next connection's
+    /// messages too, all sent after it. Before the first read of a new watch, a signal sent
+    /// before ours began may name an earlier invocation.
     fn note_after_ours(&mut self, key: UnitKey, invocation: &str) {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
         let later = watch.facts.next_invocation();
-        let past_ours = watch.proof.is_some() || watch.restored || watch.facts.read_in();
+        let past_ours = watch.proof.is_some()
+            || watch.restored
+            || watch.facts.read_in()
+            || (watch.asked_invocation.is_some() && watch.facts.read_before_loss());
         if past_ours {
             self.absorb_after_ours(key, invocation, &later);
             return;

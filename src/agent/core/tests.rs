@@ -47,6 +47,7 @@ fn started(pid: i32) -> ProcessStart {
     ProcessStart {
         pid,
         start_ticks: 1000 + u64::try_from(pid).unwrap_or(0),
+        held_as: None,
     }
 }
 
@@ -2507,4 +2508,32 @@ fn a_read_answered_after_the_counter_wrapped_is_one_sent_after_the_decision() {
     assert!(!reads(4).answered_since(5));
     assert!(reads(1).answered_since(u32::MAX));
     assert!(!reads(u32::MAX).answered_since(0));
+}
+
+/// A leftover held again keeps its place as the count that first held it found it: a child
+/// held under our leftover, orphaned since, must not be judged afresh because the count after
+/// its parent died found it orphaned, and the one after that found it unchanged.
+#[test]
+fn a_leftover_held_again_keeps_its_place_when_first_held() {
+    use crate::cgroup::procs::Lineage;
+    let unit: UnitName = "k.service".parse().expect("a valid unit name");
+    let mut watch = Watch::new(&unit, None, crate::control::protocol::WatchSpec::default());
+    let held = |pid, parent, held_as_session| ProcessStart {
+        pid,
+        start_ticks: 600,
+        held_as: Some(Lineage {
+            parent,
+            session: held_as_session,
+        }),
+    };
+    watch.hold_leftovers(vec![held(41, 40, 41)]);
+    watch.hold_leftovers(vec![held(41, 0, 41), held(42, 0, 42)]);
+    let leftovers = watch.leftovers.as_deref().expect("held");
+    assert_eq!(leftovers[&41], held(41, 40, 41), "first held under 40");
+    assert_eq!(leftovers[&42], held(42, 0, 42));
+    // Gone from a count, then held again: found anew.
+    watch.hold_leftovers(vec![held(42, 0, 42)]);
+    watch.hold_leftovers(vec![held(41, 0, 41)]);
+    let leftovers = watch.leftovers.as_deref().expect("held");
+    assert_eq!(leftovers[&41], held(41, 0, 41));
 }

@@ -168,13 +168,13 @@ pub(super) struct Watch {
     /// latency, and of how long remaining processes block it.
     pub terminal_at: Option<Instant>,
     /// Processes in the cgroup that may be ours, each with its start (clock ticks since
-    /// boot), followed until they exit, while a new invocation runs beside them. Boxed: most
-    /// watches never have any.
+    /// boot) and its place when first held, followed until they exit, while a new invocation
+    /// runs beside them. Boxed: most watches never have any.
     #[expect(
         clippy::box_collection,
         reason = "a thin pointer keeps every watch 16 bytes smaller"
     )]
-    pub leftovers: Option<Box<BTreeMap<i32, u64>>>,
+    pub leftovers: Option<Box<BTreeMap<i32, ProcessStart>>>,
     /// What systemd said of the invocations after ours, gathered as they came: the facts keep
     /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
     /// most watches never see one.
@@ -248,21 +248,27 @@ impl Watch {
     /// names with its pid, gone, is judged by it (a guess of systemd's, or a pid used again).
     pub(super) fn note_once_held(&mut self, process: ProcessStart) {
         let after_ours = self.after_ours.get_or_insert_default();
-        after_ours.known.note_once_held(process);
+        after_ours.known.note_once_held(process.start());
     }
 
     /// Holds `held`, a count's answer, in place of what was held: what drops out (exited, or
-    /// found not ours) is kept as once held.
+    /// found not ours) is kept as once held. One held before keeps its place as first held.
     pub(super) fn hold_leftovers(&mut self, held: Vec<ProcessStart>) {
-        let before = self.leftovers.take();
-        for (&pid, &start_ticks) in before.iter().flat_map(|before| before.iter()) {
-            if !held.contains(&ProcessStart { pid, start_ticks }) {
-                self.note_once_held(ProcessStart { pid, start_ticks });
+        let before = self.leftovers.take().unwrap_or_default();
+        let same =
+            |a: &ProcessStart, b: &ProcessStart| a.pid == b.pid && a.start_ticks == b.start_ticks;
+        for process in before.values() {
+            if !held.iter().any(|h| same(h, process)) {
+                self.note_once_held(*process);
             }
         }
         self.leftovers = (!held.is_empty()).then(|| {
-            let starts = held.iter().map(|p| (p.pid, p.start_ticks));
-            Box::new(starts.collect())
+            let kept = held.into_iter().map(|process| {
+                let first = before.get(&process.pid).filter(|b| same(b, &process));
+                let held_as = first.map_or(process.held_as, |b| b.held_as);
+                (process.pid, ProcessStart { held_as, ..process })
+            });
+            Box::new(kept.collect())
         });
     }
 

@@ -594,18 +594,16 @@ impl Sim {
             boot_minus_mono_ns: self.world.kernel.suspended_us * 1000,
             floors: self.offset_floors,
         };
+        let listed = census.iter().map(|p| p.pid).collect();
         let counted: Vec<ProcessStart> = earlier_processes(&census, next, &basis, held)
             .into_iter()
-            .map(|p| ProcessStart {
-                pid: p.pid,
-                start_ticks: p.start_ticks,
-            })
+            .map(|p| ProcessStart::held_in(p, &listed))
             .collect();
         let earlier: Vec<i32> = counted.iter().map(|p| p.pid).collect();
         if self.trace.is_some() {
             let all: Vec<String> = census
                 .iter()
-                .map(|p| format!("{}<-{}@{}", p.pid, p.ppid, p.start_ticks))
+                .map(|p| format!("{}<-{}@{}s{}", p.pid, p.ppid, p.start_ticks, p.session))
                 .collect();
             let line = format!(
                 "driver: census of {cgroup} [{}] for {next:?}: earlier {earlier:?}",

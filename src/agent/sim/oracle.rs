@@ -352,14 +352,21 @@ impl Oracle {
                     .collect();
                 let told = told.get(&(*u, *inv));
                 let told_began = |of: Inv| told.is_some_and(|told| told.began.contains(&of));
-                let told_root = |pid: Pid| told.is_some_and(|told| told.roots.contains(&pid));
+                // Told as a root of its own invocation: systemd's guess of another one's
+                // MainPID (`unit_search_main_pid`, a leftover of `of`'s) is no word on whose it
+                // is, and the agent takes a guess that started before the invocation it was
+                // named for began for one that may be ours (rule 0 of `earlier_processes`).
+                let told_root = |pid: Pid, of: Inv| {
+                    told.is_some_and(|told| told.roots.contains(&pid))
+                        && !w.misguessed.contains(&(of, pid))
+                };
                 let untold = |p: &&Proc| {
                     let leader_gone = w
                         .kernel
                         .procs
                         .get(&p.session)
                         .is_none_or(|leader| leader.session != p.session);
-                    p.session != p.pid && leader_gone && !told_root(p.session)
+                    p.session != p.pid && leader_gone && !told_root(p.session, p.invocation)
                 };
                 // A session leader (a main or control process, or a daemon that called
                 // setsid) forked as its invocation began, within the clock's uncertainty (a
@@ -387,7 +394,7 @@ impl Oracle {
                     p.session == p.pid
                         && basis.start_order(p.start_boot_us / TICK_US, began)
                             != StartOrder::AtOrAfter
-                        && !told_root(p.pid)
+                        && !told_root(p.pid, p.invocation)
                 };
                 let why = if others.is_empty() {
                     "nothing of another invocation is left".to_owned()

@@ -157,11 +157,65 @@ pub(crate) struct NextInvocation {
 }
 
 /// A process as a count of leftovers saw it: its pid and its start (clock ticks since boot,
-/// field 22 of `/proc/PID/stat`), which together name it for good.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// field 22 of `/proc/PID/stat`), which together name it for good; and, for one a count
+/// holds, its place as the first count that held it saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct ProcessStart {
     pub pid: i32,
     pub start_ticks: u64,
+    /// Where the first count that held it found it (`None`: not known, as of one gone).
+    pub held_as: Option<Lineage>,
+}
+
+/// A process's place when a count held it: what its judgment could rest on besides its start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Lineage {
+    /// Its parent, if the parent was in the census (0: it was not).
+    pub parent: i32,
+    /// Its session.
+    pub session: i32,
+}
+
+impl ProcessStart {
+    /// `process` as a count holds it, with its place in the census, whose pids are `listed`.
+    pub(crate) fn held_in(process: &ProcessInfo, listed: &HashSet<i32>) -> Self {
+        let parent_listed = listed.contains(&process.ppid);
+        Self {
+            pid: process.pid,
+            start_ticks: process.start_ticks,
+            held_as: Some(Lineage {
+                parent: if parent_listed { process.ppid } else { 0 },
+                session: process.session,
+            }),
+        }
+    }
+
+    /// The same process, its place forgotten.
+    pub(crate) fn start(self) -> Self {
+        Self {
+            held_as: None,
+            ..self
+        }
+    }
+
+    /// Whether this process, held, is `now` in the census of `by_pid` where a count first held
+    /// it: its parent (in the census or not) and its session the same. Then it being held
+    /// tells nothing a judgment of the census now does not: its lineage and session are there
+    /// to judge, and what else it was held for (an unknown beginning, a root not yet told) is
+    /// known as well or better now.
+    fn placed_as_held(&self, now: &ProcessInfo, by_pid: &HashMap<i32, &ProcessInfo>) -> bool {
+        self.held_as.is_some_and(|held_as| {
+            let parent_listed = by_pid.contains_key(&now.ppid);
+            now.pid == self.pid
+                && now.start_ticks == self.start_ticks
+                && now.session == held_as.session
+                && if held_as.parent == 0 {
+                    !parent_listed
+                } else {
+                    now.ppid == held_as.parent && parent_listed
+                }
+        })
+    }
 }
 
 /// A MainPID or ControlPID systemd named for an invocation after the counted one, and no longer
@@ -314,6 +368,11 @@ fn before_late_stamp(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -
 ///    of a session that is not known to be `next`'s;
 /// 6. earlier unless it started certainly at or after `next` began.
 ///
+/// A process of `held` counts as held before (rules 2 and 4) only once it is not where the count
+/// that first held it found it ([`ProcessStart::held_as`]: its parent left the census, or its
+/// session changed), or where that is not known; one still there is judged as if never held, by
+/// what is known now.
+///
 /// An uncertain start counts as earlier: this errs toward waiting. What it cannot see: a child
 /// that a leftover of ours forks after `next` began and that starts a session of its own,
 /// counts as `next`'s.
@@ -358,7 +417,21 @@ pub(crate) fn earlier_processes<'a>(
                 || (before_first_fork(basis, start, began) && named_another(pid, began))
         })
     };
-    let held: Vec<i32> = held.iter().map(|p| p.pid).collect();
+    // What was held counts as held (rules 2 and 4) unless it is where it was when first held:
+    // then it is judged afresh, as if never held. A process held while `next`'s beginning was
+    // unknown would otherwise wait as ours for good, though it started after `next` began, in a
+    // session of its own and with no parent in the census, which a count would not hold today.
+    // One that has lost its parent or changed its session since is still held: what it was
+    // held for may have gone with them (a child our leftover forked after `next` began).
+    let held: Vec<i32> = held
+        .iter()
+        .filter(|h| {
+            by_pid
+                .get(&h.pid)
+                .is_none_or(|now| !h.placed_as_held(now, &by_pid))
+        })
+        .map(|p| p.pid)
+        .collect();
     // Rule 0: a root that started before `next` could fork is a guess of systemd's.
     let roots: Vec<i32> = next
         .roots

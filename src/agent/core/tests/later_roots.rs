@@ -46,6 +46,41 @@ fn a_later_root_an_alias_read_told_outlives_the_connection_it_came_on() {
     s.assert_counted_as_a_later_root(77);
 }
 
+/// An alias watch that names its invocation, whose read found the unit under its own name
+/// running ours, loses its connection before the read after it: every message of the next
+/// connection was sent after that read, so the invocation they name is after ours and its
+/// MainPID a root after ours, though no read is in on the new connection when they come (found
+/// by the simulator, 110974389574438h: held until the next read, then dropped as possibly older
+/// than ours, and an orphan in that root's session waited as ours).
+#[test]
+fn what_an_alias_watch_hears_on_its_next_connection_is_after_ours() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.cgroups
+        .insert(REAL1_CGROUP.into(), CgroupReading::Populated);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    let key = s.read_asked();
+    let read = UnitSnapshot {
+        serial: s.next_serial(),
+        ..snapshot("real1.service", "active", A, REAL1_CGROUP)
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    assert_eq!(s.read_asked(), key, "the alias is followed");
+    s.input(Input::BusLost);
+    s.input(Input::BusUp);
+    s.changed("real1.service", "active", B);
+    s.main_pid("real1.service", 77);
+    s.changed("real1.service", "deactivating", B);
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", C, REAL1_CGROUP)));
+    s.changed("real1.service", "inactive", C);
+    s.assert_counted_as_a_later_root(77);
+}
+
 /// The same on one connection: the read after the alias's names yet another invocation, and
 /// the facts keep only the current one's roots.
 #[test]
