@@ -5,6 +5,8 @@
 //! serial numbers only grow, so each property keeps the serial of the message it came from and
 //! an older message never overwrites a newer value.
 
+use std::num::NonZeroU64;
+
 use crate::cgroup::procs::{GoneRoot, NextInvocation};
 use crate::proof::UnitState;
 use crate::proof::words::{Word, word};
@@ -129,8 +131,9 @@ pub(super) struct UnitFacts {
     previous_invocation_until: Option<u32>,
     /// When the current invocation began (InactiveExitTimestamp said while it had begun),
     /// kept once it ends: an invocation over again reads `inactive` like one yet to begin,
-    /// whose InactiveExitTimestamp is still the previous invocation's.
-    began_us: Option<u64>,
+    /// whose InactiveExitTimestamp is still the previous invocation's. Never 0 (systemd's
+    /// "never"), which keeps the facts 8 bytes smaller.
+    began_us: Option<NonZeroU64>,
     /// Every MainPID and ControlPID said of the current invocation, newest last, at most
     /// [`MAX_ROOTS_SEEN`]: the sessions they began are the invocation's after they are gone.
     roots_seen: Vec<u32>,
@@ -142,6 +145,10 @@ pub(super) struct UnitFacts {
     /// afresh on the next one, but an InvocationID names one invocation for good, so it is
     /// taken back if the next connection names the same.
     before_loss: Option<Box<KnownOfInvocation>>,
+    /// What was known of the invocation before the current one when the facts moved on from
+    /// it: the core keeps our invocation's roots from it, which systemd may name again for a
+    /// later one (its guess of a Type=forking MainPID).
+    previous: Option<Box<KnownOfInvocation>>,
     /// The MainPID and ControlPID of a signal older than the current invocation's messages (a
     /// signal handled after a read that told a later invocation), until the signal after it
     /// names their invocation: systemd sends a service's change right before its unit's.
@@ -172,7 +179,7 @@ enum LateRoots {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct KnownOfInvocation {
     invocation: Invocation,
-    began_us: Option<u64>,
+    began_us: Option<NonZeroU64>,
     roots_seen: Vec<u32>,
 }
 
@@ -367,7 +374,7 @@ impl UnitFacts {
     /// Keeps when the current invocation began, once systemd says it has.
     fn note_beginning(&mut self) {
         if let Some(began_us) = self.current_began_us() {
-            self.began_us = Some(began_us);
+            self.began_us = NonZeroU64::new(began_us);
         }
     }
 
@@ -421,6 +428,7 @@ impl UnitFacts {
     /// Takes a newer InvocationID, remembering until when the previous one was said.
     fn offer_invocation(&mut self, value: &Invocation, serial: u32, told_by_read: bool) -> bool {
         let previous = self.invocation.clone();
+        let had_previous = previous.value.is_some();
         let taken = self.invocation.offer(value, serial);
         let same = previous.value.as_ref() == Some(value);
         if (taken && !same) || (same && newer(self.invocation_since, serial)) {
@@ -436,14 +444,37 @@ impl UnitFacts {
                 Some(_) => Some(previous.serial),
                 None => None,
             };
+            // A MainPID or ControlPID said after the last message that named the previous
+            // invocation may be this one's: systemd sends a service's change just before its
+            // unit's.
+            let said_since = [&self.main_pid, &self.control_pid].map(|stamped| {
+                stamped
+                    .value
+                    .filter(|_| newer(stamped.serial, previous.serial))
+            });
+            let moved_on_from = match previous.value {
+                Some(invocation) => Some(Box::new(KnownOfInvocation {
+                    invocation,
+                    began_us: self.began_us.take(),
+                    roots_seen: std::mem::take(&mut self.roots_seen)
+                        .into_iter()
+                        .filter(|pid| !said_since.contains(&Some(*pid)))
+                        .collect(),
+                })),
+                None => self
+                    .before_loss
+                    .clone()
+                    .filter(|known| known.invocation != *value),
+            };
+            if moved_on_from.is_some() {
+                self.previous = moved_on_from;
+            }
             self.began_us = None;
             self.roots_seen.clear();
         }
         if taken {
             let known = self.before_loss.take();
-            if let Some(known) =
-                known.filter(|known| previous.value.is_none() && known.invocation == *value)
-            {
+            if let Some(known) = known.filter(|known| !had_previous && known.invocation == *value) {
                 self.began_us = known.began_us;
                 self.roots_seen = known.roots_seen;
             }
@@ -462,6 +493,7 @@ impl UnitFacts {
         });
         *self = UnitFacts {
             before_loss: known.or_else(|| self.before_loss.take()),
+            previous: self.previous.take(),
             read_before_loss: self.read_before_loss || self.first_read.is_some(),
             ..UnitFacts::default()
         };
@@ -519,7 +551,9 @@ impl UnitFacts {
             .flatten()
             .filter_map(as_pid)
             .collect();
-        let began_us = self.current_began_us().or(self.began_us);
+        let began_us = self
+            .current_began_us()
+            .or(self.began_us.map(NonZeroU64::get));
         let gone_roots = self
             .roots_seen
             .iter()
@@ -533,7 +567,29 @@ impl UnitFacts {
             roots_began_us: began_us,
             gone_roots,
             once_held: Vec::new(),
+            counted_roots: Vec::new(),
         }
+    }
+
+    /// Every MainPID and ControlPID systemd said of `invocation` (its text), as far as the facts
+    /// still hold it: the current invocation, the one before it, or the one known when the
+    /// connection was lost.
+    pub(super) fn roots_of(&self, invocation: &str) -> Vec<i32> {
+        let current = self.invocation.value.as_ref();
+        // The current values are in `roots_seen` too (`note_roots`).
+        let seen = if current.is_some_and(|current| current.text() == invocation) {
+            Some(&self.roots_seen)
+        } else {
+            [&self.previous, &self.before_loss]
+                .into_iter()
+                .flatten()
+                .find(|known| known.invocation.text() == invocation)
+                .map(|known| &known.roots_seen)
+        };
+        seen.into_iter()
+            .flatten()
+            .filter_map(|&pid| i32::try_from(pid).ok())
+            .collect()
     }
 
     /// Whether the state (ActiveState or InvocationID) was said in a message after `serial`:
@@ -707,6 +763,7 @@ mod tests {
                 roots: vec![20],
                 gone_roots: vec![],
                 once_held: vec![],
+                counted_roots: vec![],
             }
         );
     }
@@ -736,6 +793,7 @@ mod tests {
                 roots: vec![30],
                 gone_roots: vec![],
                 once_held: vec![],
+                counted_roots: vec![],
             }
         );
     }

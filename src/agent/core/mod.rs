@@ -984,12 +984,19 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let ours = watch.our_invocation();
-        if ours.is_none_or(|ours| ours.is_empty() || ours == invocation) {
+        let Some(ours) = watch
+            .our_invocation()
+            .filter(|ours| !ours.is_empty() && *ours != invocation)
+        else {
             return;
-        }
-        if *later != NextInvocation::default() {
-            watch.after_ours.get_or_insert_default().known.absorb(later);
+        };
+        // Our own roots, while the facts still hold them (systemd may name one again for this
+        // invocation: a guess).
+        let our_roots = watch.facts.roots_of(ours);
+        if *later != NextInvocation::default() || !our_roots.is_empty() {
+            let known = &mut watch.after_ours.get_or_insert_default().known;
+            known.absorb(later);
+            known.note_counted_roots(&our_roots);
         }
     }
 

@@ -894,6 +894,8 @@ fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
             roots: vec![300],
             gone_roots: vec![],
             once_held: vec![],
+            // 200 was ours: a root of a later invocation with its pid, gone unseen, is a guess.
+            counted_roots: vec![200],
         })
     );
     assert_eq!(s.phase("n.service"), Phase::Proven, "none of ours left");
@@ -1611,9 +1613,45 @@ fn leftovers_are_counted_against_every_invocation_after_ours() {
             }],
             // 41 was ours: a root named with its pid and gone is judged by its start.
             once_held: vec![started(41)],
+            counted_roots: vec![],
         })
     );
     assert_eq!(s.phase("l.service"), Phase::Watching, "pid 42 may be ours");
+}
+
+/// Every count of leftovers after ours is told the MainPIDs systemd named for our invocation:
+/// one it names again for a later invocation is its guess of our process, though no count saw
+/// it before it was gone (found by the simulator, 233102442500749).
+#[test]
+fn later_counts_are_told_the_roots_systemd_named_for_our_invocation() {
+    let mut s = watching("g.service", "active");
+    let cgroup = "/app.slice/g.service";
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("g.service"),
+        change: UnitChange {
+            main_pid: Some(115),
+            ..UnitChange::default()
+        },
+    });
+    s.request(r#"{"cmd":"stop","unit":"g.service"}"#);
+    s.changed("g.service", "inactive", A);
+    s.leftovers.insert(cgroup.into(), vec![139]);
+    // B's ExecStart= (130) forks the daemon and exits; systemd guesses our 115 for B.
+    s.b_is("g.service", "activating", 130);
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("g.service"),
+        change: UnitChange {
+            active_state: Some("active".into()),
+            main_pid: Some(115),
+            ..UnitChange::default()
+        },
+    });
+    let counted = s
+        .counted_against
+        .take()
+        .expect("a count against invocation B");
+    assert_eq!(counted.counted_roots, [115], "{counted:?}");
+    assert_eq!(s.phase("g.service"), Phase::Stopping, "pid 139 may be ours");
 }
 
 /// `unit` watched, stopped at our request and over (invocation A), `leftovers` in its cgroup.

@@ -54,7 +54,7 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// for good by a count that knew no beginning, and what an alias watch heard on the connection
 /// after its read dropped; 110974389532477: the same kind the oracle blamed on the agent, told
 /// the leftover only as systemd's guess of a later invocation's MainPID.
-const REGRESSION_SEEDS: [u64; 29] = [
+const REGRESSION_SEEDS: [u64; 30] = [
     0,
     198,
     362,
@@ -84,6 +84,7 @@ const REGRESSION_SEEDS: [u64; 29] = [
     110_974_389_571_932,
     110_974_389_574_438,
     110_974_389_532_477,
+    233_102_442_500_749,
 ];
 
 /// What one seed's run came to.

@@ -487,6 +487,7 @@ fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
             roots,
             gone_roots: vec![],
             once_held: vec![],
+            counted_roots: vec![],
         };
         let mut pids: Vec<i32> = earlier_processes(&census, &next, &basis, &[])
             .into_iter()

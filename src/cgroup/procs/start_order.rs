@@ -154,6 +154,11 @@ pub(crate) struct NextInvocation {
     /// [`earlier_processes`]), and the session such a guess leads stays ours once it is gone.
     /// A pid used again since started later, so that errs toward waiting.
     pub once_held: Vec<ProcessStart>,
+    /// The MainPIDs and ControlPIDs systemd named for the counted invocation: one named again
+    /// for a later invocation and gone before a count saw its start is systemd's guess of that
+    /// process (`unit_search_main_pid`), whose session stays the counted one's. Its pid used
+    /// again by a root of a later invocation errs toward waiting.
+    pub counted_roots: Vec<i32>,
 }
 
 /// A process as a count of leftovers saw it: its pid and its start (clock ticks since boot,
@@ -264,6 +269,20 @@ impl NextInvocation {
         }
         for &process in &later.once_held {
             self.note_once_held(process);
+        }
+        self.note_counted_roots(&later.counted_roots);
+    }
+
+    /// Keeps `pids`, roots systemd named for the counted invocation, the oldest going first
+    /// beyond [`MAX_GONE_ROOTS`].
+    pub(crate) fn note_counted_roots(&mut self, pids: &[i32]) {
+        for &pid in pids {
+            if !self.counted_roots.contains(&pid) {
+                if self.counted_roots.len() == MAX_GONE_ROOTS {
+                    self.counted_roots.remove(0);
+                }
+                self.counted_roots.push(pid);
+            }
         }
     }
 
@@ -402,7 +421,8 @@ pub(crate) fn earlier_processes<'a>(
     };
     // Whether systemd's naming `pid` a root of an invocation that began at `began` was a
     // guess: by its start where it is alive (a pid used again is a new process), else by its
-    // start as a count held it (held still, its exit not yet heard, or exited since).
+    // start as a count held it (held still, its exit not yet heard, or exited since); gone
+    // before any count saw it, if systemd named it a root of the counted invocation too.
     let guessed = |pid: i32, began: Option<u64>| {
         let start = match by_pid.get(&pid) {
             Some(p) => Some(p.start_ticks),
@@ -412,10 +432,13 @@ pub(crate) fn earlier_processes<'a>(
                 .find(|e| e.pid == pid)
                 .map(|e| e.start_ticks),
         };
-        start.is_some_and(|start| {
-            before_late_stamp(basis, start, began)
-                || (before_first_fork(basis, start, began) && named_another(pid, began))
-        })
+        match start {
+            Some(start) => {
+                before_late_stamp(basis, start, began)
+                    || (before_first_fork(basis, start, began) && named_another(pid, began))
+            }
+            None => next.counted_roots.contains(&pid),
+        }
     };
     // What was held counts as held (rules 2 and 4) unless it is where it was when first held:
     // then it is judged afresh, as if never held. A process held while `next`'s beginning was

@@ -1060,7 +1060,26 @@ fn next_with_gone_root() -> NextInvocation {
             began_us: Some(5_000_000),
         }],
         once_held: vec![],
+        counted_roots: vec![],
     }
+}
+
+/// Our MainPID, a Type=forking daemon (pid 50), outlived our stop; systemd guessed it as the
+/// next invocation's MainPID (`unit_search_main_pid`), and it forked a child (60) into its
+/// session after that invocation began, then exited, before any count saw its start. Systemd
+/// had named 50 our root too: the guess is told by that, and its child is ours (found by the
+/// simulator, 233102442500749: proven `replaced-after-stop` with the child alive).
+#[test]
+fn a_child_of_our_root_that_systemd_named_again_for_the_next_invocation_is_ours() {
+    let child = process(60, 1, 50, 600);
+    let mut next = next_with_gone_root();
+    assert_eq!(
+        earlier_pids(std::slice::from_ref(&child), &next, &[]),
+        Vec::<i32>::new(),
+        "without our roots, the child counts as the next invocation's"
+    );
+    next.note_counted_roots(&[50]);
+    assert_eq!(earlier_pids(std::slice::from_ref(&child), &next, &[]), [60]);
 }
 
 #[test]
@@ -1247,6 +1266,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots: vec![90],
         gone_roots: vec![],
         once_held: vec![],
+        counted_roots: vec![],
     };
     let gone = |pid, began_us| GoneRoot { pid, began_us };
     next.absorb(&NextInvocation {
@@ -1255,6 +1275,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots: vec![50],
         gone_roots: vec![gone(51, None), gone(90, Some(5_000_000))],
         once_held: vec![],
+        counted_roots: vec![],
     });
     assert_eq!(
         next,
@@ -1264,6 +1285,7 @@ fn what_is_known_of_later_invocations_adds_up() {
             roots: vec![90],
             gone_roots: vec![gone(50, Some(5_000_000)), gone(51, None)],
             once_held: vec![],
+            counted_roots: vec![],
         },
         "the earliest beginning, the roots' own; every other root, once, with its own"
     );
@@ -1284,6 +1306,7 @@ fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() 
         roots_began_us: Some(5_000_000),
         gone_roots: vec![],
         once_held: vec![],
+        counted_roots: vec![],
     };
     let guessed = process(80, 1, 70, 100);
     let its_child = process(81, 80, 70, 600);
@@ -1394,6 +1417,7 @@ fn the_starts_of_exited_processes_are_kept_once_each() {
     assert_eq!(next.once_held, [start(51, 100), start(50, 300)]);
     next.absorb(&NextInvocation {
         once_held: vec![start(52, 200)],
+        counted_roots: vec![],
         ..NextInvocation::default()
     });
     assert_eq!(next.once_held.len(), 3);
