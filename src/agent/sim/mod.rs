@@ -465,7 +465,25 @@ impl Tolerated {
 /// faithful enough to find: a run lists the seeds that show them and fails on anything else,
 /// or on more of them than their rate, so main stays mergeable while the core is fixed. Take
 /// an entry out once its defect is fixed; `EXITPROOF_SIM_STRICT=1` fails on these too.
-const KNOWN_DEFECTS: &[Tolerated] = &[];
+const KNOWN_DEFECTS: &[Tolerated] = &[
+    Tolerated {
+        kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
+        why: "issue 23 (4), what is left of it: 1 of 100,000 seeds on base 125481835097141 at \
+         4fa4fee (125481835150473: a watch that never gathered a gone root its sibling watches \
+         of the unit knew), not diagnosed; the three of base 110974389502644 are fixed \
+         (docs/sim-findings-2026-12-05-model.md)",
+        per_10k: 1,
+    },
+    Tolerated {
+        kind: "NO RELEASE of a launch file within the liveness bound after its proof",
+        why: "an alias watch asked to stop does not take the proof its sibling watch of the same \
+         invocation made, and counts a later invocation's process it cannot place as ours: its \
+         launch file is never released (2 of 100,000 seeds on base 125481835097141 at 4fa4fee: \
+         125481835117919h, 125481835140221h; none of 200,000 on two other bases; not \
+         diagnosed: docs/sim-findings-2026-12-05-model.md)",
+        per_10k: 1,
+    },
+];
 
 /// Kinds no agent can avoid without risking a false proof, tolerated even by
 /// `EXITPROOF_SIM_STRICT=1`. An orphan in a session whose leader is gone, when the agent was
