@@ -6,9 +6,13 @@ use super::*;
 const REAL1_CGROUP: &str = "/app.slice/real1.service";
 
 /// `nick.service` watched for invocation A, its cgroup populated; its first read names the
-/// unit `real1.service`, running invocation B with MainPID 77. Returns the script and the
-/// watch's key.
-fn watched_by_an_alias_whose_read_names_b_with_main_pid_77() -> (Script, UnitKey) {
+/// unit `real1.service`, in `active` running `invocation`, with MainPID `main_pid` (0: none).
+/// Returns the script and the watch's key.
+fn watched_by_an_alias_whose_read_names(
+    active: &str,
+    invocation: &str,
+    main_pid: u32,
+) -> (Script, UnitKey) {
     let mut s = Script::new();
     s.input(Input::BusUp);
     s.cgroups
@@ -19,14 +23,21 @@ fn watched_by_an_alias_whose_read_names_b_with_main_pid_77() -> (Script, UnitKey
     let key = s.read_asked();
     let mut read = UnitSnapshot {
         serial: s.next_serial(),
-        ..snapshot("real1.service", "activating", B, REAL1_CGROUP)
+        ..snapshot("real1.service", active, invocation, REAL1_CGROUP)
     };
-    read.current.pids = Some(((77, 0), read.serial));
+    if main_pid > 0 {
+        read.current.pids = Some(((main_pid, 0), read.serial));
+    }
     s.input(Input::UnitRead {
         key,
         result: Ok(read),
     });
     (s, key)
+}
+
+/// As [`watched_by_an_alias_whose_read_names`], running invocation B with MainPID 77.
+fn watched_by_an_alias_whose_read_names_b_with_main_pid_77() -> (Script, UnitKey) {
+    watched_by_an_alias_whose_read_names("activating", B, 77)
 }
 
 /// An alias watch's read that names the unit under its own name and an invocation after ours
@@ -54,22 +65,7 @@ fn a_later_root_an_alias_read_told_outlives_the_connection_it_came_on() {
 /// than ours, and an orphan in that root's session waited as ours).
 #[test]
 fn what_an_alias_watch_hears_on_its_next_connection_is_after_ours() {
-    let mut s = Script::new();
-    s.input(Input::BusUp);
-    s.cgroups
-        .insert(REAL1_CGROUP.into(), CgroupReading::Populated);
-    s.request(&format!(
-        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
-    ));
-    let key = s.read_asked();
-    let read = UnitSnapshot {
-        serial: s.next_serial(),
-        ..snapshot("real1.service", "active", A, REAL1_CGROUP)
-    };
-    s.input(Input::UnitRead {
-        key,
-        result: Ok(read),
-    });
+    let (mut s, key) = watched_by_an_alias_whose_read_names("active", A, 0);
     assert_eq!(s.read_asked(), key, "the alias is followed");
     s.input(Input::BusLost);
     s.input(Input::BusUp);
