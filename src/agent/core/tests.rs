@@ -514,6 +514,51 @@ fn an_alias_is_followed_under_the_units_own_name_and_reported_under_the_clients(
     assert_eq!(proofs[0].unit, "nick.service");
 }
 
+/// A proof is the invocation's end whichever watch makes it: the unit's watch proves it while
+/// the alias's watch of the same invocation waits for a read (after a reload), and the alias's
+/// takes the same proof; a watch of the unit asked for another invocation does not.
+#[test]
+fn a_proof_proves_every_watch_of_its_invocation_and_no_other() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/real1.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"real1.service"}"#);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"other.service","invocation":"{B}"}}"#
+    ));
+    for _ in 0..2 {
+        s.answer_reads(|_| Ok(snapshot("real1.service", "active", A, cgroup)));
+    }
+    s.cgroups.insert(cgroup.into(), CgroupReading::Empty);
+    s.signal(SystemdSignal::Reloading(true));
+    s.signal(SystemdSignal::Reloading(false));
+    s.answer_reads(|unit| match unit {
+        "real1.service" => Ok(snapshot("real1.service", "inactive", A, cgroup)),
+        _ => Err("Method call timed out".into()),
+    });
+    assert_eq!(s.phase("real1.service"), Phase::Proven);
+    assert_eq!(
+        s.phase("nick.service"),
+        Phase::Proven,
+        "the same invocation"
+    );
+    assert_eq!(
+        s.phase("other.service"),
+        Phase::Watching,
+        "another invocation"
+    );
+    s.request(r#"{"cmd":"wait","unit":"real1.service"}"#);
+    s.request(r#"{"cmd":"wait","unit":"nick.service"}"#);
+    let proofs = s.proofs();
+    assert_eq!(proofs.len(), 2, "{proofs:?}");
+    assert_eq!(proofs[0].cause, proofs[1].cause, "{proofs:?}");
+    assert_eq!(proofs[1].unit, "nick.service");
+}
+
 /// A watch still waiting for its first read takes what a read of another watch of the same
 /// unit (here an alias's) said: its own read, sent earlier and answered later, is older, and a
 /// stop asked for on it would reach the invocation after ours (found by the simulator).
