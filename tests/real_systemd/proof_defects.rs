@@ -78,6 +78,10 @@ pub const TESTS: &[Test] = &[
         the_guessed_leftovers_child_blocks_our_proof_through_reload_reexec_and_agent_restart,
     ),
     (
+        "the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof",
+        the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof,
+    ),
+    (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
         a_start_timeout_is_worded_as_status_unknown_not_exit_0,
     ),
@@ -941,6 +945,94 @@ fn the_guessed_leftovers_child_blocks_our_proof_through_reload_reexec_and_agent_
 
     kill_pids(&children);
     let event = agent.one(&["wait", "forks.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+}
+
+/// Our MainPID is a Type=forking daemon that leads a session of its own, ignores SIGTERM and
+/// outlives our stop (`SendSIGKILL=no`); the next start leaves no daemon, so systemd guesses
+/// ours as its MainPID (`unit_search_main_pid`); ours forks a child into its session and
+/// exits, all while the agent is paused, so no count of it ever saw the guess alive. Systemd
+/// had named that pid our own MainPID: the guess is told by that, and the child keeps our
+/// proof waiting.
+///
+/// Failed before: with the guess gone before any count saw its start, the agent took its
+/// session for one the next invocation began, and proved ours `replaced-after-stop` while the
+/// child lived (found by the simulator, seed 233102442500749).
+fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof() {
+    let sandbox = Sandbox::start("guessedroot");
+    let fifo = "/run/root.fifo";
+    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
+        .expect("make the fifo the daemon waits on");
+    // The daemon ignores SIGTERM, waits on the fifo, then forks its child and exits.
+    std::fs::write(
+        sandbox.host_path("/run/root-daemon.sh"),
+        "trap '' TERM\nread line < /run/root.fifo\nsleep 1000 &\nexit 0\n",
+    )
+    .expect("write the daemon's script");
+    sandbox.install_unit(
+        "root.service",
+        "[Service]\nType=forking\nKillMode=process\nSendSIGKILL=no\nTimeoutStopSec=1s\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/root.second ]; then exit 0; fi; \
+         setsid /bin/sh /run/root-daemon.sh & exit 0'\n",
+    );
+    sandbox.systemctl_ok(&["start", "root.service"]);
+    let daemon: i32 = sandbox
+        .show("root.service", "MainPID")
+        .parse()
+        .expect("setup: a MainPID");
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("root.service", "InvocationID");
+    agent.one(&["watch", "root.service"]);
+    touch(&sandbox, "/run/root.second");
+    let out = agent.cli(&["stop", "root.service", "--timeout", "3s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "our daemon ignores SIGTERM and outlives the stop: {out:?}"
+    );
+    let cgroup = sandbox.show("root.service", "ControlGroup");
+    assert_eq!(
+        sandbox.cgroup_pids(&cgroup),
+        [daemon],
+        "setup: our daemon is left"
+    );
+    let children = {
+        let _paused = agent.pause();
+        sandbox.systemctl_ok(&["start", "root.service"]);
+        let second = wait_for_new_invocation(&sandbox, "root.service", &ours);
+        assert_eq!(
+            sandbox.show("root.service", "MainPID"),
+            daemon.to_string(),
+            "setup: systemd guessed our daemon as invocation {second}'s MainPID"
+        );
+        let mut writer = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(sandbox.host_path(fifo))
+            .expect("setup: the daemon waits on the fifo");
+        std::io::Write::write_all(&mut writer, b"go\n").expect("release the daemon");
+        drop(writer);
+        sandbox.wait_until("our daemon is gone", PATIENCE, || {
+            !sandbox.cgroup_pids(&cgroup).contains(&daemon)
+        });
+        in_session(&sandbox, &cgroup, daemon)
+    };
+    assert!(
+        !children.is_empty(),
+        "setup: the daemon left its child in {cgroup}"
+    );
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "root.service",
+        &format!(
+            "the child {children:?} of our MainPID {daemon}, which systemd guessed as the next \
+             invocation's while the agent was paused, lives in {cgroup}"
+        ),
+    );
+    assert_still_in(&sandbox, &cgroup, &children);
+    kill_pids(&children);
+    let event = agent.one(&["wait", "root.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
 }
 
