@@ -1005,13 +1005,7 @@ fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof()
             daemon.to_string(),
             "setup: systemd guessed our daemon as invocation {second}'s MainPID"
         );
-        let mut writer = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(nix::libc::O_NONBLOCK)
-            .open(sandbox.host_path(fifo))
-            .expect("setup: the daemon waits on the fifo");
-        std::io::Write::write_all(&mut writer, b"go\n").expect("release the daemon");
-        drop(writer);
+        release_through(&sandbox, fifo);
         sandbox.wait_until("our daemon is gone", PATIENCE, || {
             !sandbox.cgroup_pids(&cgroup).contains(&daemon)
         });
@@ -1060,13 +1054,7 @@ fn a_guessed_leftover_forking_into_its_session(sandbox: &Sandbox) -> GuessedMain
 /// invocation, slowly; returns the child, once the leftover is gone and the agent has heard.
 fn the_guessed_leftover_forks_and_exits(sandbox: &Sandbox, guessed: &GuessedMainPid) -> Vec<i32> {
     touch(sandbox, "/run/forks.slow");
-    let mut writer = std::fs::OpenOptions::new()
-        .write(true)
-        .custom_flags(nix::libc::O_NONBLOCK)
-        .open(sandbox.host_path(FORKS_FIFO))
-        .expect("setup: the leftover waits on the fifo");
-    std::io::Write::write_all(&mut writer, b"go\n").expect("release the leftover");
-    drop(writer);
+    release_through(sandbox, FORKS_FIFO);
     sandbox.wait_until("systemd stops the next invocation", PATIENCE, || {
         sandbox.show("forks.service", "ActiveState") == "deactivating"
     });
@@ -1083,6 +1071,17 @@ fn the_guessed_leftover_forks_and_exits(sandbox: &Sandbox, guessed: &GuessedMain
     );
     guessed.agent.barrier();
     children
+}
+
+/// Writes a line to `fifo` (a path in the sandbox), which a process there waits on to go on;
+/// opened without blocking, so it fails at once if nothing reads it.
+fn release_through(sandbox: &Sandbox, fifo: &str) {
+    let mut writer = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(sandbox.host_path(fifo))
+        .unwrap_or_else(|e| panic!("setup: a process waits on {fifo}: {e}"));
+    std::io::Write::write_all(&mut writer, b"go\n").expect("write to the fifo");
 }
 
 /// Waits for the invocation after ours of `forks.service` to be over.
