@@ -575,15 +575,17 @@ impl UnitFacts {
     /// still hold it: the current invocation, the one before it, or the one known when the
     /// connection was lost.
     pub(super) fn roots_of(&self, invocation: &str) -> Vec<i32> {
-        let current = self.invocation.value.as_ref();
+        // Parsed once and compared as the facts hold it: formatting each held one as text
+        // would allocate for every signal the watch hears while a later invocation runs.
+        let wanted = Invocation::new(invocation);
         // The current values are in `roots_seen` too (`note_roots`).
-        let seen = if current.is_some_and(|current| current.text() == invocation) {
+        let seen = if self.invocation.value.as_ref() == Some(&wanted) {
             Some(&self.roots_seen)
         } else {
             [&self.previous, &self.before_loss]
                 .into_iter()
                 .flatten()
-                .find(|known| known.invocation.text() == invocation)
+                .find(|known| known.invocation == wanted)
                 .map(|known| &known.roots_seen)
         };
         seen.into_iter()
