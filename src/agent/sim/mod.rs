@@ -53,8 +53,12 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// 110974389571932 and 110974389574438: lost proofs behind a later invocation's leftovers, held
 /// for good by a count that knew no beginning, and what an alias watch heard on the connection
 /// after its read dropped; 110974389532477: the same kind the oracle blamed on the agent, told
-/// the leftover only as systemd's guess of a later invocation's MainPID.
-const REGRESSION_SEEDS: [u64; 30] = [
+/// the leftover only as systemd's guess of a later invocation's MainPID; 233102442500749: a
+/// false proof, our MainPID guessed again as a later one's, gone before any count saw it, its
+/// child taken for that invocation's; 191867342476877: a false proof, our ExecCondition='s
+/// daemon guessed as a later MainPID 15 ms before that invocation began, taken for its first
+/// fork (both found by CI's random base).
+const REGRESSION_SEEDS: [u64; 31] = [
     0,
     198,
     362,
@@ -85,6 +89,7 @@ const REGRESSION_SEEDS: [u64; 30] = [
     110_974_389_574_438,
     110_974_389_532_477,
     233_102_442_500_749,
+    191_867_342_476_877,
 ];
 
 /// What one seed's run came to.

@@ -156,8 +156,9 @@ pub(crate) struct NextInvocation {
     pub once_held: Vec<ProcessStart>,
     /// The MainPIDs and ControlPIDs systemd named for the counted invocation: one named again
     /// for a later invocation and gone before a count saw its start is systemd's guess of that
-    /// process (`unit_search_main_pid`), whose session stays the counted one's. Its pid used
-    /// again by a root of a later invocation errs toward waiting.
+    /// process (`unit_search_main_pid`), whose session stays the counted one's; a later root
+    /// alive in the session one of them began is such a guess too (the counted one's leftover).
+    /// Its pid used again by a root of a later invocation errs toward waiting.
     pub counted_roots: Vec<i32>,
 }
 
@@ -364,8 +365,10 @@ fn before_late_stamp(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -
 ///    lineage or session. systemd guesses the MainPID of a Type=forking service without
 ///    PIDFile= (`unit_search_main_pid`: the only process of the cgroup whose parent is the
 ///    manager), after its ExecStart= exited, and an earlier invocation's orphan is such a one.
-///    A root gone from the census is judged by its start where a count held it
-///    ([`NextInvocation::once_held`]);
+///    So is a root alive in the session of a root systemd named for the counted invocation
+///    ([`NextInvocation::counted_roots`]), whenever it started: a session's members descend
+///    from its leader. A root gone from the census is judged by its start where a count held
+///    it ([`NextInvocation::once_held`]);
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
@@ -420,11 +423,17 @@ pub(crate) fn earlier_processes<'a>(
                 .any(|(root, of)| root != pid && of == began)
     };
     // Whether systemd's naming `pid` a root of an invocation that began at `began` was a
-    // guess: by its start where it is alive (a pid used again is a new process), else by its
-    // start as a count held it (held still, its exit not yet heard, or exited since); gone
-    // before any count saw it, if systemd named it a root of the counted invocation too.
+    // guess: alive, by its session where systemd named that session's leader a root of the
+    // counted invocation (its leftover's, forked before or after `began`), else by its start
+    // (a pid used again is a new process); gone, by its start as a count held it (held still,
+    // its exit not yet heard, or exited since), or, gone before any count saw it, if systemd
+    // named it a root of the counted invocation too.
     let guessed = |pid: i32, began: Option<u64>| {
-        let start = match by_pid.get(&pid) {
+        let alive = by_pid.get(&pid);
+        if alive.is_some_and(|p| next.counted_roots.contains(&p.session)) {
+            return true;
+        }
+        let start = match alive {
             Some(p) => Some(p.start_ticks),
             None => held
                 .iter()

@@ -1082,6 +1082,38 @@ fn a_child_of_our_root_that_systemd_named_again_for_the_next_invocation_is_ours(
     assert_eq!(earlier_pids(std::slice::from_ref(&child), &next, &[]), [60]);
 }
 
+/// Our ExecCondition= (pid 50, a root systemd named for our invocation) forked a daemon (55)
+/// that outlived our stop; the next invocation began 15 ms after that daemon started, and
+/// systemd guessed it as its MainPID (`unit_search_main_pid`), while the agent heard no root
+/// of that invocation before it. Its session tells it is ours, however close its start (found
+/// by the simulator, 191867342476877: proven `replaced-after-stop` with the daemon alive).
+#[test]
+fn a_root_in_the_session_of_our_root_is_ours_however_late_it_started() {
+    let daemon = process(55, 1, 50, 498);
+    let mut next = NextInvocation {
+        began_us: Some(5_000_000),
+        roots_began_us: Some(5_000_000),
+        roots: vec![55],
+        ..NextInvocation::default()
+    };
+    assert_eq!(
+        earlier_pids(std::slice::from_ref(&daemon), &next, &[]),
+        Vec::<i32>::new(),
+        "without our roots, a root that started 20 ms before its invocation began is taken for its first fork"
+    );
+    next.note_counted_roots(&[50]);
+    assert_eq!(
+        earlier_pids(std::slice::from_ref(&daemon), &next, &[]),
+        [55]
+    );
+    next.counted_roots = vec![51];
+    assert_eq!(
+        earlier_pids(&[daemon], &next, &[]),
+        Vec::<i32>::new(),
+        "a session no root of ours began tells nothing"
+    );
+}
+
 #[test]
 fn an_orphan_in_the_session_of_a_gone_root_of_the_next_invocation_is_not_ours() {
     // Orphaned (parent 1), its session's leader gone: without the gone root it would be
