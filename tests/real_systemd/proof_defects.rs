@@ -82,6 +82,10 @@ pub const TESTS: &[Test] = &[
         the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof,
     ),
     (
+        "a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof",
+        a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof,
+    ),
+    (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
         a_start_timeout_is_worded_as_status_unknown_not_exit_0,
     ),
@@ -123,13 +127,20 @@ fn in_session(sandbox: &Sandbox, control_group: &str, session: i32) -> Vec<i32> 
     sandbox
         .cgroup_pids(control_group)
         .into_iter()
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            // After the command's closing parenthesis: state, ppid, pgrp, session.
-            let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
-            after_comm.split_whitespace().nth(3) == Some(&*session.to_string())
-        })
+        .filter(|&pid| session_of(pid) == session)
         .collect()
+}
+
+/// The session of the process `pid`, from `/proc` (0 if it is gone).
+fn session_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // After the command's closing parenthesis: state, ppid, pgrp, session.
+    let after_comm = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after_comm
+        .split_whitespace()
+        .nth(3)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Asserts that every pid of `pids` still lives in `control_group`: the observation before it
@@ -1028,6 +1039,78 @@ fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof()
     kill_pids(&children);
     let event = agent.one(&["wait", "root.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
+}
+
+/// Our ExecStop= (a ControlPID systemd names for our invocation, the leader of a session of
+/// its own) leaves a waiter in its session. The next start's ExecStart= tells the waiter to
+/// fork a child and exit, and exits a moment later, leaving no daemon: systemd guesses the
+/// child, orphaned to the manager, as the next invocation's MainPID (`unit_search_main_pid`),
+/// though the child started after that invocation began. Its session tells it is ours.
+///
+/// Failed before: a root that started after its invocation began was taken for that
+/// invocation's, whatever its session, and ours proven `replaced-after-stop` while the child
+/// lived (found by the simulator, seed 191867342476877, where such a root started 15 ms before
+/// its invocation began, while the agent was away from the bus).
+fn a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof() {
+    let sandbox = Sandbox::start("sessionguess");
+    let fifo = "/run/late.fifo";
+    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
+        .expect("make the fifo the waiter waits on");
+    sandbox.install_unit(
+        "late.service",
+        "[Service]\nType=forking\nKillMode=process\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/late.second ]; then \
+         echo go > /run/late.fifo; sleep 1; exit 0; fi; sleep 1000 & exit 0'\n\
+         ExecStop=/bin/sh -c '(read line < /run/late.fifo; sleep 1000 & exit 0) & exit 0'\n",
+    );
+    sandbox.systemctl_ok(&["start", "late.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("late.service", "InvocationID");
+    agent.one(&["watch", "late.service"]);
+    touch(&sandbox, "/run/late.second");
+    let out = agent.cli(&["stop", "late.service", "--timeout", "2s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "the ExecStop= waiter blocks the proof: {out:?}"
+    );
+    let cgroup = sandbox.show("late.service", "ControlGroup");
+    let waiter = match sandbox.cgroup_pids(&cgroup)[..] {
+        [waiter] => waiter,
+        ref others => panic!("setup: one waiter of ours in {cgroup}: {others:?}"),
+    };
+    let session = session_of(waiter);
+    assert_ne!(
+        session, waiter,
+        "setup: the waiter is in its ExecStop='s session"
+    );
+
+    sandbox.systemctl_ok(&["start", "late.service"]);
+    let second = wait_for_new_invocation(&sandbox, "late.service", &ours);
+    let child = match in_session(&sandbox, &cgroup, session)[..] {
+        [child] if child != waiter => child,
+        ref others => panic!("setup: the waiter left one child in its session: {others:?}"),
+    };
+    assert_eq!(
+        sandbox.show("late.service", "MainPID"),
+        child.to_string(),
+        "setup: systemd guessed our waiter's child as invocation {second}'s MainPID"
+    );
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "late.service",
+        &format!(
+            "the child {child} our ExecStop= left in its session {session}, which systemd \
+             guessed as invocation {second}'s MainPID, lives in {cgroup}"
+        ),
+    );
+    assert_still_in(&sandbox, &cgroup, &[child]);
+
+    kill_pids(&[child]);
+    let event = agent.one(&["wait", "late.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
 }
 
 /// The fifo the leftover of [`a_guessed_leftover_forking_into_its_session`] waits on.
