@@ -508,6 +508,8 @@ impl Sim {
                     self.oracle
                         .on_proof(&self.world, u, inv, event.cause, asked);
                 }
+                self.oracle
+                    .on_watch_proven(event.launch_file.as_deref(), event.cause);
             }
             // The real driver stops at a save that fails, before carrying out anything after
             // it; and a SIGKILL may come right after a save, before what follows it.
@@ -569,6 +571,8 @@ impl Sim {
                 self.oracle
                     .on_proof(&self.world, u, inv, event.cause, asked);
             }
+            self.oracle
+                .on_watch_proven(event.launch_file.as_deref(), event.cause);
         }
     }
 

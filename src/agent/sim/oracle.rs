@@ -68,7 +68,8 @@ pub(crate) struct Oracle {
     /// Each launch file removed, with the agent's life (its restarts so far) that removed it.
     removed: BTreeMap<String, u32>,
     /// Launch files of acknowledged watches, with the (unit, invocation) whose proof releases
-    /// them (unless it is replaced after a stop) and the steps without faults since that proof.
+    /// them (unless the watch's own proof is "replaced after stop") and the steps without faults
+    /// since that proof.
     launch_files: BTreeMap<String, ((usize, Inv), Option<u32>)>,
     /// Invocations of each unit a watch judged foreign (it sent a foreign stop knowing them).
     foreign: BTreeMap<usize, BTreeSet<Inv>>,
@@ -124,6 +125,18 @@ impl Oracle {
         }
     }
 
+    /// One watch's own proof, told or only saved: a generation replaced after our stop keeps
+    /// its files, the new invocation runs in it. Each watch of an invocation (an alias, another
+    /// generation) has its own cause, so the file is the proof's own, not every file of the
+    /// invocation: a sibling's proof with another cause came first in 7478359040187961.
+    pub(crate) fn on_watch_proven(&mut self, launch_file: Option<&str>, cause: Cause) {
+        if let Some(path) = launch_file
+            && cause == Cause::ReplacedAfterStop
+        {
+            self.launch_files.remove(path);
+        }
+    }
+
     /// A proof of `inv` of unit `u` (named `name`) was broadcast.
     pub(crate) fn on_proof(
         &mut self,
@@ -136,10 +149,6 @@ impl Oracle {
         self.proofs += 1;
         self.owed.remove(&(u, inv));
         self.proven.insert((u, inv));
-        // A generation replaced after our stop keeps its files: the new invocation runs in it.
-        if cause == Cause::ReplacedAfterStop {
-            self.launch_files.retain(|_, (of, _)| *of != (u, inv));
-        }
         let name = &w.units[u].name;
         if inv == 0 {
             return;
