@@ -149,6 +149,29 @@ pub struct Proof {
     pub message: String,
 }
 
+impl Proof {
+    /// Another watch's proof of the same invocation (an alias, another generation) as this
+    /// watch words it: one asked to stop words a later invocation begun as its own stop
+    /// replaced, as its own state would (`replaced`), and so keeps its generation's files. An
+    /// exit is worded again from the watch's own facts and exit record.
+    pub fn of_sibling(cause: Cause, stop_requested: bool) -> Proof {
+        let (cause, message) = match cause {
+            Cause::RestartedOutside if stop_requested => {
+                (Cause::ReplacedAfterStop, REPLACED_AFTER_STOP)
+            }
+            Cause::RestartedOutside => (cause, RESTARTED_OUTSIDE),
+            Cause::ReplacedAfterStop => (cause, REPLACED_AFTER_STOP),
+            Cause::Exited => (cause, EXITED_NO_RECORD),
+            Cause::Rebooted => (cause, REBOOTED),
+        };
+        Proof {
+            cause,
+            level: Level::Warn,
+            message: message.into(),
+        }
+    }
+}
+
 /// Where the unit is in its life, as far as the proof goes (the wire spells it as
 /// `control::wire::Phase`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

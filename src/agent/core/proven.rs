@@ -4,7 +4,8 @@
 use std::time::Instant;
 
 use super::event::{EventKind, ProofEvent, systemd_record, terminal_wording};
-use super::{Core, Output, StopKind, UnitKey, to_log_level};
+use super::{Core, Output, StopKind, UnitKey, Watch, to_log_level};
+use crate::control::wire;
 use crate::exit::record::{ExitRecord, SanitizedRecord};
 use crate::proof::release::{ReleaseInput, ReleaseOutput};
 use crate::proof::{Cause, Proof};
@@ -52,9 +53,9 @@ impl Core {
             Cause::ReplacedAfterStop => Vec::new(),
             _ => self.unproven_watches_of_the_same_invocation(key),
         };
-        let for_siblings = (!siblings.is_empty()).then(|| proof.clone());
+        let cause = proof.cause;
         let terminal_at = watch.terminal_at;
-        self.count_proof(proof.cause, terminal_at, now);
+        self.count_proof(cause, terminal_at, now);
         let Some(watch) = self.units.get(&key) else {
             return;
         };
@@ -117,15 +118,55 @@ impl Core {
         // What is proven is an invocation's end, whichever watch proved it: another watch of
         // the same invocation (under an alias, say) may know less of the invocations after it
         // and still wait for a process this one placed.
-        if let Some(proof) = for_siblings {
-            for sibling in siblings {
-                self.on_proof(sibling, proof.clone(), now);
-            }
+        for sibling in siblings {
+            let stop_requested = self.units.get(&sibling).is_some_and(Watch::stop_requested);
+            self.on_proof(sibling, Proof::of_sibling(cause, stop_requested), now);
         }
     }
 
+    /// A watch at its first read (made with an alias, or restored under the name its client
+    /// gave) takes the proof another watch of the unit made of the same invocation before they
+    /// were known to be one unit (found by the simulator, 125481835117919: after a restart, an
+    /// alias's watch asked to stop waited long on a later invocation's leftover it could not
+    /// place, that its sibling had placed). Whether it took one.
+    pub(super) fn take_a_siblings_proof(&mut self, key: UnitKey, now: Instant) -> bool {
+        let Some(watch) = self.units.get(&key) else {
+            return false;
+        };
+        if watch.proof.is_none() || watch.event.is_some() || watch.proof_pending.is_some() {
+            return false;
+        }
+        let Some(ours) = watch.our_invocation().filter(|i| !i.is_empty()) else {
+            return false;
+        };
+        let cause = self
+            .by_id
+            .keys(&watch.id, &self.units)
+            .filter(|other| *other != key)
+            .find_map(|other| {
+                let event = self.units.get(&other)?.event.as_deref()?;
+                match event.cause {
+                    _ if event.invocation != ours => None,
+                    wire::Cause::Exited => Some(Cause::Exited),
+                    wire::Cause::RestartedOutside => Some(Cause::RestartedOutside),
+                    // Its own stop's story, proven for every watch after a reboot, or a cause
+                    // this agent does not know.
+                    wire::Cause::ReplacedAfterStop | wire::Cause::Rebooted | wire::Cause::Other => {
+                        None
+                    }
+                }
+            });
+        let Some(cause) = cause else {
+            return false;
+        };
+        let proof = Proof::of_sibling(cause, watch.stop_requested());
+        self.on_proof(key, proof, now);
+        true
+    }
+
     /// The other watches of `key`'s unit (by systemd's name) and invocation that are not
-    /// proven, nor asked to stop (whose proof may be "replaced after stop" instead).
+    /// proven. One asked to stop takes the proof too, in its own words: left to itself, it
+    /// may wait long on a later invocation's process it cannot place, one this watch placed.
     fn unproven_watches_of_the_same_invocation(&self, key: UnitKey) -> Vec<UnitKey> {
         let Some(watch) = self.units.get(&key) else {
             return Vec::new();
@@ -141,7 +182,6 @@ impl Core {
                         w.proof.is_some()
                             && w.event.is_none()
                             && w.proof_pending.is_none()
-                            && !w.stop_requested()
                             && w.our_invocation() == Some(invocation)
                     })
             })

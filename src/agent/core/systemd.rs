@@ -339,6 +339,10 @@ impl Core {
             self.unsaved.unit(&watch.unit);
             // Ours is known now: what was heard before of the invocations after it counts.
             self.confirm_after_ours(key, snapshot.serial);
+            if self.take_a_siblings_proof(key, now) {
+                self.answer_watch_replies(key);
+                return;
+            }
             let Some(watch) = self.units.get_mut(&key) else {
                 return;
             };

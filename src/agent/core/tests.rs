@@ -559,6 +559,100 @@ fn a_proof_proves_every_watch_of_its_invocation_and_no_other() {
     assert_eq!(proofs[1].unit, "nick.service");
 }
 
+/// A watch asked to stop takes its sibling's proof too, in its own words: the unit's watch
+/// stops an invocation started outside and proves ours over, while the alias's watch, asked to
+/// stop ours, waits for a read after a reload. It is proven "replaced after stop" and keeps
+/// its launch file, as its own state would have it (found by the simulator, 125481835117919:
+/// left to itself, such a watch waited long on a later invocation's leftover it could not
+/// place).
+#[test]
+fn a_watch_asked_to_stop_takes_its_siblings_proof_in_its_own_words() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/real1.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"real1.service","gen":1,"launch_file":"/run/l/1"}"#);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}","gen":2,"launch_file":"/run/l/2"}}"#
+    ));
+    for _ in 0..2 {
+        s.answer_reads(|_| Ok(snapshot("real1.service", "active", A, cgroup)));
+    }
+    s.request(r#"{"cmd":"stop","unit":"nick.service"}"#);
+    assert_eq!(
+        s.stops(),
+        [(
+            "real1.service".into(),
+            StopKind::Proof(StopReason::Requested)
+        )],
+        "systemd's name"
+    );
+    s.take();
+    s.cgroups.insert(cgroup.into(), CgroupReading::Empty);
+    s.signal(SystemdSignal::Reloading(true));
+    s.signal(SystemdSignal::Reloading(false));
+    s.answer_reads(|unit| match unit {
+        "real1.service" => Ok(snapshot("real1.service", "inactive", B, cgroup)),
+        _ => Err("Method call timed out".into()),
+    });
+    let removed: Vec<PathBuf> = s
+        .outputs
+        .iter()
+        .filter_map(|o| match o {
+            Output::RemoveLaunchFile { path, .. } => Some(path.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        removed,
+        [PathBuf::from("/run/l/1")],
+        "nick's generation is B's now"
+    );
+    let stopped = s.proofs();
+    assert_eq!(stopped.len(), 1, "the stop is answered: {stopped:?}");
+    assert_eq!(stopped[0].unit, "nick.service");
+    assert_eq!(stopped[0].cause, Cause::ReplacedAfterStop);
+    s.request(r#"{"cmd":"wait","unit":"real1.service"}"#);
+    let proofs = s.proofs();
+    assert_eq!(proofs[1].cause, Cause::RestartedOutside, "{proofs:?}");
+}
+
+/// A watch made after another watch of the unit proved its invocation takes that proof at its
+/// first read, in its own words, rather than wait on what it cannot place: here the alias's
+/// watch, asked to stop before its first read, would count a process of the invocation that
+/// replaced ours (found by the simulator, 125481835117919, where the watch was restored after
+/// a restart and waited for some 60 steps).
+#[test]
+fn a_new_watch_of_a_proven_invocation_takes_the_proof_at_its_first_read() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/real1.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"real1.service"}"#);
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", A, cgroup)));
+    s.changed("real1.service", "active", B);
+    s.changed("real1.service", "inactive", B);
+    assert_eq!(s.phase("real1.service"), Phase::Proven);
+    s.leftovers.insert(cgroup.into(), vec![41]);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}","gen":2,"launch_file":"/run/l/2"}}"#
+    ));
+    s.request(r#"{"cmd":"stop","unit":"nick.service"}"#);
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", C, cgroup)));
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", C, cgroup)));
+    let view = s.view("nick.service");
+    assert_eq!(view.phase, Phase::Proven, "{view:?}");
+    let stopped = s.proofs();
+    assert_eq!(stopped.len(), 1, "the stop is answered: {stopped:?}");
+    assert_eq!(stopped[0].cause, Cause::ReplacedAfterStop);
+    assert!(
+        !s.outputs
+            .iter()
+            .any(|o| matches!(o, Output::RemoveLaunchFile { .. })),
+        "replaced after stop keeps the generation's files"
+    );
+}
+
 /// A watch still waiting for its first read takes what a read of another watch of the same
 /// unit (here an alias's) said: its own read, sent earlier and answered later, is older, and a
 /// stop asked for on it would reach the invocation after ours (found by the simulator).
