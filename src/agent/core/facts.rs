@@ -384,6 +384,9 @@ impl UnitFacts {
     /// before the InvocationID of the same change.
     fn note_roots(&mut self, pids: [u32; 2], serial: u32) {
         let of_current = self.said_of_current(serial);
+        if let Some(control) = self.current_roots()[1] {
+            self.forget_as_earlier(control);
+        }
         let said = pids.into_iter().filter(|_| of_current);
         let current = self.current_roots().into_iter().flatten();
         for pid in said.chain(current).filter(|pid| *pid > 0) {
@@ -394,6 +397,26 @@ impl UnitFacts {
                 self.roots_seen.push(pid);
             }
         }
+    }
+
+    /// A ControlPID is the invocation's it is said of: systemd forks it for that invocation
+    /// and never guesses one (it guesses only a MainPID, `service_search_main_pid`). One kept
+    /// with an earlier invocation leaves it: the facts place a Service-interface change with
+    /// the invocation they know, and the Unit-interface change right after it that named a new
+    /// one (`send_changed_signal`) may have been lost with the connection.
+    fn forget_as_earlier(&mut self, control: u32) {
+        for known in [&mut self.previous, &mut self.before_loss]
+            .into_iter()
+            .flatten()
+            .filter(|known| Some(&known.invocation) != self.invocation.value.as_ref())
+        {
+            known.roots_seen.retain(|pid| *pid != control);
+        }
+    }
+
+    /// The current invocation's ControlPID, if systemd said one of it.
+    pub(super) fn current_control_pid(&self) -> Option<i32> {
+        self.current_roots()[1].and_then(|pid| i32::try_from(pid).ok())
     }
 
     /// The MainPID and ControlPID said of the current invocation, those that are set.
@@ -925,5 +948,31 @@ mod tests {
         };
         assert_eq!(known_roots("a"), [20]);
         assert_eq!(known_roots("b"), Vec::<i32>::new());
+    }
+
+    /// systemd sends a change as the Service interface's signal, then the Unit interface's,
+    /// which names the invocation (`send_changed_signal`): a ControlPID heard when the
+    /// connection broke between the two is placed with the invocation the facts knew, until a
+    /// read names it the ControlPID of the next one, which systemd forked it for (found by the
+    /// simulator, 7478359040164440). A MainPID stays: systemd may guess ours as the next's.
+    #[test]
+    fn a_control_pid_named_for_the_next_invocation_is_no_root_of_ours() {
+        let roots_of_a = |main: u32, control: u32| {
+            let mut facts = UnitFacts::default();
+            facts.apply_change(&change(Some("inactive"), Some("a")), 1);
+            facts.apply_change(&pids(main, control), 2);
+            facts.clear();
+            assert_eq!(
+                facts.roots_of("a"),
+                [main.max(control) as i32],
+                "placed with ours"
+            );
+            let mut read = snapshot(1, "activating", "b");
+            read.current.pids = Some(((main, control), 1));
+            facts.apply_snapshot(&read);
+            facts.roots_of("a")
+        };
+        assert_eq!(roots_of_a(0, 36), Vec::<i32>::new());
+        assert_eq!(roots_of_a(36, 0), [36]);
     }
 }

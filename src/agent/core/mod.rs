@@ -994,9 +994,18 @@ impl Core {
         // invocation: a guess).
         let our_roots = watch.facts.roots_of(ours);
         if *later != NextInvocation::default() || !our_roots.is_empty() {
+            let later_control = watch
+                .facts
+                .current_control_pid()
+                .filter(|_| watch.facts.state().is_some_and(|s| s.invocation != ours));
             let known = &mut watch.after_ours.get_or_insert_default().known;
             known.absorb(later);
             known.note_counted_roots(&our_roots);
+            // The ControlPID of the invocation the unit runs now, not ours, is that one's,
+            // even if it was counted as ours before (`UnitFacts::forget_as_earlier`).
+            if let Some(control) = later_control {
+                known.counted_roots.retain(|pid| *pid != control);
+            }
         }
     }
 

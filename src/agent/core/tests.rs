@@ -2282,6 +2282,42 @@ fn a_late_read_places_its_main_pid_with_the_invocation_it_names() {
     s.assert_counted_as_a_later_root(77);
 }
 
+/// A ControlPID heard when the connection broke between the Service interface's change and the
+/// Unit interface's that named its invocation (`send_changed_signal`) is placed with ours, and
+/// counts on the next connection are told it as a root of ours until systemd names it the
+/// ControlPID of the invocation the unit runs, which it forked it for; from then on no count is
+/// (found by the simulator, 7478359040164440: children of the next invocation's ExecStartPre=
+/// waited as ours for good).
+#[test]
+fn a_control_pid_named_for_a_later_invocation_is_not_counted_as_ours() {
+    let mut s = watching("k.service", "active");
+    let cgroup = "/app.slice/k.service";
+    s.leftovers.insert(cgroup.into(), vec![38]);
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("k.service"),
+        change: UnitChange {
+            main_pid: Some(0),
+            control_pid: Some(36),
+            ..UnitChange::default()
+        },
+    });
+    s.input(Input::BusLost);
+    s.input(Input::BusUp);
+    let key = s.read_asked();
+    s.changed("k.service", "inactive", B);
+    let mut read = UnitSnapshot {
+        serial: s.next_serial(),
+        ..snapshot("k.service", "inactive", B, cgroup)
+    };
+    read.current.pids = Some(((0, 36), read.serial));
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert_eq!(counted.counted_roots, Vec::<i32>::new(), "B's: {counted:?}");
+}
+
 /// A read answered after its watch was refused or unwatched still says what systemd said of
 /// the unit: another watch of it, whose own read is older, takes it (found by the simulator:
 /// a stop asked for on the older read reached the invocation after ours).

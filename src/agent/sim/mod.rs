@@ -60,8 +60,10 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// fork (both found by CI's random base); 7478359040187961: a launch file the oracle owed after
 /// a sibling's proof, kept by its own watch's "replaced after stop" proof, saved and untold;
 /// 125481835117919 and 125481835140221: an alias's watch asked to stop, left out of its
-/// sibling's proof, waiting long on a later invocation's process it could not place.
-const REGRESSION_SEEDS: [u64; 34] = [
+/// sibling's proof, waiting long on a later invocation's process it could not place;
+/// 7478359040164440: a lost proof, a later invocation's ControlPID placed with ours when the
+/// connection broke between the two signals of one change.
+const REGRESSION_SEEDS: [u64; 35] = [
     0,
     198,
     362,
@@ -96,6 +98,7 @@ const REGRESSION_SEEDS: [u64; 34] = [
     7_478_359_040_187_961,
     125_481_835_117_919,
     125_481_835_140_221,
+    7_478_359_040_164_440,
 ];
 
 /// What one seed's run came to.
@@ -478,12 +481,10 @@ impl Tolerated {
 /// an entry out once its defect is fixed; `EXITPROOF_SIM_STRICT=1` fails on these too.
 const KNOWN_DEFECTS: &[Tolerated] = &[Tolerated {
     kind: "NO PROOF within the liveness bound, another invocation's leftovers alive",
-    why: "issue 23 (4), what is left of it: 125481835150473 (a watch that never gathered a \
-         gone root its sibling watches of the unit knew, not diagnosed further) and \
-         7478359040164440 (a later invocation's ControlPID heard in a Service-interface change \
-         whose Unit-interface half was lost with the connection, placed with ours; a ControlPID \
-         is never systemd's guess, so one named later for another invocation should leave our \
-         roots: docs/sim-findings-2026-12-05-model.md); 1 in 60,000 seeds of two bases",
+    why: "issue 23 (4), what is left of it: 125481835150473, a watch that never gathered a \
+         gone root its sibling watches of the unit knew (restored under an alias, its id still \
+         the alias when the signal naming that root came), not fixed \
+         (docs/sim-findings-2026-12-05-model.md); 7478359040164440 is fixed",
     per_10k: 1,
 }];
 
