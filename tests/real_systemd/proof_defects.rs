@@ -101,6 +101,25 @@ fn touch(sandbox: &Sandbox, inner: &str) {
     std::fs::write(sandbox.host_path(inner), "").expect("create the file in the sandbox");
 }
 
+/// Starts the agent, watches `unit`'s running invocation, marks its next start with the file
+/// `second` (its command looks for it), and stops it with `timeout`, which must run out:
+/// something of ours outlives the stop (`why`). Returns the agent and our invocation.
+fn stop_blocked(
+    sandbox: &Sandbox,
+    unit: &str,
+    second: &str,
+    timeout: &str,
+    why: &str,
+) -> (Agent, String) {
+    let agent = Agent::start(sandbox);
+    let ours = sandbox.show(unit, "InvocationID");
+    agent.one(&["watch", unit]);
+    touch(sandbox, second);
+    let out = agent.cli(&["stop", unit, "--timeout", timeout]);
+    assert_eq!(out.status.code(), Some(75), "{why}: {out:?}");
+    (agent, ours)
+}
+
 /// Writes the drop-in `name` of `unit` in the manager's runtime unit directory (the caller
 /// reloads).
 fn write_drop_in(sandbox: &Sandbox, unit: &str, name: &str, body: &str) {
@@ -991,15 +1010,12 @@ fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof()
         .show("root.service", "MainPID")
         .parse()
         .expect("setup: a MainPID");
-    let agent = Agent::start(&sandbox);
-    let ours = sandbox.show("root.service", "InvocationID");
-    agent.one(&["watch", "root.service"]);
-    touch(&sandbox, "/run/root.second");
-    let out = agent.cli(&["stop", "root.service", "--timeout", "3s"]);
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "our daemon ignores SIGTERM and outlives the stop: {out:?}"
+    let (agent, ours) = stop_blocked(
+        &sandbox,
+        "root.service",
+        "/run/root.second",
+        "3s",
+        "our daemon ignores SIGTERM and outlives the stop",
     );
     let cgroup = sandbox.show("root.service", "ControlGroup");
     assert_eq!(
@@ -1064,15 +1080,12 @@ fn a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_p
          ExecStop=/bin/sh -c '(read line < /run/late.fifo; sleep 1000 & exit 0) & exit 0'\n",
     );
     sandbox.systemctl_ok(&["start", "late.service"]);
-    let agent = Agent::start(&sandbox);
-    let ours = sandbox.show("late.service", "InvocationID");
-    agent.one(&["watch", "late.service"]);
-    touch(&sandbox, "/run/late.second");
-    let out = agent.cli(&["stop", "late.service", "--timeout", "2s"]);
-    assert_eq!(
-        out.status.code(),
-        Some(75),
-        "the ExecStop= waiter blocks the proof: {out:?}"
+    let (agent, ours) = stop_blocked(
+        &sandbox,
+        "late.service",
+        "/run/late.second",
+        "2s",
+        "the ExecStop= waiter blocks the proof",
     );
     let cgroup = sandbox.show("late.service", "ControlGroup");
     let waiter = match sandbox.cgroup_pids(&cgroup)[..] {

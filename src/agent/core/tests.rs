@@ -624,12 +624,8 @@ fn a_watch_asked_to_stop_takes_its_siblings_proof_in_its_own_words() {
 /// a restart and waited for some 60 steps).
 #[test]
 fn a_new_watch_of_a_proven_invocation_takes_the_proof_at_its_first_read() {
-    let mut s = Script::new();
-    s.input(Input::BusUp);
+    let mut s = watching("real1.service", "active");
     let cgroup = "/app.slice/real1.service";
-    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
-    s.request(r#"{"cmd":"watch","unit":"real1.service"}"#);
-    s.answer_reads(|_| Ok(snapshot("real1.service", "active", A, cgroup)));
     s.changed("real1.service", "active", B);
     s.changed("real1.service", "inactive", B);
     assert_eq!(s.phase("real1.service"), Phase::Proven);
