@@ -15,8 +15,8 @@ use crate::record_name::RecordName;
 /// The version of the file's format this agent writes. Version 2 added `boot_id`, each watch's
 /// `control_group` and `stop_unsent`; version 3 the `journal` that follows the snapshot;
 /// version 4 saves a proof as [`SavedProof`], the state's own shape (its names are the ones
-/// versions 1 to 3 saved, so their proofs still load); a watch's `release_unfinished`, written
-/// only when set, came later within version 4.
+/// versions 1 to 3 saved, so their proofs still load); a watch's `release_unfinished` and
+/// `unit_id`, each written only when set, came later within version 4.
 pub(crate) const STATE_VERSION: u32 = 4;
 
 /// The oldest version of a journal this agent still replays: a journal follows a snapshot of
@@ -231,6 +231,11 @@ pub(crate) struct SavedWatch {
     /// earlier agent of the same version wrote reads the same.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub release_unfinished: bool,
+    /// systemd's own name of the unit, where `unit` is an alias of it: a restarted agent hears
+    /// the unit's signals, which name it by that name, before its first read tells it again.
+    /// Written only when set, as `release_unfinished`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit_id: Option<String>,
 }
 
 #[cfg(test)]
@@ -250,6 +255,7 @@ impl SavedWatch {
             control_group: None,
             stop_unsent: false,
             release_unfinished: false,
+            unit_id: None,
         }
     }
 }

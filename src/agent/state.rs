@@ -415,6 +415,10 @@ pub(super) fn check(state: &AgentState) -> Result<(), String> {
     let mut unproven = HashSet::new();
     for watch in &state.watches {
         unit_name::validate(&watch.unit).map_err(|error| format!("a watch has an {error}"))?;
+        if let Some(id) = &watch.unit_id {
+            unit_name::validate(id)
+                .map_err(|error| format!("the watch of {} names an {error}", watch.unit))?;
+        }
         if watch.generation == Some(0) {
             return Err(format!("the watch of {} has generation 0", watch.unit));
         }
@@ -456,6 +460,7 @@ mod tests {
             control_group: Some("/app.slice/app@1.service".to_owned()),
             stop_unsent: true,
             release_unfinished: false,
+            unit_id: Some("real-app@1.service".to_owned()),
         };
         let proven = SavedWatch {
             proof: Some(
@@ -574,6 +579,14 @@ mod tests {
             (
                 state_of(&[unit_json("no-suffix")], "[]"),
                 "invalid unit name",
+            ),
+            (
+                state_of(
+                    &[unit_json("a.service")
+                        .replace("\"gen\":null", "\"unit_id\":\"../x\",\"gen\":null")],
+                    "[]",
+                ),
+                "the watch of a.service names an invalid unit name",
             ),
             (
                 state_of(&[unit_json("a.service"), unit_json("a.service")], "[]"),

@@ -158,6 +158,9 @@ impl Core {
                 .is_some_and(|path| !shared_launch_files.contains(path));
             let mut watch = Watch::new(&unit, Some(record.invocation.clone()), spec);
             watch.restored = true;
+            if let Some(id) = record.unit_id.as_deref().filter(|id| *id != &*watch.id) {
+                watch.id = Rc::from(id);
+            }
             if let Some(cgroup) = &record.control_group {
                 watch.control_group = self.control_groups.make(cgroup, &watch.id);
             }
@@ -318,6 +321,7 @@ fn saved_watch_of(watch: &Watch) -> Option<SavedWatch> {
             .as_ref()
             .is_some_and(|s| s.kind == StopKind::Proof(StopReason::Requested))
             || (watch.pending_stop && watch.proof.is_none()),
+        unit_id: (*watch.id != *watch.unit).then(|| watch.id.to_string()),
         release_unfinished: watch.event.is_some()
             && (watch.release.as_deref().is_some_and(Release::unfinished)
                 || watch

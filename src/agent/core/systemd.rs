@@ -389,6 +389,8 @@ impl Core {
         };
         let id: Rc<str> = Rc::from(snapshot.id.as_str());
         let old_id = std::mem::replace(&mut watch.id, Rc::clone(&id));
+        // Saved, so a restarted agent hears the unit's signals before its first read.
+        self.unsaved.unit(&watch.unit);
         self.by_id.remove(&old_id, key, &self.units);
         self.by_id.insert(&id, key, &self.units);
         self.share_snapshot(key, snapshot, now);

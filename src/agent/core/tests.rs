@@ -2314,6 +2314,43 @@ fn a_control_pid_named_for_a_later_invocation_is_not_counted_as_ours() {
     assert_eq!(counted.counted_roots, Vec::<i32>::new(), "B's: {counted:?}");
 }
 
+/// A watch made with an alias keeps systemd's own name of the unit across a restart: the
+/// restarted agent hears the unit's signals, which name it by that name, before its first read
+/// comes back, and so learns a later invocation's MainPID said only then (found by the
+/// simulator, 125481835150473: a process in that root's session waited as ours for good).
+#[test]
+fn a_watch_restored_under_an_alias_hears_the_units_signals_before_its_first_read() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/real1.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    for _ in 0..2 {
+        s.answer_reads(|_| Ok(snapshot("real1.service", "active", A, cgroup)));
+    }
+    let saved = s.save();
+    assert_eq!(saved.watches[0].unit_id.as_deref(), Some("real1.service"));
+    let mut s = Script::restored(saved, "boot-1");
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.leftovers.insert(cgroup.into(), vec![148]);
+    s.input(Input::BusUp);
+    let key = s.read_asked();
+    s.main_pid("real1.service", 147);
+    s.changed("real1.service", "deactivating", B);
+    let read = UnitSnapshot {
+        serial: s.next_serial(),
+        ..snapshot("real1.service", "inactive", B, cgroup)
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert_eq!(counted.roots, [147], "B's MainPID: {counted:?}");
+}
+
 /// A read answered after its watch was refused or unwatched still says what systemd said of
 /// the unit: another watch of it, whose own read is older, takes it (found by the simulator:
 /// a stop asked for on the older read reached the invocation after ours).
