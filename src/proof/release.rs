@@ -202,4 +202,32 @@ mod tests {
             assert_eq!(&run(*has_launch_file, inputs), expected, "{name}");
         }
     }
+
+    /// A release is over only once every stop of ours came back, the final stop included: the
+    /// agent saves `unfinished` with the proof, and one killed while the final StopUnit is out
+    /// sends it again after its restart (mutants that called it over then survived every other
+    /// test: docs/mutation-2026-12-06.md, R4 and R6).
+    #[test]
+    fn a_release_is_unfinished_until_every_stop_of_ours_came_back() {
+        let mut release = Release::new(false);
+        assert!(!release.unfinished(), "nothing to release before the proof");
+        release.handle(Proven);
+        assert!(release.unfinished(), "the final stop not taken yet");
+        assert_eq!(release.take_outputs(), [FinalStop]);
+        release.handle(StopIssued);
+        assert!(release.unfinished(), "the final stop is out");
+        release.handle(StopFinished { succeeded: true });
+        assert!(!release.unfinished(), "every stop came back");
+
+        let mut release = Release::new(false);
+        release.handle(StopIssued);
+        release.handle(Proven);
+        assert!(release.unfinished(), "a stop of ours is out at the proof");
+        release.handle(StopFinished { succeeded: true });
+        assert!(
+            release.take_outputs().is_empty(),
+            "it succeeded: no final stop"
+        );
+        assert!(!release.unfinished());
+    }
 }
