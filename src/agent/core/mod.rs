@@ -1009,6 +1009,38 @@ impl Core {
         }
     }
 
+    /// A watch at its first read takes the roots the unit's other watches heard systemd name
+    /// for its invocation: one made after that invocation ended heard none of them itself, and
+    /// systemd may guess one of them, a leftover, as a later invocation's MainPID (found by CI's
+    /// random base, 245230654104363: a false proof, the guessed leftover's child taken for the
+    /// later invocation's). More roots of ours only make a count wait longer.
+    pub(super) fn gather_roots_of_ours(&mut self, key: UnitKey) {
+        let Some(watch) = self.units.get(&key) else {
+            return;
+        };
+        let Some(ours) = watch.our_invocation().filter(|i| !i.is_empty()) else {
+            return;
+        };
+        let roots: Vec<i32> = self
+            .by_id
+            .keys(&watch.id, &self.units)
+            .filter(|other| *other != key)
+            .filter_map(|other| self.units.get(&other))
+            .flat_map(|sibling| sibling.facts.roots_of(ours))
+            .collect();
+        self.note_roots_of_ours(key, &roots);
+    }
+
+    /// Keeps `roots`, which systemd named for `key`'s invocation, for its counts.
+    pub(super) fn note_roots_of_ours(&mut self, key: UnitKey, roots: &[i32]) {
+        if let Some(watch) = self.units.get_mut(&key)
+            && !roots.is_empty()
+        {
+            let known = &mut watch.after_ours.get_or_insert_default().known;
+            known.note_counted_roots(roots);
+        }
+    }
+
     /// A late signal (handled after a read that told a later invocation) said the MainPID or
     /// ControlPID of an invocation in between: gathered as for any invocation after ours.
     pub(super) fn note_late_roots(&mut self, key: UnitKey) {

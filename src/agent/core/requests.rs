@@ -143,6 +143,7 @@ impl Core {
                 return;
             }
         }
+        let mut inherited = Vec::new();
         if let Some(key) = self.by_name.key(unit.as_str(), &self.units)
             && let Some(watch) = self.units.get_mut(&key)
         {
@@ -156,7 +157,12 @@ impl Core {
                     self.reply_saved(reply, Answer::Watch(view));
                     return;
                 }
-                // A proven unit is watched afresh: its retained proof is replaced.
+                // A proven unit is watched afresh: its retained proof is replaced, and what it
+                // heard systemd name for the invocation asked for is kept (`gather_roots_of_ours`).
+                inherited = invocation
+                    .as_deref()
+                    .map(|asked| watch.facts.roots_of(asked))
+                    .unwrap_or_default();
                 self.drop_watch(key);
             } else if invocation.is_some() && invocation != ours {
                 // A watch still adopting whatever invocation its first read finds cannot promise
@@ -182,6 +188,7 @@ impl Core {
             }
         }
         let key = self.new_watch(&unit, invocation, spec);
+        self.note_roots_of_ours(key, &inherited);
         if let Some(watch) = self.units.get_mut(&key) {
             watch.watch_replies.push(reply);
         }

@@ -339,6 +339,7 @@ impl Core {
             self.unsaved.unit(&watch.unit);
             // Ours is known now: what was heard before of the invocations after it counts.
             self.confirm_after_ours(key, snapshot.serial);
+            self.gather_roots_of_ours(key);
             if self.take_a_siblings_proof(key, now) {
                 self.answer_watch_replies(key);
                 return;

@@ -2351,6 +2351,38 @@ fn a_watch_restored_under_an_alias_hears_the_units_signals_before_its_first_read
     assert_eq!(counted.roots, [147], "B's MainPID: {counted:?}");
 }
 
+/// A watch made late, for an invocation another watch of the unit heard systemd name roots
+/// of, keeps them for its counts: systemd may guess that invocation's leftover MainPID (154)
+/// as a later invocation's, and what it forks then is ours (found by CI's random base,
+/// 245230654104363: a false proof, the new watch had heard 154 only as the later invocation's
+/// MainPID, and took the leftover's child for that invocation's). The other watch is the
+/// unit's proven one the new watch replaces, or one still kept beside an alias's watch.
+#[test]
+fn a_watch_made_late_keeps_the_roots_the_units_other_watch_heard_for_its_invocation() {
+    for name in ["g.service", "nick.service"] {
+        let mut s = watching("g.service", "active");
+        let cgroup = "/app.slice/g.service";
+        s.main_pid("g.service", 154);
+        s.changed("g.service", "active", B);
+        s.changed("g.service", "failed", B);
+        assert_eq!(s.phase("g.service"), Phase::Proven, "A, restarted outside");
+        // C begins, and systemd guesses B's leftover 154 as its MainPID.
+        s.changed("g.service", "inactive", C);
+        s.main_pid("g.service", 154);
+        s.changed("g.service", "active", C);
+        s.request(&format!(
+            r#"{{"cmd":"watch","unit":"{name}","invocation":"{B}"}}"#
+        ));
+        for _ in 0..2 {
+            s.answer_reads(|_| Ok(snapshot("g.service", "active", C, cgroup)));
+        }
+        s.leftovers.insert(cgroup.into(), vec![158]);
+        s.changed("g.service", "failed", C);
+        let counted = s.counted_against.take().expect("leftovers counted");
+        assert_eq!(counted.counted_roots, [154], "{name}: {counted:?}");
+    }
+}
+
 /// A read answered after its watch was refused or unwatched still says what systemd said of
 /// the unit: another watch of it, whose own read is older, takes it (found by the simulator:
 /// a stop asked for on the older read reached the invocation after ours).

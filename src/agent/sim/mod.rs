@@ -63,8 +63,10 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// sibling's proof, waiting long on a later invocation's process it could not place;
 /// 7478359040164440: a lost proof, a later invocation's ControlPID placed with ours when the
 /// connection broke between the two signals of one change; 125481835150473: a lost proof, a watch
-/// restored under an alias deaf to the unit's signals until its first read.
-const REGRESSION_SEEDS: [u64; 36] = [
+/// restored under an alias deaf to the unit's signals until its first read; 245230654104363: a
+/// false proof, a watch made after its invocation ended, never told that invocation's MainPID
+/// its replaced proven predecessor had heard (found by CI's random base).
+const REGRESSION_SEEDS: [u64; 37] = [
     0,
     198,
     362,
@@ -101,6 +103,7 @@ const REGRESSION_SEEDS: [u64; 36] = [
     125_481_835_140_221,
     7_478_359_040_164_440,
     125_481_835_150_473,
+    245_230_654_104_363,
 ];
 
 /// What one seed's run came to.
