@@ -86,6 +86,10 @@ pub const TESTS: &[Test] = &[
         a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof,
     ),
     (
+        "a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_it",
+        a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_it,
+    ),
+    (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
         a_start_timeout_is_worded_as_status_unknown_not_exit_0,
     ),
@@ -1055,6 +1059,91 @@ fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof()
     kill_pids(&children);
     let event = agent.one(&["wait", "root.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
+}
+
+/// The agent watches invocation A and proves it when the unit is restarted; B runs a
+/// Type=forking daemon that leads a session of its own and ignores SIGTERM (`SendSIGKILL=no`),
+/// and outlives B's stop. The platform then watches B, after it ended: the new watch replaces
+/// A's proven one and never hears systemd name the daemon B's MainPID itself. The
+/// next start leaves no daemon, systemd guesses B's as its MainPID (`unit_search_main_pid`),
+/// and B's daemon forks a child and exits while the agent is paused. The agent heard the daemon
+/// named for B: the child is B's, and B's proof waits for it.
+///
+/// Failed before: the new watch knew the daemon only as the next invocation's root, took the
+/// child for that invocation's, and proved B `restarted-outside` while the child lived (found
+/// by CI's random base, seed 245230654104363).
+fn a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_it() {
+    let sandbox = Sandbox::start("latewatch");
+    let fifo = "/run/lw.fifo";
+    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
+        .expect("make the fifo the daemon waits on");
+    std::fs::write(
+        sandbox.host_path("/run/lw-daemon.sh"),
+        "trap '' TERM\nread line < /run/lw.fifo\nsleep 1000 &\nexit 0\n",
+    )
+    .expect("write the daemon's script");
+    // A forks a plain `sleep` (its guessed MainPID), B the daemon, the third start nothing.
+    sandbox.install_unit(
+        "lw.service",
+        "[Service]\nType=forking\nKillMode=process\nSendSIGKILL=no\nTimeoutStopSec=1s\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/lw.third ]; then exit 0; fi; \
+         if [ -e /run/lw.second ]; then setsid /bin/sh /run/lw-daemon.sh & exit 0; fi; \
+         sleep 1000 & exit 0'\n",
+    );
+    sandbox.systemctl_ok(&["start", "lw.service"]);
+    let agent = Agent::start(&sandbox);
+    let a = sandbox.show("lw.service", "InvocationID");
+    agent.one(&["watch", "lw.service"]);
+    touch(&sandbox, "/run/lw.second");
+    sandbox.systemctl_ok(&["restart", "lw.service"]);
+    let b = wait_for_new_invocation(&sandbox, "lw.service", &a);
+    let daemon: i32 = sandbox
+        .show("lw.service", "MainPID")
+        .parse()
+        .expect("setup: a MainPID");
+    let event = agent.one(&["wait", "lw.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], a.as_str(), "{event}");
+    // B's stop: the daemon ignores SIGTERM and is never sent SIGKILL.
+    sandbox.systemctl(&["stop", "lw.service"]);
+    let cgroup = sandbox.show("lw.service", "ControlGroup");
+    sandbox.wait_until("B is over, its daemon left", PATIENCE, || {
+        sandbox.show("lw.service", "ActiveState") == "failed"
+            && sandbox.cgroup_pids(&cgroup) == [daemon]
+    });
+    agent.one(&["watch", "lw.service", "--invocation", &b]);
+    let children = {
+        let _paused = agent.pause();
+        touch(&sandbox, "/run/lw.third");
+        sandbox.systemctl_ok(&["start", "lw.service"]);
+        let third = wait_for_new_invocation(&sandbox, "lw.service", &b);
+        assert_eq!(
+            sandbox.show("lw.service", "MainPID"),
+            daemon.to_string(),
+            "setup: systemd guessed B's daemon as invocation {third}'s MainPID"
+        );
+        release_through(&sandbox, fifo);
+        sandbox.wait_until("B's daemon is gone", PATIENCE, || {
+            !sandbox.cgroup_pids(&cgroup).contains(&daemon)
+        });
+        in_session(&sandbox, &cgroup, daemon)
+    };
+    assert!(
+        !children.is_empty(),
+        "setup: the daemon left its child in {cgroup}"
+    );
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "lw.service",
+        &format!(
+            "the child {children:?} of B's MainPID {daemon}, which systemd guessed as the next \
+             invocation's, lives in {cgroup}"
+        ),
+    );
+    assert_still_in(&sandbox, &cgroup, &children);
+    kill_pids(&children);
+    let event = agent.one(&["wait", "lw.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], b.as_str(), "{event}");
 }
 
 /// Our ExecStop= (a ControlPID systemd names for our invocation, the leader of a session of
