@@ -1097,6 +1097,9 @@ fn a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_
     touch(&sandbox, "/run/lw.second");
     sandbox.systemctl_ok(&["restart", "lw.service"]);
     let b = wait_for_new_invocation(&sandbox, "lw.service", &a);
+    sandbox.wait_until("B runs its daemon", PATIENCE, || {
+        sandbox.show("lw.service", "ActiveState") == "active"
+    });
     let daemon: i32 = sandbox
         .show("lw.service", "MainPID")
         .parse()
