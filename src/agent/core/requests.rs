@@ -115,8 +115,15 @@ impl Core {
     }
 
     /// Forgets the watch under `key`: its waiters are told, its retained proof goes.
+    /// Drops the watch of `key`; everyone still waiting on it (a `watch` waiting for its first
+    /// read, a `wait`, a `stop`) is told it was unwatched.
     fn unwatch(&mut self, key: UnitKey) {
-        for waiter in self.waiters.take_key(key) {
+        let unanswered = self
+            .units
+            .get_mut(&key)
+            .map(|watch| std::mem::take(&mut watch.watch_replies))
+            .unwrap_or_default();
+        for waiter in unanswered.into_iter().chain(self.waiters.take_key(key)) {
             self.reply(
                 waiter,
                 Answer::Error(ErrorKind::NotWatched, "unwatched".to_owned()),

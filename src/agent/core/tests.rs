@@ -2673,6 +2673,31 @@ fn start_watches_the_invocation_its_start_job_began() {
     );
 }
 
+/// A `watch` still waiting for its first read when the client unwatches the unit is answered:
+/// unwatched, as a `wait` would be (found by the simulator's oracle of answers: the request
+/// was never answered).
+#[test]
+fn unwatching_answers_a_watch_still_waiting_for_its_first_read() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    s.request(r#"{"id":1,"cmd":"watch","unit":"w.service"}"#);
+    s.take();
+    s.request(r#"{"id":2,"cmd":"unwatch","unit":"w.service"}"#);
+    let answered: Vec<(Option<RequestId>, bool)> = s
+        .take()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::Reply { to, answer } => Some((
+                to.id,
+                matches!(answer, Answer::Error(ErrorKind::NotWatched, _)),
+            )),
+            _ => None,
+        })
+        .collect();
+    let id = |n: u64| Some(RequestId::Number(n.into()));
+    assert!(answered.contains(&(id(1), true)), "{answered:?}");
+}
+
 #[test]
 fn unwatch_proven_forgets_every_proven_watch_and_only_those() {
     let mut s = watching("done.service", "active");
