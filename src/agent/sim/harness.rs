@@ -261,6 +261,11 @@ impl Sim {
     /// is for the watch it asks for.
     fn request(&mut self, request: Request) {
         let Request { id, client, json } = request;
+        if self.core.is_none() {
+            // No agent listens: the platform's connect fails, and nothing is asked.
+            self.tenant.not_sent(id);
+            return;
+        }
         let parsed = parse_request(json.to_string().as_bytes()).expect("a valid request");
         let unit = json["unit"].as_str().map(str::to_owned);
         // An unwatched unit's next watch is a new one: what was told to the one before is not

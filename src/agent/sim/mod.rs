@@ -198,6 +198,8 @@ fn kind(violation: &str) -> String {
             .next()
             .unwrap_or("")
             .to_owned()
+    } else if violation.starts_with("NO ANSWER") {
+        "NO ANSWER to a request within its timeout and the liveness bound".into()
     } else if violation.starts_with("NO RELEASE") {
         "NO RELEASE of a launch file within the liveness bound after its proof".into()
     } else if violation.starts_with("NO PROOF") {
@@ -411,6 +413,7 @@ fn run(seed: u64, how: RunAs) -> Outcome {
                 None => format!("#{step}{phase}"),
             }
         });
+        let began_us = sim.world.now_us;
         // The agent dies at a save only while faults happen.
         sim.deaths_at_saves = phase == Phase::Chaos;
         match phase {
@@ -424,6 +427,9 @@ fn run(seed: u64, how: RunAs) -> Outcome {
         if phase != Phase::Chaos {
             let under_load = phase == Phase::Heal;
             sim.oracle.quiet_step(&sim.world, &sim.told, under_load);
+            // And every request its answer.
+            let late = sim.tenant.quiet_step(sim.world.now_us - began_us);
+            sim.oracle.violations.extend(late);
         }
         tape.push(Draws {
             sim: sim.rng.take_recorded(),

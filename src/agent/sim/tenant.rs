@@ -30,6 +30,27 @@ struct Held {
     inv: Inv,
 }
 
+/// A request the agent has not answered yet, and how long it has waited without faults.
+#[derive(Debug)]
+struct Unanswered {
+    /// The command and its unit, for the report.
+    what: String,
+    /// The request's own timeout (`stop`, `wait`): the answer may wait that long.
+    timeout_us: u64,
+    quiet_us: u64,
+    quiet_steps: u32,
+}
+
+/// How long past its own timeout a request may wait for its answer once faults stop: `watch`
+/// is answered after the watch's first read, `stop` and `wait` at the proof or their timeout,
+/// the rest at once (or after the save they wait for).
+const ANSWER_BOUND_US: u64 = 20_000_000;
+
+/// And in how many steps without faults at least: the model's systemd answers a read a
+/// property a step (13 for a service), and a watch made with an alias reads twice, or three
+/// times if the unit begins another invocation while it is read (seen: 51 steps).
+pub(crate) const ANSWER_STEPS: u32 = 60;
+
 /// A request of the platform's, numbered, on its current connection.
 pub(crate) struct Request {
     pub id: u64,
@@ -50,12 +71,43 @@ pub(crate) struct Tenant {
     /// Names the platform asked to stop. By name, not invocation: a stop applies to whatever
     /// watch the agent has under the name, which the platform may not know yet.
     stops: BTreeSet<String>,
+    /// Every request on the current connection the agent owes an answer, by id.
+    unanswered: BTreeMap<u64, Unanswered>,
 }
 
 impl Tenant {
     /// The platform's connections died with the agent: no answer comes to what was asked.
     pub(crate) fn agent_died(&mut self) {
         self.asked.clear();
+        self.unanswered.clear();
+    }
+
+    /// A step without faults passed, of `us` of virtual time: every request still unanswered
+    /// past its timeout and the bound, and past [`ANSWER_STEPS`] such steps, is reported, once.
+    pub(crate) fn quiet_step(&mut self, us: u64) -> Vec<String> {
+        let mut late = Vec::new();
+        self.unanswered.retain(|id, waiting| {
+            waiting.quiet_us += us;
+            waiting.quiet_steps += 1;
+            let over = waiting.quiet_us > waiting.timeout_us + ANSWER_BOUND_US
+                && waiting.quiet_steps > ANSWER_STEPS;
+            if over {
+                late.push(format!(
+                    "NO ANSWER to request {id} ({}): {} steps, {} s without faults",
+                    waiting.what,
+                    waiting.quiet_steps,
+                    waiting.quiet_us / 1_000_000
+                ));
+            }
+            !over
+        });
+        late
+    }
+
+    /// Request `id` never reached the agent (it was down): no answer is owed.
+    pub(crate) fn not_sent(&mut self, id: u64) {
+        self.asked.remove(&id);
+        self.unanswered.remove(&id);
     }
 
     /// Whether the platform ever asked to stop `name`.
@@ -90,6 +142,9 @@ impl Tenant {
         let Some(RequestId::Number(n)) = to.id else {
             return;
         };
+        if let Some(id) = n.as_u64() {
+            self.unanswered.remove(&id);
+        }
         let Some(asked) = n.as_u64().and_then(|id| self.asked.remove(&id)) else {
             return;
         };
@@ -120,6 +175,22 @@ impl Tenant {
     fn numbered(&mut self, mut json: serde_json::Value) -> Request {
         self.next_id += 1;
         json["id"] = self.next_id.into();
+        let field = |name: &str| json.get(name).and_then(serde_json::Value::as_str);
+        let what = format!(
+            "{} {}",
+            field("cmd").unwrap_or("?"),
+            field("unit").unwrap_or("")
+        );
+        let timeout_ms = json.get("timeout_ms").and_then(serde_json::Value::as_u64);
+        self.unanswered.insert(
+            self.next_id,
+            Unanswered {
+                what: what.trim_end().to_owned(),
+                timeout_us: timeout_ms.unwrap_or(0) * 1000,
+                quiet_us: 0,
+                quiet_steps: 0,
+            },
+        );
         Request {
             id: self.next_id,
             client: ClientId::for_test(self.client),
