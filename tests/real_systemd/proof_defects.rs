@@ -99,6 +99,60 @@ pub const TESTS: &[Test] = &[
     ),
 ];
 
+/// Makes the fifo `inner` (a path inside the sandbox) a unit's process waits on, until
+/// [`release_through`].
+fn make_fifo(sandbox: &Sandbox, inner: &str) {
+    nix::unistd::mkfifo(&sandbox.host_path(inner), nix::sys::stat::Mode::S_IRWXU)
+        .unwrap_or_else(|e| panic!("setup: make the fifo {inner}: {e}"));
+}
+
+/// Writes the script `inner` of a daemon that ignores SIGTERM, waits on the fifo `fifo` (made
+/// here), then forks a child (`sleep 1000`) into its session and exits.
+fn write_stubborn_daemon(sandbox: &Sandbox, inner: &str, fifo: &str) {
+    make_fifo(sandbox, fifo);
+    let script = format!("trap '' TERM\nread line < {fifo}\nsleep 1000 &\nexit 0\n");
+    std::fs::write(sandbox.host_path(inner), script).expect("write the daemon's script");
+}
+
+/// Starts `unit`, whose invocation `before` left `daemon` (a [`write_stubborn_daemon`]) and
+/// whose next start leaves no daemon: systemd guesses `daemon` as the new invocation's MainPID
+/// (`unit_search_main_pid`). Then releases the daemon through `fifo` and waits for it to exit;
+/// returns the children it left in its session.
+fn guessed_daemon_forks(
+    sandbox: &Sandbox,
+    unit: &str,
+    before: &str,
+    daemon: i32,
+    fifo: &str,
+) -> Vec<i32> {
+    let cgroup = sandbox.show(unit, "ControlGroup");
+    sandbox.systemctl_ok(&["start", unit]);
+    let next = wait_for_new_invocation(sandbox, unit, before);
+    assert_eq!(
+        sandbox.show(unit, "MainPID"),
+        daemon.to_string(),
+        "setup: systemd guessed the daemon as invocation {next}'s MainPID"
+    );
+    release_through(sandbox, fifo);
+    sandbox.wait_until("the daemon is gone", PATIENCE, || {
+        !sandbox.cgroup_pids(&cgroup).contains(&daemon)
+    });
+    let children = in_session(sandbox, &cgroup, daemon);
+    assert!(
+        !children.is_empty(),
+        "setup: the daemon left its child in {cgroup}"
+    );
+    children
+}
+
+/// Kills the leftovers `children` and checks that the agent then proves `ours`, the
+/// invocation of `unit` they kept waiting.
+fn proven_once_gone(agent: &Agent, unit: &str, children: &[i32], ours: &str) {
+    kill_pids(children);
+    let event = agent.one(&["wait", unit, "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours, "{event}");
+}
+
 /// Creates the file `inner` (a path inside the sandbox): releases a unit waiting in [`until`],
 /// or sets a marker a unit's command looks for.
 fn touch(sandbox: &Sandbox, inner: &str) {
@@ -927,9 +981,7 @@ fn a_child_our_leftover_forks_after_systemd_guessed_it_blocks_our_proof() {
     assert_unproven(agent, "forks.service", &why);
     assert_still_in(&sandbox, cgroup, &children);
 
-    kill_pids(&children);
-    let event = agent.one(&["wait", "forks.service", "--timeout", PATIENCE_ARG]);
-    assert_eq!(event["invocation"], guessed.ours.as_str(), "{event}");
+    proven_once_gone(agent, "forks.service", &children, &guessed.ours);
 }
 
 /// As above, and then systemd reloads, re-executes itself, and the agent is killed and started
@@ -977,9 +1029,7 @@ fn the_guessed_leftovers_child_blocks_our_proof_through_reload_reexec_and_agent_
     assert_unproven(&agent, "forks.service", &why("the agent started again"));
     assert_still_in(&sandbox, &cgroup, &children);
 
-    kill_pids(&children);
-    let event = agent.one(&["wait", "forks.service", "--timeout", PATIENCE_ARG]);
-    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    proven_once_gone(&agent, "forks.service", &children, &ours);
 }
 
 /// Our MainPID is a Type=forking daemon that leads a session of its own, ignores SIGTERM and
@@ -995,14 +1045,7 @@ fn the_guessed_leftovers_child_blocks_our_proof_through_reload_reexec_and_agent_
 fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof() {
     let sandbox = Sandbox::start("guessedroot");
     let fifo = "/run/root.fifo";
-    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
-        .expect("make the fifo the daemon waits on");
-    // The daemon ignores SIGTERM, waits on the fifo, then forks its child and exits.
-    std::fs::write(
-        sandbox.host_path("/run/root-daemon.sh"),
-        "trap '' TERM\nread line < /run/root.fifo\nsleep 1000 &\nexit 0\n",
-    )
-    .expect("write the daemon's script");
+    write_stubborn_daemon(&sandbox, "/run/root-daemon.sh", fifo);
     sandbox.install_unit(
         "root.service",
         "[Service]\nType=forking\nKillMode=process\nSendSIGKILL=no\nTimeoutStopSec=1s\n\
@@ -1029,23 +1072,8 @@ fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof()
     );
     let children = {
         let _paused = agent.pause();
-        sandbox.systemctl_ok(&["start", "root.service"]);
-        let second = wait_for_new_invocation(&sandbox, "root.service", &ours);
-        assert_eq!(
-            sandbox.show("root.service", "MainPID"),
-            daemon.to_string(),
-            "setup: systemd guessed our daemon as invocation {second}'s MainPID"
-        );
-        release_through(&sandbox, fifo);
-        sandbox.wait_until("our daemon is gone", PATIENCE, || {
-            !sandbox.cgroup_pids(&cgroup).contains(&daemon)
-        });
-        in_session(&sandbox, &cgroup, daemon)
+        guessed_daemon_forks(&sandbox, "root.service", &ours, daemon, fifo)
     };
-    assert!(
-        !children.is_empty(),
-        "setup: the daemon left its child in {cgroup}"
-    );
     agent.barrier();
     assert_unproven(
         &agent,
@@ -1056,9 +1084,7 @@ fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof()
         ),
     );
     assert_still_in(&sandbox, &cgroup, &children);
-    kill_pids(&children);
-    let event = agent.one(&["wait", "root.service", "--timeout", PATIENCE_ARG]);
-    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    proven_once_gone(&agent, "root.service", &children, &ours);
 }
 
 /// The agent watches invocation A and proves it when the unit is restarted; B runs a
@@ -1075,13 +1101,7 @@ fn the_child_of_our_main_pid_guessed_while_the_agent_was_away_blocks_our_proof()
 fn a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_it() {
     let sandbox = Sandbox::start("latewatch");
     let fifo = "/run/lw.fifo";
-    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
-        .expect("make the fifo the daemon waits on");
-    std::fs::write(
-        sandbox.host_path("/run/lw-daemon.sh"),
-        "trap '' TERM\nread line < /run/lw.fifo\nsleep 1000 &\nexit 0\n",
-    )
-    .expect("write the daemon's script");
+    write_stubborn_daemon(&sandbox, "/run/lw-daemon.sh", fifo);
     // A forks a plain `sleep` (its guessed MainPID), B the daemon, the third start nothing.
     sandbox.install_unit(
         "lw.service",
@@ -1117,23 +1137,8 @@ fn a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_
     let children = {
         let _paused = agent.pause();
         touch(&sandbox, "/run/lw.third");
-        sandbox.systemctl_ok(&["start", "lw.service"]);
-        let third = wait_for_new_invocation(&sandbox, "lw.service", &b);
-        assert_eq!(
-            sandbox.show("lw.service", "MainPID"),
-            daemon.to_string(),
-            "setup: systemd guessed B's daemon as invocation {third}'s MainPID"
-        );
-        release_through(&sandbox, fifo);
-        sandbox.wait_until("B's daemon is gone", PATIENCE, || {
-            !sandbox.cgroup_pids(&cgroup).contains(&daemon)
-        });
-        in_session(&sandbox, &cgroup, daemon)
+        guessed_daemon_forks(&sandbox, "lw.service", &b, daemon, fifo)
     };
-    assert!(
-        !children.is_empty(),
-        "setup: the daemon left its child in {cgroup}"
-    );
     agent.barrier();
     assert_unproven(
         &agent,
@@ -1144,9 +1149,7 @@ fn a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_
         ),
     );
     assert_still_in(&sandbox, &cgroup, &children);
-    kill_pids(&children);
-    let event = agent.one(&["wait", "lw.service", "--timeout", PATIENCE_ARG]);
-    assert_eq!(event["invocation"], b.as_str(), "{event}");
+    proven_once_gone(&agent, "lw.service", &children, &b);
 }
 
 /// Our ExecStop= (a ControlPID systemd names for our invocation, the leader of a session of
@@ -1162,8 +1165,7 @@ fn a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_
 fn a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof() {
     let sandbox = Sandbox::start("sessionguess");
     let fifo = "/run/late.fifo";
-    nix::unistd::mkfifo(&sandbox.host_path(fifo), nix::sys::stat::Mode::S_IRWXU)
-        .expect("make the fifo the waiter waits on");
+    make_fifo(&sandbox, fifo);
     sandbox.install_unit(
         "late.service",
         "[Service]\nType=forking\nKillMode=process\n\
