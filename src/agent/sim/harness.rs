@@ -512,9 +512,8 @@ impl Sim {
                 if let Some(u) = u {
                     self.oracle
                         .on_proof(&self.world, u, inv, event.cause, asked);
+                    self.oracle.on_watch_proven(u, inv, event.cause);
                 }
-                self.oracle
-                    .on_watch_proven(event.launch_file.as_deref(), event.cause);
             }
             // The real driver stops at a save that fails, before carrying out anything after
             // it; and a SIGKILL may come right after a save, before what follows it.
@@ -569,15 +568,15 @@ impl Sim {
                 continue;
             };
             let inv = parse_inv(&event.invocation);
-            if let Some(u) = self.world.resolve(&event.unit)
-                && !self.oracle.is_proven(u, inv)
-            {
+            let Some(u) = self.world.resolve(&event.unit) else {
+                continue;
+            };
+            if !self.oracle.is_proven(u, inv) {
                 let asked = self.tenant.stop_requested(&event.unit);
                 self.oracle
                     .on_proof(&self.world, u, inv, event.cause, asked);
             }
-            self.oracle
-                .on_watch_proven(event.launch_file.as_deref(), event.cause);
+            self.oracle.on_watch_proven(u, inv, event.cause);
         }
     }
 

@@ -68,8 +68,7 @@ pub(crate) struct Oracle {
     /// Each launch file removed, with the agent's life (its restarts so far) that removed it.
     removed: BTreeMap<String, u32>,
     /// Launch files of acknowledged watches, with the (unit, invocation) whose proof releases
-    /// them (unless the watch's own proof is "replaced after stop") and the steps without faults
-    /// since that proof.
+    /// them (unless it is replaced after a stop) and the steps without faults since that proof.
     launch_files: BTreeMap<String, ((usize, Inv), Option<u32>)>,
     /// Invocations of each unit a watch judged foreign (it sent a foreign stop knowing them).
     foreign: BTreeMap<usize, BTreeSet<Inv>>,
@@ -125,15 +124,13 @@ impl Oracle {
         }
     }
 
-    /// One watch's own proof, told or only saved: a generation replaced after our stop keeps
-    /// its files, the new invocation runs in it. Each watch of an invocation (an alias, another
-    /// generation) has its own cause, so the file is the proof's own, not every file of the
-    /// invocation: a sibling's proof with another cause came first in 7478359040187961.
-    pub(crate) fn on_watch_proven(&mut self, launch_file: Option<&str>, cause: Cause) {
-        if let Some(path) = launch_file
-            && cause == Cause::ReplacedAfterStop
-        {
-            self.launch_files.remove(path);
+    /// A watch's proof of `inv` of unit `u`, told or only saved: one "replaced after stop"
+    /// keeps the generation's files of every watch of the invocation, the new invocation runs
+    /// in them. A proof only saved (the agent killed right after the save) counts too, though
+    /// another watch proved the invocation first (7478359040187961).
+    pub(crate) fn on_watch_proven(&mut self, u: usize, inv: Inv, cause: Cause) {
+        if cause == Cause::ReplacedAfterStop {
+            self.launch_files.retain(|_, (of, _)| *of != (u, inv));
         }
     }
 
