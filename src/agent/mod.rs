@@ -43,7 +43,7 @@ use self::core::{
 };
 use crate::cgroup::procs::{
     ClockBasis, OffsetFloors, ProcessStart, ProcessTracker, Tracked, earlier_processes,
-    list_processes, note_offset_floor,
+    list_processes, note_offset_floor, read_stat,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::clock;
@@ -646,6 +646,19 @@ impl Agent {
                     let now = clock::now();
                     self.account.end(census, now);
                     self.rules(Input::Leftovers { key, result }, now);
+                }
+                Output::ReadRootStart { unit, pid } => {
+                    // Gone, or unreadable: the start stays unknown, as before this read.
+                    let start_ticks = read_stat(pid).ok().flatten().map(|stat| stat.start_ticks);
+                    let now = clock::now();
+                    self.rules(
+                        Input::RootStart {
+                            unit,
+                            pid,
+                            start_ticks,
+                        },
+                        now,
+                    );
                 }
                 Output::ReadCgroup { key, cgroup } => {
                     let read = self.account.begin(Work::CgroupRead, clock::now());

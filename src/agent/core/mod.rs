@@ -187,6 +187,13 @@ pub(crate) enum Input {
         key: UnitKey,
         result: Result<CountedLeftovers, String>,
     },
+    /// The synchronous answer to [`Output::ReadRootStart`]: the start (clock ticks since boot)
+    /// of the process `pid` is now, `None` if it is gone or cannot be read.
+    RootStart {
+        unit: String,
+        pid: i32,
+        start_ticks: Option<u64>,
+    },
     /// A process counted by [`Output::CountLeftovers`] exited.
     LeftoverExited {
         key: UnitKey,
@@ -245,6 +252,12 @@ pub(crate) enum Output {
         /// so too.
         held: Vec<ProcessStart>,
     },
+    /// systemd named `pid` a MainPID or ControlPID of `unit` (its own name) for the first time:
+    /// read its start now (field 22 of `/proc/PID/stat`, synchronous, [`Input::RootStart`]),
+    /// while it may still live. A root gone before any count saw it is judged by that start:
+    /// systemd's guess of a leftover as a later MainPID (`unit_search_main_pid`) started
+    /// before that invocation began.
+    ReadRootStart { unit: String, pid: i32 },
     /// Read `cgroup.events` of this cgroup now (synchronous).
     ReadCgroup { key: UnitKey, cgroup: String },
     /// Read the advisory exit record `name` beneath `run_dir` once, and remove it
@@ -468,6 +481,27 @@ impl Core {
                 });
                 self.feed(key, ProofInput::Leftovers(count), now);
             }
+            Input::RootStart {
+                unit,
+                pid,
+                start_ticks: Some(start_ticks),
+            } => {
+                let start = ProcessStart {
+                    pid,
+                    start_ticks,
+                    held_as: None,
+                };
+                for key in self.by_id.keys(&unit, &self.units) {
+                    if let Some(watch) = self.units.get_mut(&key)
+                        && watch.event.is_none()
+                    {
+                        watch.note_once_held(start);
+                    }
+                }
+            }
+            Input::RootStart {
+                start_ticks: None, ..
+            } => {}
             Input::LeftoverExited { key, pid } => {
                 if let Some(watch) = self.units.get_mut(&key)
                     && let Some(leftovers) = &mut watch.leftovers

@@ -96,6 +96,7 @@ impl Core {
                 let Some(unit) = unit_of_path(&path) else {
                     return;
                 };
+                self.read_new_root_starts(&unit, [change.main_pid, change.control_pid]);
                 for key in self.by_id.keys(&unit, &self.units) {
                     let Some(watch) = self.units.get_mut(&key) else {
                         continue;
@@ -367,6 +368,30 @@ impl Core {
         self.rearm(key);
     }
 
+    /// Asks for the start of each MainPID and ControlPID systemd named for `unit` (in a signal
+    /// or a read) that no unproven watch of it knows the start of yet (`Output::ReadRootStart`).
+    fn read_new_root_starts(&mut self, unit: &str, pids: [Option<u32>; 2]) {
+        for pid in pids {
+            let Some(pid) = pid
+                .and_then(|pid| i32::try_from(pid).ok())
+                .filter(|pid| *pid > 0)
+            else {
+                continue;
+            };
+            let unknown = self.by_id.keys(unit, &self.units).any(|key| {
+                self.units
+                    .get(&key)
+                    .is_some_and(|w| w.event.is_none() && !w.knows_start_of(pid))
+            });
+            if unknown {
+                self.outputs.push_back(Output::ReadRootStart {
+                    unit: unit.to_owned(),
+                    pid,
+                });
+            }
+        }
+    }
+
     /// A read found the unit under another name (the watch was made with an alias, or the
     /// alias was not loaded at the first read): systemd signals the unit under its own name
     /// and path, so signals sent before now may not have reached this watch, and this read
@@ -406,6 +431,9 @@ impl Core {
     fn share_snapshot(&mut self, key: UnitKey, snapshot: &UnitSnapshot, now: Instant) {
         if !snapshot.loaded {
             return;
+        }
+        if let Some(((main, control), _)) = snapshot.current.pids {
+            self.read_new_root_starts(&snapshot.id, [Some(main), Some(control)]);
         }
         for other in self.by_id.keys(&snapshot.id, &self.units) {
             if let Some(sibling) = self.units.get_mut(&other)

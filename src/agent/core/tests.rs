@@ -2383,6 +2383,50 @@ fn a_watch_made_late_keeps_the_roots_the_units_other_watch_heard_for_its_invocat
     }
 }
 
+/// The start of a root systemd names is read at once, while it may live, and kept: a count
+/// made after it exited judges it by that start (rule 0), so systemd's guess of a leftover as a
+/// later MainPID is told even if no count ever saw it alive (found by CI's random base,
+/// 240964879782844: systemd named no MainPID for ours, guessed ours' daemon as the next one's,
+/// and it forked a child and exited before any count: a false proof). Each pid is read once.
+#[test]
+fn a_roots_start_is_read_when_systemd_names_it_and_kept_for_counts() {
+    let mut s = watching("g.service", "active");
+    let cgroup = "/app.slice/g.service";
+    s.take();
+    s.main_pid("g.service", 130);
+    s.changed("g.service", "active", B);
+    let asked: Vec<(String, i32)> = s
+        .take()
+        .into_iter()
+        .filter_map(|o| match o {
+            Output::ReadRootStart { unit, pid } => Some((unit, pid)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(asked, [("g.service".to_owned(), 130)]);
+    s.input(Input::RootStart {
+        unit: "g.service".into(),
+        pid: 130,
+        start_ticks: Some(5),
+    });
+    s.main_pid("g.service", 130);
+    assert!(
+        !s.outputs
+            .iter()
+            .any(|o| matches!(o, Output::ReadRootStart { .. })),
+        "read once"
+    );
+    s.leftovers.insert(cgroup.into(), vec![146]);
+    s.changed("g.service", "failed", B);
+    let counted = s.counted_against.take().expect("leftovers counted");
+    let start = ProcessStart {
+        pid: 130,
+        start_ticks: 5,
+        held_as: None,
+    };
+    assert!(counted.once_held.contains(&start), "{counted:?}");
+}
+
 /// A read answered after its watch was refused or unwatched still says what systemd said of
 /// the unit: another watch of it, whose own read is older, takes it (found by the simulator:
 /// a stop asked for on the older read reached the invocation after ours).

@@ -272,6 +272,14 @@ impl Watch {
         });
     }
 
+    /// Whether the start of the process `pid` is known (a count held it, or its start was read
+    /// when systemd named it a root).
+    pub(super) fn knows_start_of(&self, pid: i32) -> bool {
+        self.after_ours
+            .as_ref()
+            .is_some_and(|a| a.known.once_held.iter().any(|p| p.pid == pid))
+    }
+
     /// What is known of the invocations after ours: the current one's, from the facts, and
     /// what was gathered of the others.
     pub(super) fn later_invocations(&self) -> NextInvocation {

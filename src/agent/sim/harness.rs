@@ -482,6 +482,21 @@ impl Sim {
                 let result = self.count_leftovers(key, &cgroup, &next, &held);
                 self.answer(Input::Leftovers { key, result }, now);
             }
+            Output::ReadRootStart { unit, pid } => {
+                // As the real driver: `/proc/PID/stat` of whatever has the pid now, if anything.
+                let start_ticks = u32::try_from(pid)
+                    .ok()
+                    .and_then(|pid| self.world.kernel.procs.get(&pid))
+                    .map(|p| p.start_boot_us / TICK_US);
+                self.answer(
+                    Input::RootStart {
+                        unit,
+                        pid,
+                        start_ticks,
+                    },
+                    now,
+                );
+            }
             Output::ReadCgroup { key, cgroup } => {
                 let reading = if !self.healed && self.rng.percent(2) {
                     CgroupReading::Unreadable(format!("{cgroup}: EIO"))

@@ -65,8 +65,10 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// connection broke between the two signals of one change; 125481835150473: a lost proof, a watch
 /// restored under an alias deaf to the unit's signals until its first read; 245230654104363: a
 /// false proof, a watch made after its invocation ended, never told that invocation's MainPID
-/// its replaced proven predecessor had heard (found by CI's random base).
-const REGRESSION_SEEDS: [u64; 37] = [
+/// its replaced proven predecessor had heard (found by CI's random base); 240964879782844: a
+/// false proof, a root systemd never named for ours, guessed as a later MainPID, gone before
+/// any count saw its start (found by CI's random base).
+const REGRESSION_SEEDS: [u64; 38] = [
     0,
     198,
     362,
@@ -104,6 +106,7 @@ const REGRESSION_SEEDS: [u64; 37] = [
     7_478_359_040_164_440,
     125_481_835_150_473,
     245_230_654_104_363,
+    240_964_879_782_844,
 ];
 
 /// What one seed's run came to.
