@@ -648,9 +648,11 @@ impl Agent {
                     self.rules(Input::Leftovers { key, result }, now);
                 }
                 Output::ReadRootStart { unit, pid } => {
+                    let census = self.account.begin(Work::Census, clock::now());
                     // Gone, or unreadable: the start stays unknown, as before this read.
                     let start_ticks = read_stat(pid).ok().flatten().map(|stat| stat.start_ticks);
                     let now = clock::now();
+                    self.account.end(census, now);
                     self.rules(
                         Input::RootStart {
                             unit,

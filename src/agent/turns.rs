@@ -44,7 +44,8 @@ pub(super) enum Work {
     Sync,
     CgroupRead,
     Trim,
-    /// Listing a cgroup's processes and reading `/proc` for a count of leftovers.
+    /// Listing a cgroup's processes and reading `/proc` for a count of leftovers, or a root's
+    /// start when systemd first names it.
     Census,
     /// The D-Bus connection: reading and decoding messages, sending calls.
     Bus,

@@ -114,9 +114,8 @@ impl Core {
         }
     }
 
-    /// Forgets the watch under `key`: its waiters are told, its retained proof goes.
-    /// Drops the watch of `key`; everyone still waiting on it (a `watch` waiting for its first
-    /// read, a `wait`, a `stop`) is told it was unwatched.
+    /// Forgets the watch under `key` and its retained proof; everyone still waiting on it (a
+    /// `watch` waiting for its first read, a `wait`, a `stop`) is told it was unwatched.
     fn unwatch(&mut self, key: UnitKey) {
         let unanswered = self
             .units

@@ -49,7 +49,7 @@ const ANSWER_BOUND_US: u64 = 20_000_000;
 /// And in how many steps without faults at least: the model's systemd answers a read a
 /// property a step (13 for a service), and a watch made with an alias reads twice, or three
 /// times if the unit begins another invocation while it is read (seen: 51 steps).
-pub(crate) const ANSWER_STEPS: u32 = 60;
+const ANSWER_STEPS: u32 = 60;
 
 /// A request of the platform's, numbered, on its current connection.
 pub(crate) struct Request {
