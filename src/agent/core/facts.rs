@@ -145,10 +145,16 @@ pub(super) struct UnitFacts {
     /// afresh on the next one, but an InvocationID names one invocation for good, so it is
     /// taken back if the next connection names the same.
     before_loss: Option<Box<KnownOfInvocation>>,
-    /// What was known of the invocation before the current one when the facts moved on from
-    /// it: the core keeps our invocation's roots from it, which systemd may name again for a
-    /// later one (its guess of a Type=forking MainPID).
-    previous: Option<Box<KnownOfInvocation>>,
+    /// What was known of the invocations before the current one when the facts moved on from
+    /// each, oldest first, at most [`MAX_EARLIER`]: the core keeps our invocation's roots from
+    /// it, which systemd may name again for a later one (its guess of a Type=forking MainPID),
+    /// and a watch made later learns from it which invocations came after its own. Boxed: most
+    /// watches never see their unit move on.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps every watch 16 bytes smaller"
+    )]
+    earlier: Option<Box<Vec<KnownOfInvocation>>>,
     /// The MainPID and ControlPID of a signal older than the current invocation's messages (a
     /// signal handled after a read that told a later invocation), until the signal after it
     /// names their invocation: systemd sends a service's change right before its unit's.
@@ -187,6 +193,10 @@ struct KnownOfInvocation {
 /// (ExecCondition=, ExecStartPre=, ExecStart=, ExecStartPost=, ExecReload=, ExecStop=,
 /// ExecStopPost=); the oldest go first, and a session forgotten only makes its orphans wait.
 const MAX_ROOTS_SEEN: usize = 8;
+
+/// How many invocations before the current one the facts keep; the oldest go first, and one
+/// forgotten only leaves a watch made later for it, or after it, knowing less (it waits).
+const MAX_EARLIER: usize = 8;
 
 impl UnitFacts {
     /// Applies a read. Returns true if the invocation changed.
@@ -405,9 +415,12 @@ impl UnitFacts {
     /// the invocation they know, and the Unit-interface change right after it that named a new
     /// one (`send_changed_signal`) may have been lost with the connection.
     fn forget_as_earlier(&mut self, control: u32) {
-        for known in [&mut self.previous, &mut self.before_loss]
-            .into_iter()
-            .flatten()
+        let earlier = self
+            .earlier
+            .iter_mut()
+            .flat_map(|earlier| earlier.iter_mut());
+        for known in earlier
+            .chain(self.before_loss.as_deref_mut())
             .filter(|known| Some(&known.invocation) != self.invocation.value.as_ref())
         {
             known.roots_seen.retain(|pid| *pid != control);
@@ -489,8 +502,8 @@ impl UnitFacts {
                     .clone()
                     .filter(|known| known.invocation != *value),
             };
-            if moved_on_from.is_some() {
-                self.previous = moved_on_from;
+            if let Some(moved_on_from) = moved_on_from {
+                self.note_earlier(*moved_on_from);
             }
             self.began_us = None;
             self.roots_seen.clear();
@@ -505,6 +518,28 @@ impl UnitFacts {
         taken
     }
 
+    /// Keeps what was known of `known`, an invocation the facts moved on from, as the latest
+    /// of the earlier ones.
+    fn note_earlier(&mut self, known: KnownOfInvocation) {
+        let earlier = self.earlier.get_or_insert_default();
+        earlier.retain(|e| e.invocation != known.invocation);
+        if earlier.len() == MAX_EARLIER {
+            earlier.remove(0);
+        }
+        earlier.push(known);
+    }
+
+    /// The facts a watch made afresh in place of this one's starts from: systemd's state of the
+    /// unit, with the invocations they moved on from in order, is the same for it; only what
+    /// places messages against this watch's own first read is not.
+    pub(super) fn carried_on(&self) -> UnitFacts {
+        UnitFacts {
+            first_read: None,
+            read_before_loss: false,
+            ..self.clone()
+        }
+    }
+
     /// Forgets everything (the connection was lost: its serials mean nothing on the next one).
     pub(super) fn clear(&mut self) {
         let known = self.invocation.value.take().map(|invocation| {
@@ -516,7 +551,7 @@ impl UnitFacts {
         });
         *self = UnitFacts {
             before_loss: known.or_else(|| self.before_loss.take()),
-            previous: self.previous.take(),
+            earlier: self.earlier.take(),
             read_before_loss: self.read_before_loss || self.first_read.is_some(),
             ..UnitFacts::default()
         };
@@ -595,7 +630,7 @@ impl UnitFacts {
     }
 
     /// Every MainPID and ControlPID systemd said of `invocation` (its text), as far as the facts
-    /// still hold it: the current invocation, the one before it, or the one known when the
+    /// still hold it: the current invocation, an earlier one, or the one known when the
     /// connection was lost.
     pub(super) fn roots_of(&self, invocation: &str) -> Vec<i32> {
         // Parsed once and compared as the facts hold it: formatting each held one as text
@@ -605,9 +640,10 @@ impl UnitFacts {
         let seen = if self.invocation.value.as_ref() == Some(&wanted) {
             Some(&self.roots_seen)
         } else {
-            [&self.previous, &self.before_loss]
-                .into_iter()
-                .flatten()
+            self.earlier
+                .iter()
+                .flat_map(|earlier| earlier.iter())
+                .chain(self.before_loss.as_deref())
                 .find(|known| known.invocation == wanted)
                 .map(|known| &known.roots_seen)
         };
@@ -615,6 +651,39 @@ impl UnitFacts {
             .flatten()
             .filter_map(|&pid| i32::try_from(pid).ok())
             .collect()
+    }
+
+    /// What the facts know of each invocation after `invocation` (its text), oldest first: the
+    /// earlier ones they moved on from after it, and the current one. Nothing if they do not
+    /// hold it among the earlier ones: the facts move on in systemd's order (by serial, and
+    /// every message of a connection after the last one's), so only an invocation they moved
+    /// on from places the ones after it.
+    pub(super) fn known_after(&self, invocation: &str) -> Vec<(String, NextInvocation)> {
+        let wanted = Invocation::new(invocation);
+        let Some(earlier) = self.earlier.as_deref() else {
+            return Vec::new();
+        };
+        let Some(at) = earlier.iter().position(|known| known.invocation == wanted) else {
+            return Vec::new();
+        };
+        let as_pid = |pid: &u32| i32::try_from(*pid).ok();
+        let after = earlier[at + 1..].iter().map(|known| {
+            let began_us = known.began_us.map(NonZeroU64::get);
+            let gone_roots = known.roots_seen.iter().filter_map(as_pid);
+            let next = NextInvocation {
+                began_us,
+                gone_roots: gone_roots.map(|pid| GoneRoot { pid, began_us }).collect(),
+                ..NextInvocation::default()
+            };
+            (known.invocation.text(), next)
+        });
+        let current = self
+            .invocation
+            .value
+            .as_ref()
+            .filter(|current| **current != wanted)
+            .map(|current| (current.text(), self.next_invocation()));
+        after.chain(current).collect()
     }
 
     /// Whether the state (ActiveState or InvocationID) was said in a message after `serial`:
@@ -974,5 +1043,43 @@ mod tests {
         };
         assert_eq!(roots_of_a(0, 36), Vec::<i32>::new());
         assert_eq!(roots_of_a(36, 0), [36]);
+    }
+
+    /// The invocations after one the facts moved on from are told in systemd's order, with the
+    /// roots named for each; a read older than the facts (another watch's, handled late) moves
+    /// nothing; an invocation the facts never moved on from places nothing, and neither does
+    /// one forgotten past [`MAX_EARLIER`].
+    #[test]
+    fn the_invocations_after_an_earlier_one_are_known_in_order_with_their_roots() {
+        let mut facts = UnitFacts::default();
+        facts.apply_change(&change(Some("active"), Some("a")), 1);
+        facts.apply_change(&change(Some("inactive"), Some("b")), 2);
+        facts.apply_change(&pids(157, 0), 3);
+        facts.apply_change(&change(Some("active"), Some("c")), 4);
+        facts.apply_change(&pids(0, 0), 5);
+        facts.apply_change(&change(Some("failed"), Some("c")), 6);
+        facts.apply_shared_snapshot(&snapshot(3, "active", "a"));
+        facts.apply_change(&change(Some("active"), Some("d")), 7);
+        let after_a: Vec<(String, Vec<i32>)> = facts
+            .known_after("a")
+            .into_iter()
+            .map(|(invocation, next)| (invocation, next.gone_pids()))
+            .collect();
+        assert_eq!(
+            after_a,
+            [
+                ("b".to_owned(), vec![]),
+                ("c".to_owned(), vec![157]),
+                ("d".to_owned(), vec![])
+            ]
+        );
+        assert_eq!(facts.known_after("d"), []);
+        assert_eq!(facts.known_after("x"), []);
+        for (serial, invocation) in (8..).zip(["e", "f", "g", "h", "i", "j", "k"]) {
+            facts.apply_change(&change(Some("active"), Some(invocation)), serial);
+        }
+        // Ten moved on from: a and b are forgotten.
+        assert_eq!(facts.known_after("b"), []);
+        assert_eq!(facts.known_after("c").len(), MAX_EARLIER);
     }
 }

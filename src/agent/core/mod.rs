@@ -53,7 +53,7 @@ use names::NameIndex;
 use persist::Unsaved;
 pub(crate) use status::{MAX_REMAINING, still_running_message};
 use waiters::Waiters;
-use watch::{Watch, Watches};
+use watch::{Heard, Watch, Watches};
 
 use crate::cgroup::CgroupReading;
 use crate::control::ClientId;
@@ -491,10 +491,9 @@ impl Core {
                     start_ticks,
                     held_as: None,
                 };
+                // Proven watches too: a watch made later takes what they heard.
                 for key in self.by_id.keys(&unit, &self.units) {
-                    if let Some(watch) = self.units.get_mut(&key)
-                        && watch.event.is_none()
-                    {
+                    if let Some(watch) = self.units.get_mut(&key) {
                         watch.note_once_held(start);
                     }
                 }
@@ -1043,35 +1042,45 @@ impl Core {
         }
     }
 
-    /// A watch at its first read takes the roots the unit's other watches heard systemd name
-    /// for its invocation: one made after that invocation ended heard none of them itself, and
-    /// systemd may guess one of them, a leftover, as a later invocation's MainPID (found by CI's
-    /// random base, 245230654104363: a false proof, the guessed leftover's child taken for the
-    /// later invocation's). More roots of ours only make a count wait longer.
-    pub(super) fn gather_roots_of_ours(&mut self, key: UnitKey) {
+    /// A watch at its first read takes what it and the unit's other watches heard of its
+    /// invocation and of the ones after it ([`Heard`]): one made after that invocation ended
+    /// heard none of it itself, only what the facts it carried on hold (`watch_afresh`). systemd may guess a root of ours, a leftover, as a later invocation's MainPID
+    /// (CI's random base, 245230654104363: a false proof, the guessed leftover's child taken
+    /// for the later invocation's); and a later invocation's leftover, whose MainPID only an
+    /// older watch heard named, would wait as ours (CI's base of 131da92, 240964879799085: a
+    /// lost proof).
+    fn gather_what_was_heard(&mut self, key: UnitKey) {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
         let Some(ours) = watch.our_invocation().filter(|i| !i.is_empty()) else {
             return;
         };
-        let roots: Vec<i32> = self
+        let heard: Vec<Heard> = self
             .by_id
             .keys(&watch.id, &self.units)
-            .filter(|other| *other != key)
             .filter_map(|other| self.units.get(&other))
-            .flat_map(|sibling| sibling.facts.roots_of(ours))
+            .map(|sibling| sibling.heard_of(ours))
             .collect();
-        self.note_roots_of_ours(key, &roots);
+        for heard in heard {
+            self.take_heard(key, heard);
+        }
     }
 
-    /// Keeps `roots`, which systemd named for `key`'s invocation, for its counts.
-    pub(super) fn note_roots_of_ours(&mut self, key: UnitKey, roots: &[i32]) {
-        if let Some(watch) = self.units.get_mut(&key)
-            && !roots.is_empty()
-        {
+    /// Keeps what another watch of the unit heard ([`Watch::heard_of`]) for `key`'s counts.
+    fn take_heard(&mut self, key: UnitKey, heard: Heard) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        if !heard.roots_of_ours.is_empty() || !heard.starts.is_empty() {
             let known = &mut watch.after_ours.get_or_insert_default().known;
-            known.note_counted_roots(roots);
+            known.note_counted_roots(&heard.roots_of_ours);
+            for start in heard.starts {
+                known.note_once_held(start);
+            }
+        }
+        for (invocation, later) in &heard.after_ours {
+            self.absorb_after_ours(key, invocation, later);
         }
     }
 

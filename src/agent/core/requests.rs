@@ -3,7 +3,7 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::watch::Watch;
+use super::watch::{Heard, Watch};
 use super::{Answer, Core, Output, ReplyTo, UnitKey};
 use crate::control::ClientId;
 use crate::control::protocol::{
@@ -149,7 +149,7 @@ impl Core {
                 return;
             }
         }
-        let mut inherited = Vec::new();
+        let mut replaced = None;
         if let Some(key) = self.by_name.key(unit.as_str(), &self.units)
             && let Some(watch) = self.units.get_mut(&key)
         {
@@ -163,13 +163,8 @@ impl Core {
                     self.reply_saved(reply, Answer::Watch(view));
                     return;
                 }
-                // A proven unit is watched afresh: its retained proof is replaced, and what it
-                // heard systemd name for the invocation asked for is kept (`gather_roots_of_ours`).
-                inherited = invocation
-                    .as_deref()
-                    .map(|asked| watch.facts.roots_of(asked))
-                    .unwrap_or_default();
-                self.drop_watch(key);
+                // A proven unit is watched afresh: its retained proof is replaced.
+                replaced = Some(key);
             } else if invocation.is_some() && invocation != ours {
                 // A watch still adopting whatever invocation its first read finds cannot promise
                 // to be for the one this request names.
@@ -193,8 +188,10 @@ impl Core {
                 return;
             }
         }
-        let key = self.new_watch(&unit, invocation, spec);
-        self.note_roots_of_ours(key, &inherited);
+        let key = match replaced {
+            Some(old) => self.watch_afresh(old, &unit, invocation, spec),
+            None => self.new_watch(&unit, invocation, spec),
+        };
         if let Some(watch) = self.units.get_mut(&key) {
             watch.watch_replies.push(reply);
         }
@@ -218,9 +215,38 @@ impl Core {
              {running}"
         );
         self.log_about(key, None, log::Level::Info, line);
-        self.drop_watch(key);
-        let key = self.new_watch(unit, Some(running), WatchSpec::default());
+        let key = self.watch_afresh(key, unit, Some(running), WatchSpec::default());
         self.moved_on.insert(key, proven);
+        key
+    }
+
+    /// Replaces the proven watch `old` with a new one for `invocation`, which carries on what
+    /// `old` heard: the unit's facts, with the invocations they moved on from in order (a
+    /// watch made after its invocation ended learns from them what systemd named for it and
+    /// which invocations came after it, `Core::gather_what_was_heard`), and the starts of the
+    /// processes it knew.
+    fn watch_afresh(
+        &mut self,
+        old: UnitKey,
+        unit: &UnitName,
+        invocation: Option<String>,
+        spec: WatchSpec,
+    ) -> UnitKey {
+        let carried = self.units.get(&old).map(|watch| {
+            let heard = Heard {
+                starts: watch.known_starts(),
+                ..Heard::default()
+            };
+            (watch.facts.carried_on(), heard)
+        });
+        self.drop_watch(old);
+        let key = self.new_watch(unit, invocation, spec);
+        if let Some((facts, heard)) = carried {
+            if let Some(watch) = self.units.get_mut(&key) {
+                watch.facts = facts;
+            }
+            self.take_heard(key, heard);
+        }
         key
     }
 

@@ -340,7 +340,7 @@ impl Core {
             self.unsaved.unit(&watch.unit);
             // Ours is known now: what was heard before of the invocations after it counts.
             self.confirm_after_ours(key, snapshot.serial);
-            self.gather_roots_of_ours(key);
+            self.gather_what_was_heard(key);
             if self.take_a_siblings_proof(key, now) {
                 self.answer_watch_replies(key);
                 return;
@@ -369,7 +369,8 @@ impl Core {
     }
 
     /// Asks for the start of each MainPID and ControlPID systemd named for `unit` (in a signal
-    /// or a read) that no unproven watch of it knows the start of yet (`Output::ReadRootStart`).
+    /// or a read) that a watch of it does not know the start of yet (`Output::ReadRootStart`);
+    /// a proven one too, as a watch made later takes what it heard (`Watch::heard_of`).
     fn read_new_root_starts(&mut self, unit: &str, pids: [Option<u32>; 2]) {
         for pid in pids {
             let Some(pid) = pid
@@ -378,11 +379,10 @@ impl Core {
             else {
                 continue;
             };
-            let unknown = self.by_id.keys(unit, &self.units).any(|key| {
-                self.units
-                    .get(&key)
-                    .is_some_and(|w| w.event.is_none() && !w.knows_start_of(pid))
-            });
+            let unknown = self
+                .by_id
+                .keys(unit, &self.units)
+                .any(|key| self.units.get(&key).is_some_and(|w| !w.knows_start_of(pid)));
             if unknown {
                 self.outputs.push_back(Output::ReadRootStart {
                     unit: unit.to_owned(),

@@ -2383,6 +2383,42 @@ fn a_watch_made_late_keeps_the_roots_the_units_other_watch_heard_for_its_invocat
     }
 }
 
+/// A watch made late learns which invocations came after its own, and what systemd named for
+/// them, from what the unit's other watch heard, or the proven watch it replaces: a process in
+/// the session of C's MainPID 157, gone, is C's, not ours (found by CI's base of 131da92,
+/// 240964879799085: a lost proof, 157's child waited as ours for good, as only the unit's
+/// older watch had heard 157 named, and its facts kept one invocation back).
+#[test]
+fn a_watch_made_late_learns_the_roots_of_the_invocations_after_its_own() {
+    const D: &str = "dddddddddddddddddddddddddddddddd";
+    for name in ["g.service", "nick.service"] {
+        let mut s = watching("g.service", "active");
+        let cgroup = "/app.slice/g.service";
+        s.changed("g.service", "inactive", B);
+        s.changed("g.service", "active", B);
+        s.changed("g.service", "inactive", B);
+        assert_eq!(s.phase("g.service"), Phase::Proven, "A, restarted outside");
+        // C ran with MainPID 157, which forked 158 and exited; D followed.
+        s.changed("g.service", "inactive", C);
+        s.main_pid("g.service", 157);
+        s.changed("g.service", "active", C);
+        s.main_pid("g.service", 0);
+        s.changed("g.service", "failed", C);
+        s.changed("g.service", "inactive", D);
+        s.changed("g.service", "active", D);
+        s.request(&format!(
+            r#"{{"cmd":"watch","unit":"{name}","invocation":"{B}"}}"#
+        ));
+        for _ in 0..2 {
+            s.answer_reads(|_| Ok(snapshot("g.service", "active", D, cgroup)));
+        }
+        s.leftovers.insert(cgroup.into(), vec![158]);
+        s.changed("g.service", "failed", D);
+        let gone_roots = s.counted_gone_roots();
+        assert!(gone_roots.contains(&157), "{name}: {gone_roots:?}");
+    }
+}
+
 /// The start of a root systemd names is read at once, while it may live, and kept: a count
 /// made after it exited judges it by that start (rule 0), so systemd's guess of a leftover as a
 /// later MainPID is told even if no count ever saw it alive (found by CI's random base,

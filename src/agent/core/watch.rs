@@ -211,6 +211,18 @@ pub(super) struct AfterOurs {
     pub unconfirmed: Vec<(String, u32, NextInvocation)>,
 }
 
+/// What one watch heard of its unit that another watch of it may not have: [`Watch::heard_of`].
+#[derive(Debug, Default)]
+pub(super) struct Heard {
+    /// Every MainPID and ControlPID systemd named for the invocation asked about.
+    pub roots_of_ours: Vec<i32>,
+    /// Each invocation after it, oldest first, and what tells its processes apart.
+    pub after_ours: Vec<(String, NextInvocation)>,
+    /// The starts of processes held or named as roots: a pid and its start name a process for
+    /// good, whichever invocation's it is.
+    pub starts: Vec<ProcessStart>,
+}
+
 impl Watch {
     pub(super) fn new(unit: &UnitName, asked_invocation: Option<String>, spec: WatchSpec) -> Watch {
         let unit: Rc<str> = Rc::from(unit.as_str());
@@ -288,6 +300,25 @@ impl Watch {
             next.absorb(&after_ours.known);
         }
         next
+    }
+
+    /// What this watch heard of the unit that a watch made later for `ours` (an invocation of
+    /// the unit) needs and cannot hear itself: the roots systemd named for `ours`, what it said
+    /// of the invocations the facts moved on to after it, and the starts of processes it knows.
+    pub(super) fn heard_of(&self, ours: &str) -> Heard {
+        Heard {
+            roots_of_ours: self.facts.roots_of(ours),
+            after_ours: self.facts.known_after(ours),
+            starts: self.known_starts(),
+        }
+    }
+
+    /// The starts of the processes this watch held or read as roots.
+    pub(super) fn known_starts(&self) -> Vec<ProcessStart> {
+        self.after_ours
+            .as_ref()
+            .map(|after_ours| after_ours.known.once_held.clone())
+            .unwrap_or_default()
     }
 
     /// Our invocation, once known.
