@@ -90,6 +90,10 @@ pub const TESTS: &[Test] = &[
         a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_it,
     ),
     (
+        "a_watch_made_late_proves_its_invocation_past_a_later_invocations_leftover",
+        a_watch_made_late_proves_its_invocation_past_a_later_invocations_leftover,
+    ),
+    (
         "a_start_timeout_is_worded_as_status_unknown_not_exit_0",
         a_start_timeout_is_worded_as_status_unknown_not_exit_0,
     ),
@@ -1150,6 +1154,65 @@ fn a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_
     );
     assert_still_in(&sandbox, &cgroup, &children);
     proven_once_gone(&agent, "lw.service", &children, &b);
+}
+
+/// B ended cleanly; C's daemon, which systemd named C's MainPID, forked a child into its
+/// session and exited, leaving the child in the cgroup. Only then is a watch made for B, over
+/// the unit's proven watch of A, which heard systemd name C's MainPID: the child is C's, so B
+/// is proven while it lives.
+///
+/// Failed before: the new watch heard nothing of C's roots (the proven watch's facts kept one
+/// invocation back, and it passed on only what was named for B), held the child, in the
+/// session of a leader it was never told of, as B's, and B's proof waited as long as the child
+/// lived (found by CI's random base, seed 240964879799085).
+fn a_watch_made_late_proves_its_invocation_past_a_later_invocations_leftover() {
+    let sandbox = Sandbox::start("latelater");
+    let fifo = "/run/ll.fifo";
+    write_stubborn_daemon(&sandbox, "/run/ll-daemon.sh", fifo);
+    // A and B fork a plain `sleep` (their MainPID), C the daemon in a session of its own.
+    sandbox.install_unit(
+        "ll.service",
+        "[Service]\nType=forking\nKillMode=process\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/ll.third ]; then setsid /bin/sh /run/ll-daemon.sh & \
+         exit 0; fi; sleep 1000 & exit 0'\n",
+    );
+    sandbox.systemctl_ok(&["start", "ll.service"]);
+    let agent = Agent::start(&sandbox);
+    let a = sandbox.show("ll.service", "InvocationID");
+    agent.one(&["watch", "ll.service"]);
+    sandbox.systemctl_ok(&["restart", "ll.service"]);
+    let b = wait_for_new_invocation(&sandbox, "ll.service", &a);
+    let event = agent.one(&["wait", "ll.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], a.as_str(), "{event}");
+    sandbox.systemctl_ok(&["stop", "ll.service"]);
+    touch(&sandbox, "/run/ll.third");
+    sandbox.systemctl_ok(&["start", "ll.service"]);
+    let c = wait_for_new_invocation(&sandbox, "ll.service", &b);
+    let cgroup = sandbox.show("ll.service", "ControlGroup");
+    let daemon: i32 = sandbox
+        .show("ll.service", "MainPID")
+        .parse()
+        .expect("setup: a MainPID");
+    assert_ne!(daemon, 0, "setup: systemd named C's daemon its MainPID");
+    release_through(&sandbox, fifo);
+    sandbox.wait_until("C is over, its daemon's child left", PATIENCE, || {
+        sandbox.show("ll.service", "ActiveState") == "inactive"
+            && !sandbox.cgroup_pids(&cgroup).contains(&daemon)
+    });
+    let children = in_session(&sandbox, &cgroup, daemon);
+    assert!(
+        !children.is_empty(),
+        "setup: C's daemon left its child in {cgroup}"
+    );
+    agent.one(&["watch", "ll.service", "--invocation", &b]);
+    let event = agent.one(&["wait", "ll.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(
+        event["invocation"],
+        b.as_str(),
+        "B is proven past C's ({c}) leftover {children:?}: {event}"
+    );
+    assert_still_in(&sandbox, &cgroup, &children);
+    kill_pids(&children);
 }
 
 /// Our ExecStop= (a ControlPID systemd names for our invocation, the leader of a session of
