@@ -37,6 +37,7 @@ mod status;
 mod systemd;
 #[cfg(test)]
 mod tests;
+mod unheard;
 mod waiters;
 mod watch;
 
@@ -373,6 +374,8 @@ pub(crate) struct Core {
     /// invocation, until their proof is answered; kept here, not in every watch, as few have
     /// one.
     moved_on: HashMap<UnitKey, String>,
+    /// Signals no watch heard while a watch waited for the read that names its unit.
+    unheard: unheard::Unheard,
     counters: stats::Counters,
     /// CLOCK_REALTIME minus CLOCK_MONOTONIC, as the driver last read it: a proof's wall-clock
     /// time, to match it with the journal. Read afresh each turn, so a clock step since the
@@ -412,6 +415,7 @@ impl Core {
             save_due: None,
             replies_when_saved: Vec::new(),
             moved_on: HashMap::new(),
+            unheard: unheard::Unheard::default(),
             counters: stats::Counters::default(),
             wall_minus_mono_ns: None,
         };
@@ -497,6 +501,7 @@ impl Core {
                         watch.note_once_held(start);
                     }
                 }
+                self.unheard.note_start(&unit, start);
             }
             Input::RootStart {
                 start_ticks: None, ..
@@ -1142,6 +1147,7 @@ impl Core {
             self.timers.remove(&(at, key));
         }
         self.read_queue.retain(|k| *k != key);
+        self.unheard.named(key);
         self.proven_order.retain(|(_, k)| *k != key);
         if self.moved_on.remove(&key).is_some() {
             shrink_when_sparse(&mut self.moved_on);

@@ -270,6 +270,7 @@ impl Core {
         self.units.insert(key, watch);
         self.by_name.replace(&name, key, &self.units);
         self.by_id.insert(&id, key, &self.units);
+        self.unheard.naming(key);
         self.read_unit(key);
         self.mark_changed(key);
         key

@@ -71,6 +71,7 @@ impl Core {
         );
         self.read_queue.clear();
         self.reads_in_flight = 0;
+        self.unheard.clear();
         // Proven watches too: one may yet have a stop to send, judged on facts of the next
         // connection only.
         for key in self.keys_where(|_| true) {
@@ -96,6 +97,9 @@ impl Core {
                 let Some(unit) = unit_of_path(&path) else {
                     return;
                 };
+                if self.unheard.keeping() && self.by_id.key(&unit, &self.units).is_none() {
+                    self.unheard.keep(serial, &unit, &change);
+                }
                 self.read_new_root_starts(&unit, [change.main_pid, change.control_pid]);
                 for key in self.by_id.keys(&unit, &self.units) {
                     let Some(watch) = self.units.get_mut(&key) else {
@@ -254,6 +258,12 @@ impl Core {
             self.follow_alias(key, snapshot, now);
             return;
         }
+        if result.is_ok() {
+            self.unheard.named(key);
+        }
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
         if watch.event.is_some() {
             // Proven; read only for a stop decided while the bus was down.
             if let Ok(snapshot) = &result {
@@ -379,10 +389,12 @@ impl Core {
             else {
                 continue;
             };
-            let unknown = self
-                .by_id
-                .keys(unit, &self.units)
-                .any(|key| self.units.get(&key).is_some_and(|w| !w.knows_start_of(pid)));
+            let mut watches = self.by_id.keys(unit, &self.units).peekable();
+            // A signal no watch heard is kept while a watch waits for its unit's name
+            // (`Unheard`), and the starts of its roots with it.
+            let unheard = watches.peek().is_none() && self.unheard.keeping();
+            let unknown = unheard
+                || watches.any(|key| self.units.get(&key).is_some_and(|w| !w.knows_start_of(pid)));
             if unknown {
                 self.outputs.push_back(Output::ReadRootStart {
                     unit: unit.to_owned(),
@@ -398,6 +410,8 @@ impl Core {
     /// may already be outdated by them. It only tells the name: the watch follows it and
     /// decides nothing (no proof, no stop, no invocation adopted) until a read sent after.
     fn follow_alias(&mut self, key: UnitKey, snapshot: &UnitSnapshot, now: Instant) {
+        self.hear_unheard(key, &snapshot.id);
+        self.unheard.named(key);
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
@@ -422,6 +436,30 @@ impl Core {
         self.share_snapshot(key, snapshot, now);
         self.confirm_after_ours(key, snapshot.serial);
         self.read_unit(key);
+    }
+
+    /// A watch filed under an alias learned its unit's name `unit`: it takes the signals of
+    /// that unit no watch heard meanwhile (`Unheard`), in their order, as if it had heard them
+    /// then, and the starts of the roots they named. It decides nothing on them: the read that
+    /// named the unit is followed by another.
+    fn hear_unheard(&mut self, key: UnitKey, unit: &str) {
+        let (changes, starts) = self.unheard.of(unit);
+        for (serial, change) in changes {
+            let Some(watch) = self.units.get_mut(&key) else {
+                return;
+            };
+            watch.facts.apply_change(&change, serial);
+            self.note_late_roots(key);
+            let Some(state) = self.units.get(&key).and_then(|watch| watch.facts.state()) else {
+                continue;
+            };
+            self.note_after_ours(key, &state.invocation);
+        }
+        if let Some(watch) = self.units.get_mut(&key) {
+            for start in starts {
+                watch.note_once_held(start);
+            }
+        }
     }
 
     /// What systemd said of the unit holds for every watch of it (an alias and its unit, a

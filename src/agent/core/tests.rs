@@ -2419,6 +2419,39 @@ fn a_watch_made_late_learns_the_roots_of_the_invocations_after_its_own() {
     }
 }
 
+/// A watch made with an alias hears nothing of its unit until a read names the unit: what
+/// systemd signalled of it meanwhile is kept and taken when the watch follows the alias, here
+/// B's ControlPID 142, said only in a signal (found by the simulator, 94778623380596: a
+/// process in 142's session waited as ours for good).
+#[test]
+fn a_watch_made_with_an_alias_takes_what_its_unit_signalled_before_its_first_read() {
+    let mut s = Script::new();
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/g.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    s.signal(SystemdSignal::UnitChanged {
+        path: unit_path("g.service"),
+        change: UnitChange {
+            main_pid: Some(0),
+            control_pid: Some(142),
+            ..UnitChange::default()
+        },
+    });
+    s.changed("g.service", "activating", B);
+    s.leftovers.insert(cgroup.into(), vec![143]);
+    for _ in 0..2 {
+        s.answer_reads(|_| Ok(snapshot("g.service", "inactive", B, cgroup)));
+    }
+    let counted = s.counted_against.take().expect("leftovers counted");
+    assert!(
+        counted.roots.contains(&142) || counted.gone_pids().contains(&142),
+        "B's ControlPID: {counted:?}"
+    );
+}
+
 /// The start of a root systemd names is read at once, while it may live, and kept: a count
 /// made after it exited judges it by that start (rule 0), so systemd's guess of a leftover as a
 /// later MainPID is told even if no count ever saw it alive (found by CI's random base,

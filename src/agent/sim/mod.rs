@@ -69,8 +69,9 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// false proof, a root systemd never named for ours, guessed as a later MainPID, gone before
 /// any count saw its start (found by CI's random base); 240964879799085: a lost proof, a watch
 /// made late never told the MainPID of an invocation after its own that only an older watch
-/// had heard named (found by CI's random base).
-const REGRESSION_SEEDS: [u64; 39] = [
+/// had heard named (found by CI's random base); 94778623380596: a lost proof, a watch made with
+/// an alias missed a ControlPID its unit said only in a signal before the first read.
+const REGRESSION_SEEDS: [u64; 40] = [
     0,
     198,
     362,
@@ -110,6 +111,7 @@ const REGRESSION_SEEDS: [u64; 39] = [
     245_230_654_104_363,
     240_964_879_782_844,
     240_964_879_799_085,
+    94_778_623_380_596,
 ];
 
 /// What one seed's run came to.
