@@ -1871,6 +1871,8 @@ fn a_reload_never_heard_to_end_ends_at_the_next_relist() {
     s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
     s.request(r#"{"cmd":"watch","unit":"r.service"}"#);
     s.answer_reads(|u| Ok(snapshot(u, "active", A, cgroup)));
+    // The reload begins a second before the first relist, which finds it young.
+    s.pass(every - Duration::from_secs(1));
     s.signal(SystemdSignal::Reloading(true));
     s.cgroups.insert(cgroup.into(), CgroupReading::Gone);
     s.changed("r.service", "inactive", A);
@@ -1879,7 +1881,7 @@ fn a_reload_never_heard_to_end_ends_at_the_next_relist() {
         Phase::Watching,
         "stale while reloading"
     );
-    s.pass(every / 2);
+    s.pass(Duration::from_secs(1));
     assert_eq!(
         s.answer_reads(|u| Ok(snapshot(u, "inactive", A, cgroup))),
         Vec::<String>::new(),
@@ -1891,6 +1893,37 @@ fn a_reload_never_heard_to_end_ends_at_the_next_relist() {
         ["r.service"]
     );
     assert_eq!(s.phase("r.service"), Phase::Proven);
+}
+
+/// The core tells its driver when to call `handle_timeout` next: the earliest of what it
+/// waits for, here the next relist, then a `wait`'s deadline before it. The driver sleeps
+/// until then; the scripted tests fire timers at every turn, so only this checks it.
+#[test]
+fn the_core_asks_to_be_woken_at_its_earliest_deadline() {
+    let every = Duration::from_secs(300);
+    let config = CoreConfig {
+        resync_interval: Some(every),
+        ..config("boot-1")
+    };
+    let mut s = Script::configured(config, AgentState::default());
+    let start = s.now;
+    s.input(Input::BusUp);
+    let cgroup = "/app.slice/w.service";
+    s.cgroups.insert(cgroup.into(), CgroupReading::Populated);
+    s.request(r#"{"cmd":"watch","unit":"w.service"}"#);
+    s.answer_reads(|u| Ok(snapshot(u, "active", A, cgroup)));
+    s.pass(Duration::from_secs(1));
+    assert_eq!(
+        s.core.poll_timeout(),
+        Some(start + every),
+        "the next relist"
+    );
+    s.request(r#"{"cmd":"wait","unit":"w.service","timeout_ms":10000}"#);
+    assert_eq!(
+        s.core.poll_timeout(),
+        Some(s.now + Duration::from_secs(10)),
+        "the wait's deadline"
+    );
 }
 
 /// How many replies of each kind `outputs` holds: (events, still running).
@@ -2164,6 +2197,26 @@ fn a_release_cut_short_by_a_kill_is_carried_out_after_the_restart() {
         };
         assert_eq!(s.stops(), expected, "killed: {killed}");
     }
+}
+
+/// A release resumed after a restart leaves where it is a launch file that another saved
+/// watch names too: it may be that watch's by now.
+#[test]
+fn a_resumed_release_leaves_a_launch_file_another_saved_watch_names() {
+    let (mut state, _) = proven_generation_3_killed_after_its_save();
+    assert!(state.watches[0].release_unfinished);
+    state.watches.push(SavedWatch {
+        generation: Some(4),
+        launch_file: Some(PathBuf::from("/run/g/launch-3")),
+        ..saved("h.service", B)
+    });
+    let mut s = Script::restored(state, "boot-1");
+    let removed: Vec<Output> = s
+        .take()
+        .into_iter()
+        .filter(|o| matches!(o, Output::RemoveLaunchFile { .. }))
+        .collect();
+    assert!(removed.is_empty(), "{removed:?}");
 }
 
 /// A release resumed after a restart hears the unit's signals while its final stop waits for
@@ -2450,6 +2503,54 @@ fn a_watch_made_with_an_alias_takes_what_its_unit_signalled_before_its_first_rea
         counted.roots.contains(&142) || counted.gone_pids().contains(&142),
         "B's ControlPID: {counted:?}"
     );
+}
+
+/// A signal handled after a read that told a later invocation is late: the MainPID it said
+/// (150) is placed with the invocation the signal right after it names (B, between ours and
+/// the one read), and counts as that one's root, not ours.
+#[test]
+fn a_late_signals_main_pid_is_placed_with_the_invocation_named_right_after_it() {
+    let mut s = watching("g.service", "active");
+    let cgroup = "/app.slice/g.service";
+    s.leftovers.insert(cgroup.into(), vec![151]);
+    s.signal(SystemdSignal::UnitNew {
+        unit: "g.service".into(),
+    });
+    let key = s.read_asked();
+    let (late_pids, late_b) = (s.next_serial(), s.next_serial());
+    let read = UnitSnapshot {
+        serial: s.next_serial(),
+        ..snapshot("g.service", "inactive", C, cgroup)
+    };
+    s.input(Input::UnitRead {
+        key,
+        result: Ok(read),
+    });
+    s.input(Input::Signal {
+        serial: late_pids,
+        signal: SystemdSignal::UnitChanged {
+            path: unit_path("g.service"),
+            change: UnitChange {
+                main_pid: Some(150),
+                control_pid: Some(0),
+                ..UnitChange::default()
+            },
+        },
+    });
+    s.input(Input::Signal {
+        serial: late_b,
+        signal: SystemdSignal::UnitChanged {
+            path: unit_path("g.service"),
+            change: UnitChange {
+                active_state: Some("active".into()),
+                invocation: Some(B.into()),
+                ..UnitChange::default()
+            },
+        },
+    });
+    s.input(Input::CgroupChanged { key });
+    let gone_roots = s.counted_gone_roots();
+    assert!(gone_roots.contains(&150), "B's MainPID: {gone_roots:?}");
 }
 
 /// The start of a root systemd names is read at once, while it may live, and kept: a count
