@@ -15,7 +15,7 @@
 use std::rc::Rc;
 use std::time::Instant;
 
-use super::watch::{InotifyWatches, NoCgroupRead, UnsentStop};
+use super::watch::{InotifyWatches, NoCgroupRead, UnsentStop, Watch};
 use super::{Answer, Core, Output, StopKind, UnitKey};
 use crate::control::protocol::ErrorKind;
 use crate::proof::release::ReleaseInput;
@@ -26,6 +26,12 @@ use crate::systemd::snapshot::{ReadKind, UnitSnapshot};
 /// ActiveStates in which the unit runs nothing.
 fn is_terminal(active_state: &str) -> bool {
     matches!(active_state, "inactive" | "failed")
+}
+
+/// Whether a client waits for `watch`'s answer: a client's new watch before its first read is
+/// in (a `watch` request is answered after it), or one with `watch` requests pending.
+fn awaited(watch: &Watch) -> bool {
+    (watch.proof.is_none() && !watch.restored) || !watch.watch_replies.is_empty()
 }
 
 /// Why a new watch's first read shows a unit systemd does not know, if it does: its LoadState
@@ -189,6 +195,16 @@ impl Core {
         watch.reads.in_flight = true;
         if self.reads_in_flight < self.config.max_reads_in_flight {
             self.start_read(key);
+        } else if awaited(watch) {
+            // A client waits for this one's answer: it goes before the reads of watches that
+            // have answered theirs, after those of other awaited ones.
+            let units = &self.units;
+            let at = self
+                .read_queue
+                .iter()
+                .position(|queued| !units.get(queued).is_some_and(awaited))
+                .unwrap_or(self.read_queue.len());
+            self.read_queue.insert(at, key);
         } else {
             self.read_queue.push_back(key);
         }

@@ -70,8 +70,10 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// any count saw its start (found by CI's random base); 240964879799085: a lost proof, a watch
 /// made late never told the MainPID of an invocation after its own that only an older watch
 /// had heard named (found by CI's random base); 94778623380596: a lost proof, a watch made with
-/// an alias missed a ControlPID its unit said only in a signal before the first read.
-const REGRESSION_SEEDS: [u64; 40] = [
+/// an alias missed a ControlPID its unit said only in a signal before the first read;
+/// 86376599874571: a `watch` unanswered for 61 steps, its reads queued behind every other
+/// unit's with one read in flight.
+const REGRESSION_SEEDS: [u64; 41] = [
     0,
     198,
     362,
@@ -112,6 +114,7 @@ const REGRESSION_SEEDS: [u64; 40] = [
     240_964_879_782_844,
     240_964_879_799_085,
     94_778_623_380_596,
+    86_376_599_874_571,
 ];
 
 /// What one seed's run came to.

@@ -147,3 +147,50 @@ fn a_queued_read_sent_during_a_reload_decides_nothing_after_it() {
     assert_eq!(read, ["b.service"], "read again after the reload");
     assert_eq!(s.phase("b.service"), Phase::Proven);
 }
+
+/// With every read slot taken, a client's new watch is read before watches that have answered
+/// their client, in the order the new ones came: a `watch` is answered after its first read,
+/// and a unit restarted again and again (or an alias followed) would otherwise keep its client
+/// waiting behind every other unit's reads (found by the simulator, 86376599874571: a `watch`
+/// unanswered 61 steps with one read in flight).
+#[test]
+fn a_new_watchs_read_goes_before_the_reads_of_answered_watches() {
+    let config = CoreConfig {
+        max_reads_in_flight: 1,
+        ..config("boot-1")
+    };
+    let mut s = Script::configured(config, AgentState::default());
+    s.input(Input::BusUp);
+    for unit in ["a.service", "b.service", "c.service"] {
+        let cgroup = format!("/app.slice/{unit}");
+        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
+        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
+        s.answer_reads(|u| Ok(snapshot(u, "active", A, &cgroup)));
+    }
+    for unit in ["a.service", "b.service", "c.service"] {
+        s.signal(SystemdSignal::UnitNew { unit: unit.into() });
+    }
+    for unit in ["d.service", "e.service"] {
+        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
+    }
+    let mut order = Vec::new();
+    for _ in 0..5 {
+        let reads = reads_asked(&mut s);
+        assert_eq!(reads.len(), 1, "one read at a time: {reads:?}");
+        let (key, unit) = reads[0].clone();
+        let cgroup = format!("/app.slice/{unit}");
+        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
+        answer(&mut s, key, snapshot(&unit, "active", A, &cgroup));
+        order.push(unit);
+    }
+    assert_eq!(
+        order,
+        [
+            "a.service",
+            "d.service",
+            "e.service",
+            "b.service",
+            "c.service"
+        ]
+    );
+}
