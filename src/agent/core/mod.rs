@@ -31,6 +31,7 @@ mod facts;
 mod names;
 mod persist;
 mod proven;
+mod read_queue;
 mod requests;
 pub(crate) mod stats;
 mod status;
@@ -356,7 +357,7 @@ pub(crate) struct Core {
     /// started in an older epoch does not make a unit's facts fresh.
     fact_epoch: u32,
     reads_in_flight: usize,
-    read_queue: VecDeque<UnitKey>,
+    read_queue: read_queue::ReadQueue,
     next_resync: Option<Instant>,
     unsaved: Unsaved,
     /// A snapshot was saved in this life of the agent: change sets follow one (the driver
@@ -405,7 +406,7 @@ impl Core {
             reloading: None,
             fact_epoch: 0,
             reads_in_flight: 0,
-            read_queue: VecDeque::new(),
+            read_queue: read_queue::ReadQueue::default(),
             next_resync,
             unsaved: Unsaved::default(),
             snapshot_saved: false,
@@ -1146,7 +1147,7 @@ impl Core {
         if let Some(at) = watch.timer {
             self.timers.remove(&(at, key));
         }
-        self.read_queue.retain(|k| *k != key);
+        self.read_queue.remove(key);
         self.unheard.named(key);
         self.proven_order.retain(|(_, k)| *k != key);
         if self.moved_on.remove(&key).is_some() {

@@ -195,18 +195,9 @@ impl Core {
         watch.reads.in_flight = true;
         if self.reads_in_flight < self.config.max_reads_in_flight {
             self.start_read(key);
-        } else if awaited(watch) {
-            // A client waits for this one's answer: it goes before the reads of watches that
-            // have answered theirs, after those of other awaited ones.
-            let units = &self.units;
-            let at = self
-                .read_queue
-                .iter()
-                .position(|queued| !units.get(queued).is_some_and(awaited))
-                .unwrap_or(self.read_queue.len());
-            self.read_queue.insert(at, key);
         } else {
-            self.read_queue.push_back(key);
+            let awaited = awaited(watch);
+            self.read_queue.push(key, awaited);
         }
     }
 
@@ -233,8 +224,7 @@ impl Core {
     fn read_done(&mut self) {
         self.reads_in_flight = self.reads_in_flight.saturating_sub(1);
         while self.reads_in_flight < self.config.max_reads_in_flight {
-            let Some(key) = self.read_queue.pop_front() else {
-                crate::memory::shrink_when_drained(&mut self.read_queue);
+            let Some(key) = self.read_queue.pop() else {
                 break;
             };
             if self.units.contains_key(&key) {

@@ -139,6 +139,14 @@ pub(crate) struct Bus {
 }
 
 impl Bus {
+    /// How many reads of the agent's connection systemd has not answered yet.
+    pub(crate) fn reads_in_flight(&self) -> usize {
+        self.calls
+            .iter()
+            .filter(|call| matches!(call.kind, CallKind::Read(_)) && Some(call.epoch) == self.agent)
+            .count()
+    }
+
     pub(crate) fn new() -> Bus {
         Bus {
             daemon_up: true,

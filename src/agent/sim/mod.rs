@@ -439,7 +439,10 @@ fn run(seed: u64, how: RunAs) -> Outcome {
             let under_load = phase == Phase::Heal;
             sim.oracle.quiet_step(&sim.world, &sim.told, under_load);
             // And every request its answer.
-            let late = sim.tenant.quiet_step(sim.world.now_us - began_us);
+            let reads_busy = sim.world.bus.reads_in_flight() >= sim.world.swarm.max_reads_in_flight;
+            let late = sim
+                .tenant
+                .quiet_step(sim.world.now_us - began_us, reads_busy);
             sim.oracle.violations.extend(late);
         }
         tape.push(Draws {

@@ -188,8 +188,8 @@ fn a_new_watchs_read_goes_before_the_reads_of_answered_watches() {
         [
             "a.service",
             "d.service",
-            "e.service",
             "b.service",
+            "e.service",
             "c.service"
         ]
     );
