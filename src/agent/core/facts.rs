@@ -519,10 +519,10 @@ impl UnitFacts {
     }
 
     /// Keeps what was known of `known`, an invocation the facts moved on from, as the latest
-    /// of the earlier ones.
+    /// of the earlier ones. The facts move on from an invocation once: they take only a newer
+    /// one, and an InvocationID never comes back.
     fn note_earlier(&mut self, known: KnownOfInvocation) {
         let earlier = self.earlier.get_or_insert_default();
-        earlier.retain(|e| e.invocation != known.invocation);
         if earlier.len() == MAX_EARLIER {
             earlier.remove(0);
         }

@@ -2472,10 +2472,51 @@ fn a_watch_made_late_learns_the_roots_of_the_invocations_after_its_own() {
     }
 }
 
+/// A watch made afresh over a proven one keeps the starts of the processes that one knew: a
+/// root systemd named for a later invocation (C's MainPID 130, never named for B), its start
+/// read while it lived, is judged by that start once it is gone (a guess of systemd's, B's
+/// leftover, leads a session of B's), not taken for C's own fork.
+#[test]
+fn a_watch_made_afresh_keeps_the_starts_its_predecessor_read() {
+    let mut s = watching("g.service", "active");
+    let cgroup = "/app.slice/g.service";
+    s.changed("g.service", "inactive", B);
+    s.changed("g.service", "active", B);
+    s.changed("g.service", "failed", B);
+    assert_eq!(s.phase("g.service"), Phase::Proven, "A, restarted outside");
+    s.changed("g.service", "inactive", C);
+    s.take();
+    s.main_pid("g.service", 130);
+    let asked = s
+        .take()
+        .iter()
+        .any(|o| matches!(o, Output::ReadRootStart { pid: 130, .. }));
+    assert!(asked, "a proven watch has the start read too");
+    s.input(Input::RootStart {
+        unit: "g.service".into(),
+        pid: 130,
+        start_ticks: Some(5),
+    });
+    s.changed("g.service", "active", C);
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"g.service","invocation":"{B}"}}"#
+    ));
+    s.answer_reads(|_| Ok(snapshot("g.service", "active", C, cgroup)));
+    s.leftovers.insert(cgroup.into(), vec![146]);
+    s.changed("g.service", "failed", C);
+    let counted = s.counted_against.take().expect("leftovers counted");
+    let start = ProcessStart {
+        pid: 130,
+        start_ticks: 5,
+        held_as: None,
+    };
+    assert!(counted.once_held.contains(&start), "{counted:?}");
+}
+
 /// A watch made with an alias hears nothing of its unit until a read names the unit: what
 /// systemd signalled of it meanwhile is kept and taken when the watch follows the alias, here
-/// B's ControlPID 142, said only in a signal (found by the simulator, 94778623380596: a
-/// process in 142's session waited as ours for good).
+/// B's ControlPID 142, said only in a signal, and its start, read at once (found by the
+/// simulator, 94778623380596: a process in 142's session waited as ours for good).
 #[test]
 fn a_watch_made_with_an_alias_takes_what_its_unit_signalled_before_its_first_read() {
     let mut s = Script::new();
@@ -2493,6 +2534,16 @@ fn a_watch_made_with_an_alias_takes_what_its_unit_signalled_before_its_first_rea
             ..UnitChange::default()
         },
     });
+    let asked = s
+        .outputs
+        .iter()
+        .any(|o| matches!(o, Output::ReadRootStart { unit, pid: 142 } if unit == "g.service"));
+    assert!(asked, "the root's start is read: {:?}", s.outputs);
+    s.input(Input::RootStart {
+        unit: "g.service".into(),
+        pid: 142,
+        start_ticks: Some(7),
+    });
     s.changed("g.service", "activating", B);
     s.leftovers.insert(cgroup.into(), vec![143]);
     for _ in 0..2 {
@@ -2503,6 +2554,12 @@ fn a_watch_made_with_an_alias_takes_what_its_unit_signalled_before_its_first_rea
         counted.roots.contains(&142) || counted.gone_pids().contains(&142),
         "B's ControlPID: {counted:?}"
     );
+    let start = ProcessStart {
+        pid: 142,
+        start_ticks: 7,
+        held_as: None,
+    };
+    assert!(counted.once_held.contains(&start), "{counted:?}");
 }
 
 /// A signal handled after a read that told a later invocation is late: the MainPID it said
