@@ -653,11 +653,11 @@ impl UnitFacts {
             .collect()
     }
 
-    /// What the facts know of each invocation after `invocation` (its text), oldest first: the
-    /// earlier ones they moved on from after it, and the current one. Nothing if they do not
-    /// hold it among the earlier ones: the facts move on in systemd's order (by serial, and
-    /// every message of a connection after the last one's), so only an invocation they moved
-    /// on from places the ones after it.
+    /// What the facts know of each invocation after `invocation` (its text) that they moved on
+    /// from, oldest first: the current one a watch takes from its own facts, and nothing is
+    /// known if they do not hold `invocation` among the earlier ones. The facts move on in
+    /// systemd's order (by serial, and every message of a connection after the last one's),
+    /// so only an invocation they moved on from places the ones after it.
     pub(super) fn known_after(&self, invocation: &str) -> Vec<(String, NextInvocation)> {
         let wanted = Invocation::new(invocation);
         let Some(earlier) = self.earlier.as_deref() else {
@@ -667,23 +667,19 @@ impl UnitFacts {
             return Vec::new();
         };
         let as_pid = |pid: &u32| i32::try_from(*pid).ok();
-        let after = earlier[at + 1..].iter().map(|known| {
-            let began_us = known.began_us.map(NonZeroU64::get);
-            let gone_roots = known.roots_seen.iter().filter_map(as_pid);
-            let next = NextInvocation {
-                began_us,
-                gone_roots: gone_roots.map(|pid| GoneRoot { pid, began_us }).collect(),
-                ..NextInvocation::default()
-            };
-            (known.invocation.text(), next)
-        });
-        let current = self
-            .invocation
-            .value
-            .as_ref()
-            .filter(|current| **current != wanted)
-            .map(|current| (current.text(), self.next_invocation()));
-        after.chain(current).collect()
+        earlier[at + 1..]
+            .iter()
+            .map(|known| {
+                let began_us = known.began_us.map(NonZeroU64::get);
+                let gone_roots = known.roots_seen.iter().filter_map(as_pid);
+                let next = NextInvocation {
+                    began_us,
+                    gone_roots: gone_roots.map(|pid| GoneRoot { pid, began_us }).collect(),
+                    ..NextInvocation::default()
+                };
+                (known.invocation.text(), next)
+            })
+            .collect()
     }
 
     /// Whether the state (ActiveState or InvocationID) was said in a message after `serial`:
@@ -1045,10 +1041,10 @@ mod tests {
         assert_eq!(roots_of_a(36, 0), [36]);
     }
 
-    /// The invocations after one the facts moved on from are told in systemd's order, with the
-    /// roots named for each; a read older than the facts (another watch's, handled late) moves
-    /// nothing; an invocation the facts never moved on from places nothing, and neither does
-    /// one forgotten past [`MAX_EARLIER`].
+    /// The invocations the facts moved on from after an earlier one are told in systemd's
+    /// order, with the roots named for each; a read older than the facts (another watch's,
+    /// handled late) moves nothing; an invocation the facts never moved on from places nothing,
+    /// and neither does one forgotten past [`MAX_EARLIER`].
     #[test]
     fn the_invocations_after_an_earlier_one_are_known_in_order_with_their_roots() {
         let mut facts = UnitFacts::default();
@@ -1067,12 +1063,9 @@ mod tests {
             .collect();
         assert_eq!(
             after_a,
-            [
-                ("b".to_owned(), vec![]),
-                ("c".to_owned(), vec![157]),
-                ("d".to_owned(), vec![])
-            ]
+            [("b".to_owned(), vec![]), ("c".to_owned(), vec![157])]
         );
+        assert_eq!(facts.known_after("c"), [], "d is the current one");
         assert_eq!(facts.known_after("d"), []);
         assert_eq!(facts.known_after("x"), []);
         for (serial, invocation) in (8..).zip(["e", "f", "g", "h", "i", "j", "k"]) {
@@ -1080,6 +1073,6 @@ mod tests {
         }
         // Ten moved on from: a and b are forgotten.
         assert_eq!(facts.known_after("b"), []);
-        assert_eq!(facts.known_after("c").len(), MAX_EARLIER);
+        assert_eq!(facts.known_after("c").len(), MAX_EARLIER - 1);
     }
 }

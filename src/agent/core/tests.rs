@@ -2436,8 +2436,9 @@ fn a_watch_made_late_keeps_the_roots_the_units_other_watch_heard_for_its_invocat
     }
 }
 
-/// A watch made late learns which invocations came after its own, and what systemd named for
-/// them, from what the unit's other watch heard, or the proven watch it replaces: a process in
+/// A watch made late learns which invocations came after its own, what systemd named for them
+/// and the starts of those roots, from what the unit's other watch heard, or the proven watch
+/// it replaces: a process in
 /// the session of C's MainPID 157, gone, is C's, not ours (found by CI's base of 131da92,
 /// 240964879799085: a lost proof, 157's child waited as ours for good, as only the unit's
 /// older watch had heard 157 named, and its facts kept one invocation back).
@@ -2454,6 +2455,11 @@ fn a_watch_made_late_learns_the_roots_of_the_invocations_after_its_own() {
         // C ran with MainPID 157, which forked 158 and exited; D followed.
         s.changed("g.service", "inactive", C);
         s.main_pid("g.service", 157);
+        s.input(Input::RootStart {
+            unit: "g.service".into(),
+            pid: 157,
+            start_ticks: Some(9),
+        });
         s.changed("g.service", "active", C);
         s.main_pid("g.service", 0);
         s.changed("g.service", "failed", C);
@@ -2467,8 +2473,15 @@ fn a_watch_made_late_learns_the_roots_of_the_invocations_after_its_own() {
         }
         s.leftovers.insert(cgroup.into(), vec![158]);
         s.changed("g.service", "failed", D);
-        let gone_roots = s.counted_gone_roots();
-        assert!(gone_roots.contains(&157), "{name}: {gone_roots:?}");
+        let counted = s.counted_against.take().expect("leftovers counted");
+        assert!(counted.gone_pids().contains(&157), "{name}: {counted:?}");
+        // With its start, read while it lived: a guess of systemd's is told by it.
+        let start = ProcessStart {
+            pid: 157,
+            start_ticks: 9,
+            held_as: None,
+        };
+        assert!(counted.once_held.contains(&start), "{name}: {counted:?}");
     }
 }
 
