@@ -911,10 +911,11 @@ impl Core {
         self.answer_watch_replies(key);
     }
 
-    /// Answers the `watch` requests of a unit once its first read and reading are in.
+    /// Answers the `watch` requests of a unit once its first read and reading are in, or it is
+    /// proven.
     fn answer_watch_replies(&mut self, key: UnitKey) {
         if let Some(watch) = self.units.get_mut(&key)
-            && watch.proof.is_some()
+            && (watch.proof.is_some() || watch.event.is_some())
             && !watch.watch_replies.is_empty()
         {
             let view = Box::new(watch.view());

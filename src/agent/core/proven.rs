@@ -115,6 +115,9 @@ impl Core {
         // Released before anyone is told: a caller that hears "proven" finds the launch file
         // gone.
         self.tell_proven(key, event, to_log_level(level), now);
+        // A `watch` waiting for the first read of one taken up after a restart, proven by a
+        // sibling before that read, is answered with the proof.
+        self.answer_watch_replies(key);
         // What is proven is an invocation's end, whichever watch proved it: another watch of
         // the same invocation (under an alias, say) may know less of the invocations after it
         // and still wait for a process this one placed.
@@ -167,6 +170,11 @@ impl Core {
     /// The other watches of `key`'s unit (by systemd's name) and invocation that are not
     /// proven. One asked to stop takes the proof too, in its own words: left to itself, it
     /// may wait long on a later invocation's process it cannot place, one this watch placed.
+    /// So does one taken up after a restart whose first read is not in yet (its unit's name is
+    /// the one it was saved with): should this watch be replaced before that read comes back,
+    /// nothing would tell it any more (found by the simulator, 22864267666403: a generation's
+    /// launch file never released, its watch's reads cut short by agent kills until the
+    /// proven one was replaced).
     fn unproven_watches_of_the_same_invocation(&self, key: UnitKey) -> Vec<UnitKey> {
         let Some(watch) = self.units.get(&key) else {
             return Vec::new();
@@ -179,7 +187,7 @@ impl Core {
             .filter(|other| {
                 *other != key
                     && self.units.get(other).is_some_and(|w| {
-                        w.proof.is_some()
+                        (w.proof.is_some() || w.restored)
                             && w.event.is_none()
                             && w.proof_pending.is_none()
                             && w.our_invocation() == Some(invocation)

@@ -1,7 +1,7 @@
 //! Scripted tests of the core's rules, in virtual time: each names the rule it guards.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use super::watch::Reads;
@@ -245,6 +245,19 @@ impl Script {
         self.take();
         self.request(&format!(r#"{{"cmd":"stop","unit":"{unit}"}}"#));
         assert_eq!(self.stops(), [], "systemd said ours is over");
+    }
+
+    /// The next invocation the last count of leftovers was made against, checked to hold the
+    /// start `start_ticks` of `pid` (read when systemd named it a root, or passed on).
+    fn counted_knowing_start(&mut self, pid: i32, start_ticks: u64) -> NextInvocation {
+        let counted = self.counted_against.take().expect("leftovers counted");
+        let start = ProcessStart {
+            pid,
+            start_ticks,
+            held_as: None,
+        };
+        assert!(counted.once_held.contains(&start), "{counted:?}");
+        counted
     }
 
     /// Checks that the last count of leftovers took `pid` for a root of an invocation after
@@ -2436,6 +2449,61 @@ fn a_watch_made_late_keeps_the_roots_the_units_other_watch_heard_for_its_invocat
     }
 }
 
+/// After a restart, a watch of the unit whose first read is not in yet takes the proof
+/// another watch of the same invocation makes first, and releases its generation: should that
+/// other watch be replaced before the read comes back, nothing would tell it any more (found
+/// by the simulator, 22864267666403: the launch file was never released).
+#[test]
+fn a_restored_watch_takes_a_siblings_proof_before_its_own_first_read() {
+    let cgroup = "/app.slice/g.service";
+    let nick = SavedWatch {
+        unit_id: Some("g.service".into()),
+        ..saved("nick.service", A)
+    };
+    let generation_4 = SavedWatch {
+        generation: Some(4),
+        launch_file: Some(PathBuf::from("/run/g/launch-4")),
+        ..saved("g.service", A)
+    };
+    let mut state = state("boot-1", vec![nick, generation_4]);
+    state.generations = vec![("g.service".into(), 4)];
+    let mut s = Script::restored(state, "boot-1");
+    s.cgroups.insert(cgroup.into(), CgroupReading::Empty);
+    s.input(Input::BusUp);
+    // A client asks for the watch again: answered once it is proven.
+    s.request(r#"{"cmd":"watch","unit":"g.service"}"#);
+    let nick_read = s
+        .take()
+        .into_iter()
+        .find_map(|o| match o {
+            Output::ReadUnit { key, unit, .. } if unit == "nick.service" => Some(key),
+            _ => None,
+        })
+        .expect("nick.service is read");
+    let read = UnitSnapshot {
+        serial: s.next_serial(),
+        ..snapshot("g.service", "inactive", A, cgroup)
+    };
+    s.input(Input::UnitRead {
+        key: nick_read,
+        result: Ok(read),
+    });
+    assert_eq!(s.phase("nick.service"), Phase::Proven);
+    assert_eq!(s.phase("g.service"), Phase::Proven, "the same invocation");
+    let released = s
+        .outputs
+        .iter()
+        .any(|o| matches!(o, Output::RemoveLaunchFile { path, .. } if *path == Path::new("/run/g/launch-4")));
+    assert!(released, "{:?}", s.outputs);
+    // Once saved.
+    s.pass(Duration::from_secs(1));
+    let answered = s.outputs.iter().any(|o| {
+        matches!(o, Output::Reply { answer: Answer::Watch(view), .. }
+            if view.unit == "g.service" && view.phase == Phase::Proven)
+    });
+    assert!(answered, "{:?}", s.outputs);
+}
+
 /// A watch made late learns which invocations came after its own, what systemd named for them
 /// and the starts of those roots, from what the unit's other watch heard, or the proven watch
 /// it replaces: a process in
@@ -2473,15 +2541,9 @@ fn a_watch_made_late_learns_the_roots_of_the_invocations_after_its_own() {
         }
         s.leftovers.insert(cgroup.into(), vec![158]);
         s.changed("g.service", "failed", D);
-        let counted = s.counted_against.take().expect("leftovers counted");
-        assert!(counted.gone_pids().contains(&157), "{name}: {counted:?}");
         // With its start, read while it lived: a guess of systemd's is told by it.
-        let start = ProcessStart {
-            pid: 157,
-            start_ticks: 9,
-            held_as: None,
-        };
-        assert!(counted.once_held.contains(&start), "{name}: {counted:?}");
+        let counted = s.counted_knowing_start(157, 9);
+        assert!(counted.gone_pids().contains(&157), "{name}: {counted:?}");
     }
 }
 
@@ -2517,13 +2579,7 @@ fn a_watch_made_afresh_keeps_the_starts_its_predecessor_read() {
     s.answer_reads(|_| Ok(snapshot("g.service", "active", C, cgroup)));
     s.leftovers.insert(cgroup.into(), vec![146]);
     s.changed("g.service", "failed", C);
-    let counted = s.counted_against.take().expect("leftovers counted");
-    let start = ProcessStart {
-        pid: 130,
-        start_ticks: 5,
-        held_as: None,
-    };
-    assert!(counted.once_held.contains(&start), "{counted:?}");
+    s.counted_knowing_start(130, 5);
 }
 
 /// A watch made with an alias hears nothing of its unit until a read names the unit: what
@@ -2562,17 +2618,11 @@ fn a_watch_made_with_an_alias_takes_what_its_unit_signalled_before_its_first_rea
     for _ in 0..2 {
         s.answer_reads(|_| Ok(snapshot("g.service", "inactive", B, cgroup)));
     }
-    let counted = s.counted_against.take().expect("leftovers counted");
+    let counted = s.counted_knowing_start(142, 7);
     assert!(
         counted.roots.contains(&142) || counted.gone_pids().contains(&142),
         "B's ControlPID: {counted:?}"
     );
-    let start = ProcessStart {
-        pid: 142,
-        start_ticks: 7,
-        held_as: None,
-    };
-    assert!(counted.once_held.contains(&start), "{counted:?}");
 }
 
 /// A signal handled after a read that told a later invocation is late: the MainPID it said
@@ -2658,13 +2708,7 @@ fn a_roots_start_is_read_when_systemd_names_it_and_kept_for_counts() {
     );
     s.leftovers.insert(cgroup.into(), vec![146]);
     s.changed("g.service", "failed", B);
-    let counted = s.counted_against.take().expect("leftovers counted");
-    let start = ProcessStart {
-        pid: 130,
-        start_ticks: 5,
-        held_as: None,
-    };
-    assert!(counted.once_held.contains(&start), "{counted:?}");
+    s.counted_knowing_start(130, 5);
 }
 
 /// A read answered after its watch was refused or unwatched still says what systemd said of

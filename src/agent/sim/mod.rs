@@ -72,8 +72,10 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// had heard named (found by CI's random base); 94778623380596: a lost proof, a watch made with
 /// an alias missed a ControlPID its unit said only in a signal before the first read;
 /// 86376599874571: a `watch` unanswered for 61 steps, its reads queued behind every other
-/// unit's with one read in flight.
-const REGRESSION_SEEDS: [u64; 41] = [
+/// unit's with one read in flight; 22864267666403: a launch file never released, its restored
+/// watch's reads cut short until the sibling that proved its invocation was replaced (found by
+/// CI's random base).
+const REGRESSION_SEEDS: [u64; 42] = [
     0,
     198,
     362,
@@ -115,6 +117,7 @@ const REGRESSION_SEEDS: [u64; 41] = [
     240_964_879_799_085,
     94_778_623_380_596,
     86_376_599_874_571,
+    22_864_267_666_403,
 ];
 
 /// What one seed's run came to.
