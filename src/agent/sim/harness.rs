@@ -95,6 +95,10 @@ pub(crate) struct Sim {
     /// life that put it under the unit's own name: what the watch is told in an older message
     /// is of no invocation it can place before or after its own.
     read_units: BTreeMap<(usize, Inv), u32>,
+    /// The watch (unit, invocation) each key's first read placed in `read_units`: one made
+    /// without an invocation, refused at that read, is dropped before the core tells what it
+    /// adopted, and what it was told must go with it.
+    read_keys: BTreeMap<UnitKey, (usize, Inv)>,
     /// Keys made with an alias whose read found the unit under its own name in this life: the
     /// core follows the name at that read and adopts no invocation from it.
     followed_aliases: BTreeSet<UnitKey>,
@@ -193,6 +197,7 @@ impl Sim {
             told_over: BTreeMap::new(),
             told: BTreeMap::new(),
             read_units: BTreeMap::new(),
+            read_keys: BTreeMap::new(),
             followed_aliases: BTreeSet::new(),
             dropped_keys: BTreeSet::new(),
             unplaced_roots: BTreeMap::new(),
@@ -274,6 +279,7 @@ impl Sim {
             && let Some(u) = unit.as_deref().and_then(|name| self.world.resolve(name))
         {
             self.read_units.retain(|(of, _), _| *of != u);
+            self.read_keys.retain(|_, (of, _)| *of != u);
             self.told.retain(|(of, _), _| *of != u);
         }
         let inv = json["invocation"].as_str().map(parse_inv);
@@ -307,6 +313,7 @@ impl Sim {
         self.told_over.clear();
         self.told.clear();
         self.read_units.clear();
+        self.read_keys.clear();
         self.followed_aliases.clear();
         self.dropped_keys.clear();
         self.unplaced_roots.clear();
@@ -468,9 +475,11 @@ impl Sim {
                 self.dropped_keys.insert(key);
                 let unit = self.key_names.get(&key).and_then(|n| self.world.resolve(n));
                 let inv = self.key_invs.get(&key).copied().flatten();
-                if let (Some(u), Some(inv)) = (unit, inv) {
-                    self.read_units.remove(&(u, inv));
-                    self.told.remove(&(u, inv));
+                let read = self.read_keys.remove(&key);
+                let of_key = unit.zip(inv).into_iter().chain(read);
+                for watch in of_key.collect::<Vec<_>>() {
+                    self.read_units.remove(&watch);
+                    self.told.remove(&watch);
                 }
             }
             Output::CountLeftovers {
@@ -929,6 +938,7 @@ impl Sim {
                         && !self.dropped_keys.contains(&key)
                     {
                         self.read_units.entry((u, ours)).or_insert(snapshot.serial);
+                        self.read_keys.entry(key).or_insert((u, ours));
                     }
                     let pids = snapshot.current.pids;
                     let roots = pids.map_or([None; 2], |((main, control), _)| {

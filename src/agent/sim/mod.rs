@@ -74,8 +74,10 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// 86376599874571: a `watch` unanswered for 61 steps, its reads queued behind every other
 /// unit's with one read in flight; 22864267666403: a launch file never released, its restored
 /// watch's reads cut short until the sibling that proved its invocation was replaced (found by
-/// CI's random base).
-const REGRESSION_SEEDS: [u64; 42] = [
+/// CI's random base); 227087939138526: the oracle took a watch refused at its first read for
+/// one still told the unit's later roots, and so a limit for a lost proof (found by CI's random
+/// base).
+const REGRESSION_SEEDS: [u64; 43] = [
     0,
     198,
     362,
@@ -118,6 +120,7 @@ const REGRESSION_SEEDS: [u64; 42] = [
     94_778_623_380_596,
     86_376_599_874_571,
     22_864_267_666_403,
+    227_087_939_138_526,
 ];
 
 /// What one seed's run came to.
