@@ -1063,12 +1063,19 @@ impl Core {
         let Some(ours) = watch.our_invocation().filter(|i| !i.is_empty()) else {
             return;
         };
-        let heard: Vec<Heard> = self
+        // Its own facts add only the invocations they place after ours: the starts it knows
+        // and the roots named for ours are its own already.
+        let own = Heard {
+            after_ours: watch.facts.known_after(ours),
+            ..Heard::default()
+        };
+        let siblings = self
             .by_id
             .keys(&watch.id, &self.units)
+            .filter(|other| *other != key)
             .filter_map(|other| self.units.get(&other))
-            .map(|sibling| sibling.heard_of(ours))
-            .collect();
+            .map(|sibling| sibling.heard_of(ours));
+        let heard: Vec<Heard> = std::iter::once(own).chain(siblings).collect();
         for heard in heard {
             self.take_heard(key, heard);
         }
