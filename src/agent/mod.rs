@@ -42,7 +42,7 @@ use self::core::{
     UnitKey,
 };
 use crate::cgroup::procs::{
-    ClockBasis, OffsetFloors, ProcessStart, ProcessTracker, Tracked, earlier_processes,
+    Census, ClockBasis, OffsetFloors, ProcessStart, ProcessTracker, Tracked, earlier_processes,
     list_processes, note_offset_floor, read_stat,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
@@ -981,9 +981,12 @@ impl Agent {
         held: &[ProcessStart],
     ) -> Result<CountedLeftovers, String> {
         let basis = ClockBasis::now(&mut self.offset_floors).map_err(|e| e.to_string())?;
-        let census = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
+        let Census {
+            processes: census,
+            vanished,
+        } = list_processes(&self.cgroup_root, cgroup).map_err(|e| e.to_string())?;
         log::debug!(
-            "{cgroup}: counting leftovers among {:?} against {next:?}",
+            "{cgroup}: counting leftovers among {:?} ({vanished} vanished) against {next:?}",
             census
                 .iter()
                 .map(|p| (p.pid, p.ppid, p.start_ticks))
@@ -991,7 +994,10 @@ impl Agent {
         );
         let registry = self.poll.registry();
         self.leftovers.untrack_key(registry, key);
-        let mut counted = CountedLeftovers::default();
+        let mut counted = CountedLeftovers {
+            vanished,
+            ..CountedLeftovers::default()
+        };
         let listed = census.iter().map(|p| p.pid).collect();
         for process in earlier_processes(&census, next, &basis, held) {
             let start = ProcessStart::held_in(process, &listed);

@@ -12,7 +12,8 @@ pub(super) fn add_remaining(cgroup_root: &Path, status: &mut UnitStatus) {
         return;
     };
     match list_processes(cgroup_root, cgroup) {
-        Ok(processes) => {
+        Ok(census) => {
+            let processes = census.processes;
             status.remaining_total = Some(processes.len());
             let listed = processes.into_iter().take(MAX_REMAINING).map(|p| {
                 let below = p.cgroup.to_string_lossy();

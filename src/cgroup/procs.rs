@@ -316,6 +316,16 @@ pub(crate) struct ProcessInfo {
     pub cgroup: PathBuf,
 }
 
+/// What a walk of a cgroup subtree found.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Census {
+    /// Every process listed and still there when its `/proc/PID/stat` was read.
+    pub processes: Vec<ProcessInfo>,
+    /// How many listed processes were gone before their `stat` was read: whose they were is
+    /// unknown, and what they forked after the listing is missing from `processes`.
+    pub vanished: usize,
+}
+
 /// How far a walk may go; a parameter so that tests can reach the limits.
 #[derive(Clone, Copy, Debug)]
 struct WalkLimits {
@@ -333,19 +343,20 @@ const WALK_LIMITS: WalkLimits = WalkLimits {
 /// Lists the processes in `cgroup` (as systemd reports it, such as `/app.slice/x.service`) and every
 /// cgroup below it, under `root`, the cgroup2 mount point.
 ///
-/// A cgroup that disappears during the walk, or a process that exits between its listing and its
-/// `stat`, is skipped; a unit cgroup that does not exist gives an empty list. Symbolic links are not
+/// A cgroup that disappears during the walk is skipped, and so is a process that exits between
+/// its listing and its `stat` (counted in [`Census::vanished`]); a unit cgroup that does not
+/// exist gives an empty census. Symbolic links are not
 /// followed. Each pid appears once. Any other failure is an error naming the path.
 ///
 /// The walk is not atomic: a process that forks, or is moved between cgroups of the subtree, while it
 /// runs may be missed. Callers that need the whole set list again after each change they learn of.
-pub(crate) fn list_processes(root: &Path, cgroup: &str) -> Result<Vec<ProcessInfo>, ProcsError> {
+pub(crate) fn list_processes(root: &Path, cgroup: &str) -> Result<Census, ProcsError> {
     let (parent, name) = locate(root, cgroup).map_err(ProcsError::Cgroup)?;
     walk(&parent.join(name), WALK_LIMITS)
 }
 
-fn walk(top: &Path, limits: WalkLimits) -> Result<Vec<ProcessInfo>, ProcsError> {
-    let mut found = Vec::new();
+fn walk(top: &Path, limits: WalkLimits) -> Result<Census, ProcsError> {
+    let mut found = Census::default();
     let mut seen = HashSet::new();
     let mut pending = vec![(PathBuf::new(), 0usize)];
     let mut cgroups = 0usize;
@@ -380,17 +391,19 @@ fn walk(top: &Path, limits: WalkLimits) -> Result<Vec<ProcessInfo>, ProcsError> 
                     limit: limits.processes,
                 });
             }
-            if let Some(stat) = read_stat(pid)? {
-                found.push(ProcessInfo {
-                    pid,
-                    ppid: stat.ppid,
-                    session: stat.session,
-                    start_ticks: stat.start_ticks,
-                    comm: stat.comm,
-                    state: stat.state,
-                    cgroup: relative.clone(),
-                });
-            }
+            let Some(stat) = read_stat(pid)? else {
+                found.vanished += 1;
+                continue;
+            };
+            found.processes.push(ProcessInfo {
+                pid,
+                ppid: stat.ppid,
+                session: stat.session,
+                start_ticks: stat.start_ticks,
+                comm: stat.comm,
+                state: stat.state,
+                cgroup: relative.clone(),
+            });
         }
         let entries = match fs::read_dir(&dir) {
             Ok(entries) => entries,

@@ -86,6 +86,10 @@ pub const TESTS: &[Test] = &[
         a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof,
     ),
     (
+        "a_leftover_that_keeps_forking_and_exiting_blocks_our_proof",
+        a_leftover_that_keeps_forking_and_exiting_blocks_our_proof,
+    ),
+    (
         "a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_it",
         a_watch_made_after_its_invocation_ended_knows_the_main_pid_systemd_named_for_it,
     ),
@@ -1279,6 +1283,56 @@ fn a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_p
 
     kill_pids(&[child]);
     let event = agent.one(&["wait", "late.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
+}
+
+/// Our ExecStop= leaves a chain of processes, each of which forks the next and exits a few
+/// milliseconds after it started, until `/run/hop.stop` exists; the next invocation runs
+/// beside it. Every count of leftovers finds one link of the chain, which may fork the next
+/// and exit between the listing and its `/proc/PID/stat`, or before its pidfd is opened.
+///
+/// Failed before (rarely, as a race): a count whose census saw its only process of ours exit
+/// held nothing, and proved ours `replaced-after-stop` while what that process forked lived
+/// (seen in CI as an ExecStop= waiter that forked a daemon and exited as the next invocation
+/// began; the chain makes the race a matter of hundreds of tries a second).
+fn a_leftover_that_keeps_forking_and_exiting_blocks_our_proof() {
+    let sandbox = Sandbox::start("hopper");
+    let hop = "[ -e /run/hop.stop ] && exit 0\nsleep 0.001\n/bin/sh /run/hop.sh &\nexit 0\n";
+    std::fs::write(sandbox.host_path("/run/hop.sh"), hop).expect("write the chain's script");
+    sandbox.install_unit(
+        "hop.service",
+        "[Service]\nKillMode=process\nExecStart=/bin/sleep 1000\n\
+         ExecStop=/bin/sh -c '/bin/sh /run/hop.sh & exit 0'\n",
+    );
+    sandbox.systemctl_ok(&["start", "hop.service"]);
+    let (agent, ours) = stop_blocked(
+        &sandbox,
+        "hop.service",
+        "/run/hop.second",
+        "2s",
+        "the chain our ExecStop= began blocks the proof",
+    );
+    let cgroup = sandbox.show("hop.service", "ControlGroup");
+    sandbox.systemctl_ok(&["start", "hop.service"]);
+    let next = wait_for_new_invocation(&sandbox, "hop.service", &ours);
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "hop.service",
+        &format!("the chain our ExecStop= began forks on in {cgroup} beside invocation {next}"),
+    );
+    let main: i32 = sandbox
+        .show("hop.service", "MainPID")
+        .parse()
+        .expect("MainPID");
+    assert!(
+        sandbox.cgroup_pids(&cgroup).iter().any(|&pid| pid != main),
+        "setup: the chain still runs in {cgroup}"
+    );
+
+    touch(&sandbox, "/run/hop.stop");
+    let event = agent.one(&["wait", "hop.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
     assert_eq!(event["cause"], "replaced-after-stop", "{event}");
 }

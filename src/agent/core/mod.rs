@@ -216,6 +216,17 @@ pub(crate) struct CountedLeftovers {
     pub held: Vec<ProcessStart>,
     /// Those that exited before a pidfd could hold them.
     pub exited: Vec<ProcessStart>,
+    /// How many processes the census listed were gone before their start could be read,
+    /// whoever's they were.
+    pub vanished: usize,
+}
+
+impl CountedLeftovers {
+    /// Whether a process of the census exited while it was taken: what it forked after the
+    /// listing is not in it, so a count that holds nothing proves nothing.
+    fn missed_forks(&self) -> bool {
+        !self.exited.is_empty() || self.vanished > 0
+    }
 }
 
 /// Everything the driver must do.
@@ -473,6 +484,12 @@ impl Core {
                 }
             }
             Input::ExitRecord { key, record } => self.on_exit_record(key, record, now),
+            Input::Leftovers {
+                key,
+                result: Ok(counted),
+            } if counted.held.is_empty() && counted.missed_forks() => {
+                self.on_census_raced(key, counted, now);
+            }
             Input::Leftovers { key, result } => {
                 let count = result.map(|counted| {
                     let count = counted.held.len();
@@ -481,6 +498,7 @@ impl Core {
                         for process in counted.exited {
                             watch.note_once_held(process);
                         }
+                        watch.census_raced = None;
                     }
                     count
                 });
@@ -513,7 +531,7 @@ impl Core {
                     && let Some(held) = leftovers.remove(&pid)
                 {
                     let count = leftovers.len();
-                    let exited = held.start();
+                    let exited = held;
                     watch.note_once_held(exited);
                     if count == 0 {
                         // What it forked since the last count may be left: count again, with
@@ -524,6 +542,40 @@ impl Core {
                     }
                 }
             }
+        }
+    }
+
+    /// A count held nothing, but its census saw a process exit: one that exited between the
+    /// listing and its pidfd (the ExecStop='s waiter that forks a daemon and exits as the next
+    /// invocation starts) may have forked what the census missed. So the count is made again
+    /// at once, the exited counted as held so that their sessions are too; if that census saw
+    /// an exit as well (processes that keep forking and exiting), the proof is told the count
+    /// failed, and counts again after its backoff rather than in a loop within this turn.
+    fn on_census_raced(&mut self, key: UnitKey, counted: CountedLeftovers, now: Instant) {
+        let Some(watch) = self.units.get_mut(&key) else {
+            return;
+        };
+        watch.hold_leftovers(Vec::new());
+        for &process in &counted.exited {
+            watch.note_once_held(process);
+        }
+        let raced_before = watch.census_raced.is_some();
+        let raced = watch.census_raced.get_or_insert_default();
+        for &process in &counted.exited {
+            if !raced.contains(&process) {
+                raced.push(process);
+            }
+        }
+        if raced_before {
+            let why = format!(
+                "processes exited during two censuses in a row ({} before their pidfd, {} \
+                 before their start was read): counting again",
+                counted.exited.len(),
+                counted.vanished
+            );
+            self.feed(key, ProofInput::Leftovers(Err(why)), now);
+        } else {
+            self.count_leftovers(key, &[], now);
         }
     }
 
@@ -865,9 +917,10 @@ impl Core {
             .leftovers
             .as_deref()
             .into_iter()
-            .flat_map(|leftovers| leftovers.iter())
-            .map(|(_, &held)| held)
-            .chain(gone.iter().copied())
+            .flat_map(|leftovers| leftovers.values())
+            .chain(watch.census_raced.as_deref().into_iter().flatten())
+            .chain(gone)
+            .copied()
             .collect();
         self.outputs.push_back(Output::CountLeftovers {
             key,

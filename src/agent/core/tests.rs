@@ -1,6 +1,6 @@
 //! Scripted tests of the core's rules, in virtual time: each names the rule it guards.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -25,9 +25,16 @@ struct Script {
     cgroups: HashMap<String, CgroupReading>,
     /// Per cgroup, the pids a count of leftovers finds (none unless a test says).
     leftovers: HashMap<String, Vec<i32>>,
-    /// The pids every count of leftovers finds possibly ours but exited before a pidfd held
-    /// them (none unless a test says).
+    /// The pids the next count of leftovers finds possibly ours but exited before a pidfd
+    /// held them (none unless a test says).
     exited_before_held: Vec<i32>,
+    /// How many processes each coming count's census lists but finds gone before their start
+    /// is read, in turn (none once they are used up).
+    vanished_before_read: VecDeque<usize>,
+    /// What each coming count of leftovers holds, in turn, before `leftovers` says.
+    next_counts: VecDeque<Vec<i32>>,
+    /// The pids each count so far was told were held before, in order.
+    counted_as_held: Vec<Vec<i32>>,
     /// What the last count of leftovers was told of the next invocation.
     counted_against: Option<NextInvocation>,
     outputs: Vec<Output>,
@@ -91,6 +98,9 @@ impl Script {
             cgroups: HashMap::new(),
             leftovers: HashMap::new(),
             exited_before_held: Vec::new(),
+            vanished_before_read: VecDeque::new(),
+            next_counts: VecDeque::new(),
+            counted_as_held: Vec::new(),
             counted_against: None,
             outputs: Vec::new(),
             serial: 100,
@@ -135,18 +145,24 @@ impl Script {
                         .handle_input(Input::CgroupRead { key, reading }, self.now);
                 }
                 Output::CountLeftovers {
-                    key, cgroup, next, ..
+                    key,
+                    cgroup,
+                    next,
+                    held,
                 } => {
                     self.counted_against = Some(next);
-                    let held = self.leftovers.get(&cgroup).cloned().unwrap_or_default();
+                    self.counted_as_held
+                        .push(held.iter().map(|p| p.pid).collect());
+                    let held = (self.next_counts.pop_front())
+                        .or_else(|| self.leftovers.get(&cgroup).cloned())
+                        .unwrap_or_default();
                     let result = Ok(CountedLeftovers {
                         held: held.into_iter().map(started).collect(),
-                        exited: self
-                            .exited_before_held
-                            .iter()
-                            .copied()
+                        exited: std::mem::take(&mut self.exited_before_held)
+                            .into_iter()
                             .map(started)
                             .collect(),
+                        vanished: self.vanished_before_read.pop_front().unwrap_or(0),
                     });
                     self.core
                         .handle_input(Input::Leftovers { key, result }, self.now);
@@ -1008,6 +1024,71 @@ fn a_leftover_beside_the_next_invocation_blocks_replaced_after_stop_until_it_exi
     assert_eq!(s.phase("k.service"), Phase::Proven);
 }
 
+/// A leftover of ours that a count listed exits before its pidfd holds it, having forked
+/// after the listing (as an ExecStop= waiter does when the next invocation's ExecStart= tells
+/// it to fork a daemon and exit): that count holds nothing and proves nothing; a count again,
+/// told the exited one was held, finds what it forked. Failed before: proven
+/// `replaced-after-stop` at once (seen against real systemd in CI, the waiter's child alive).
+#[test]
+fn a_leftover_that_exits_before_its_pidfd_blocks_the_proof_until_a_count_again() {
+    let mut s = stopped_beside("k.service", &[41]);
+    s.changed("k.service", "activating", B);
+    assert_eq!(s.phase("k.service"), Phase::Stopping, "pid 41 may be ours");
+    // 41 forks 43 after the next count lists it, and exits before its pidfd is opened.
+    s.next_counts.push_back(vec![]);
+    s.exited_before_held = vec![41];
+    s.leftovers.insert("/app.slice/k.service".into(), vec![43]);
+    s.counted_as_held.clear();
+    s.b_is("k.service", "active", 50);
+    assert_eq!(
+        s.counted_as_held,
+        [vec![41], vec![41]],
+        "counted again, 41 as held"
+    );
+    assert_eq!(s.phase("k.service"), Phase::Stopping, "its child 43 lives");
+    s.last_leftover_exits("k.service", 43);
+    assert_eq!(s.phase("k.service"), Phase::Proven);
+}
+
+/// A process the census listed is gone before its start is read: whoever's it was, what it
+/// forked after the listing is not in the census, so a count that holds nothing proves
+/// nothing until a count again.
+#[test]
+fn a_process_gone_before_its_start_is_read_blocks_the_proof_until_a_count_again() {
+    let mut s = stopped_beside("v.service", &[43]);
+    s.next_counts.push_back(vec![]);
+    s.vanished_before_read.push_back(1);
+    s.changed("v.service", "activating", B);
+    assert_eq!(s.counted_as_held.len(), 2, "counted again");
+    assert_eq!(s.phase("v.service"), Phase::Stopping, "43 may be ours");
+    s.last_leftover_exits("v.service", 43);
+    assert_eq!(s.phase("v.service"), Phase::Proven);
+}
+
+/// Processes that keep forking and exiting (each forks the next and exits) make every census
+/// see an exit: the count is made again once at once, then only after the proof's backoff,
+/// never in a loop within one turn; the proof waits until a census sees no exit.
+#[test]
+fn processes_that_keep_forking_and_exiting_are_counted_again_after_a_backoff() {
+    let mut s = stopped_beside("h.service", &[]);
+    s.cgroups
+        .insert("/app.slice/h.service".into(), CgroupReading::Populated);
+    s.next_counts.extend([vec![], vec![], vec![]]);
+    s.vanished_before_read.extend([1, 1, 1]);
+    s.changed("h.service", "activating", B);
+    assert_eq!(s.counted_as_held.len(), 2, "once again at once, no more");
+    assert_eq!(s.phase("h.service"), Phase::Stopping);
+    s.pass(Duration::from_millis(49));
+    assert_eq!(s.counted_as_held.len(), 2, "not before the backoff");
+    s.pass(Duration::from_millis(1));
+    assert_eq!(s.counted_as_held.len(), 3, "again after the backoff, once");
+    assert_eq!(s.phase("h.service"), Phase::Stopping);
+    // The chain ends: the next census sees no exit, and nothing of ours.
+    s.pass(Duration::from_millis(100));
+    assert_eq!(s.counted_as_held.len(), 4);
+    assert_eq!(s.phase("h.service"), Phase::Proven);
+}
+
 #[test]
 fn leftovers_are_counted_against_what_systemd_said_of_the_next_invocation() {
     let mut s = watching("n.service", "active");
@@ -1813,6 +1894,15 @@ fn stopped_beside(unit: &str, leftovers: &[i32]) -> Script {
 }
 
 impl Script {
+    /// The last leftover of `unit` (watched first), `pid`, exits: a count again finds none.
+    fn last_leftover_exits(&mut self, unit: &str, pid: i32) {
+        self.leftovers.remove(&format!("/app.slice/{unit}"));
+        self.input(Input::LeftoverExited {
+            key: UnitKey(0),
+            pid,
+        });
+    }
+
     /// systemd says `unit` runs invocation B, begun at 5 s, in `active` with `main_pid`.
     fn b_is(&mut self, unit: &str, active: &str, main_pid: u32) {
         self.signal(SystemdSignal::UnitChanged {

@@ -175,6 +175,14 @@ pub(super) struct Watch {
         reason = "a thin pointer keeps every watch 16 bytes smaller"
     )]
     pub leftovers: Option<Box<BTreeMap<i32, ProcessStart>>>,
+    /// Set once a count's census saw a process that may be ours exit (before its stat was
+    /// read, or its pidfd opened), until a count sees none: those it saw, counted as held by
+    /// the count made again. Boxed: most watches never have one.
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps every watch 16 bytes smaller"
+    )]
+    pub census_raced: Option<Box<Vec<ProcessStart>>>,
     /// What systemd said of the invocations after ours, gathered as they came: the facts keep
     /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
     /// most watches never see one.
@@ -246,6 +254,7 @@ impl Watch {
             timer: None,
             terminal_at: None,
             leftovers: None,
+            census_raced: None,
             after_ours: None,
             proof_pending: None,
             event: None,
@@ -260,7 +269,7 @@ impl Watch {
     /// names with its pid, gone, is judged by it (a guess of systemd's, or a pid used again).
     pub(super) fn note_once_held(&mut self, process: ProcessStart) {
         let after_ours = self.after_ours.get_or_insert_default();
-        after_ours.known.note_once_held(process.start());
+        after_ours.known.note_once_held(process);
     }
 
     /// Holds `held`, a count's answer, in place of what was held: what drops out (exited, or

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use super::bus::{Answer as BusAnswer, CallKind, Msg, NO_SUCH_UNIT, ReadKind, Snapshot};
-use super::kernel::{Inv, Pid, Reading, TICK_US, within};
+use super::kernel::{Inv, Pid, Reading, Role, TICK_US, within};
 use super::oracle::{Oracle, StopSent, StopWhy, Told, parse_inv};
 use super::rng::Rng;
 use super::tenant::{Request, Tenant};
@@ -39,6 +39,15 @@ use crate::systemd::snapshot::{
     self, Attempt, InvocationAnswer, Property, PropertyAnswers, SERVICE_PROPERTIES,
     UNIT_PROPERTIES, UnitSnapshot, properties_asked,
 };
+
+/// A process of a census that forks and exits while the driver takes it.
+#[derive(Clone, Copy, Debug)]
+enum CensusRace {
+    /// After `cgroup.procs` listed it, before its `/proc/PID/stat` was read.
+    BeforeStat(Pid),
+    /// After the census, before the pidfd that would hold it was opened.
+    BeforePidfd(Pid),
+}
 
 /// What a call in flight is for.
 #[derive(Clone, Copy, Debug)]
@@ -618,7 +627,14 @@ impl Sim {
         if !self.healed && self.rng.percent(2) {
             return Err(format!("cannot read {cgroup}/cgroup.procs: EIO"));
         }
-        let census = census(&self.world, cgroup);
+        let mut census = census(&self.world, cgroup);
+        let race = self.census_race(&census);
+        let mut vanished = 0;
+        if let Some(CensusRace::BeforeStat(pid)) = race {
+            census.retain(|p| p.pid != pid as i32);
+            vanished = 1;
+            self.fork_and_exit(pid, "before its stat is read");
+        }
         // The offset read now: at least what it was at any fork before.
         self.note_offset_floor();
         let basis = ClockBasis {
@@ -661,17 +677,52 @@ impl Sim {
         if !self.healed && self.rng.percent(1) {
             return Err("cannot open a pidfd: EMFILE".into());
         }
+        if let Some(CensusRace::BeforePidfd(pid)) = race {
+            self.fork_and_exit(pid, "before its pidfd is opened");
+        }
         let procs = &self.world.kernel.procs;
         let held = earlier
             .iter()
             .filter_map(|pid| procs.get(&(*pid as Pid)).map(|p| (p.pid, p.id)))
             .collect();
         self.leftovers.insert(key, held);
-        // The census and the pidfds are one instant here: every process counted is held.
+        let (held, exited) = counted
+            .into_iter()
+            .partition(|p| procs.contains_key(&(p.pid as Pid)));
         Ok(CountedLeftovers {
-            held: counted,
-            exited: Vec::new(),
+            held,
+            exited,
+            vanished,
         })
+    }
+
+    /// Whether, and how, a process of `census` that a tenant runs races the census (see
+    /// [`Swarm::census_races`]).
+    fn census_race(&mut self, census: &[ProcessInfo]) -> Option<CensusRace> {
+        let percent = self.world.swarm.census_races;
+        let rng = &mut self.world.race_rng;
+        if percent == 0 || !rng.percent(percent) {
+            return None;
+        }
+        let procs = &self.world.kernel.procs;
+        let tenants: Vec<Pid> = census
+            .iter()
+            .map(|p| p.pid as Pid)
+            .filter(|pid| procs.get(pid).is_some_and(|p| p.role == Role::Child))
+            .collect();
+        let pid = rng.pick(&tenants)?;
+        Some(if rng.percent(50) {
+            CensusRace::BeforeStat(pid)
+        } else {
+            CensusRace::BeforePidfd(pid)
+        })
+    }
+
+    /// `pid` forks a child into its cgroup and exits, while the driver takes a census.
+    fn fork_and_exit(&mut self, pid: Pid, when: &str) {
+        let forked = self.world.fork(pid);
+        self.world.kernel.kill(pid);
+        self.log(|| format!("race: {forked}, then exits, {when}"));
     }
 
     /// Delivers the exit of one held leftover that died, as the pidfd's readiness.

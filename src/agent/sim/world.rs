@@ -65,6 +65,9 @@ pub(crate) struct Swarm {
     /// The machine suspends now and then: CLOCK_BOOTTIME, which `/proc` start times count,
     /// runs ahead of CLOCK_MONOTONIC, which InactiveExitTimestampMonotonic counts.
     pub suspends: bool,
+    /// Percent of leftover counts during which a process of the unit's, listed by the census,
+    /// forks and exits: before its `/proc/PID/stat` is read, or before its pidfd is opened.
+    pub census_races: u32,
 }
 
 impl Swarm {
@@ -108,6 +111,7 @@ impl Swarm {
         self.clean = r.percent(30);
         self.suspends = r.percent(30);
         self.scopes = some(r, &[0, 0, 20, 50]);
+        self.census_races = some(r, &[0, 0, 10, 30]);
     }
 }
 
@@ -139,6 +143,9 @@ pub(crate) struct World {
     /// Processes systemd guessed as MainPID of an invocation other than their own
     /// (`unit_search_main_pid`), with their own invocation.
     pub misguessed: std::collections::BTreeSet<(Inv, Pid)>,
+    /// Draws the races of processes against the agent's census (a generator of its own: a
+    /// seed with none replays as it did before they were modelled).
+    pub(crate) race_rng: Rng,
 }
 
 pub(crate) fn hex(inv: Inv) -> String {
@@ -172,6 +179,7 @@ impl World {
             swarm: Swarm::default(),
             operator_spares: Default::default(),
             misguessed: Default::default(),
+            race_rng: Rng::new(seed ^ 0x6365_6e73_7573),
         }
     }
 

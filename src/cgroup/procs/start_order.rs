@@ -196,14 +196,6 @@ impl ProcessStart {
         }
     }
 
-    /// The same process, its place forgotten.
-    pub(crate) fn start(self) -> Self {
-        Self {
-            held_as: None,
-            ..self
-        }
-    }
-
     /// Whether this process, held, is `now` in the census of `by_pid` where a count first held
     /// it: its parent (in the census or not) and its session the same. Then it being held
     /// tells nothing a judgment of the census now does not: its lineage and session are there
@@ -291,8 +283,13 @@ impl NextInvocation {
     /// the one before, and the oldest go first beyond [`MAX_GONE_ROOTS`] (a start forgotten
     /// makes a root named with that pid, gone, count as its invocation's, as before a count
     /// held it).
-    pub(crate) fn note_once_held(&mut self, process: ProcessStart) {
-        self.once_held.retain(|known| known.pid != process.pid);
+    pub(crate) fn note_once_held(&mut self, mut process: ProcessStart) {
+        if let Some(i) = self.once_held.iter().position(|k| k.pid == process.pid) {
+            let known = self.once_held.remove(i);
+            if known.start_ticks == process.start_ticks {
+                process.held_as = process.held_as.or(known.held_as);
+            }
+        }
         if self.once_held.len() == MAX_GONE_ROOTS {
             self.once_held.remove(0);
         }
@@ -367,7 +364,10 @@ fn before_late_stamp(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -
 ///    manager), after its ExecStart= exited, and an earlier invocation's orphan is such a one.
 ///    So is a root alive in the session of a root systemd named for the counted invocation
 ///    ([`NextInvocation::counted_roots`]), whenever it started: a session's members descend
-///    from its leader. A root gone from the census is judged by its start where a count held
+///    from its leader. So is a root alive in a session not its own of which a member (alive,
+///    or as a count held it) certainly started before that invocation could fork: systemd
+///    begins a session for each process it spawns, so a daemon it names rightly is in a
+///    session one of that invocation's processes began, which has no member older than it. A root gone from the census is judged by its start where a count held
 ///    it ([`NextInvocation::once_held`]);
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
@@ -422,15 +422,34 @@ pub(crate) fn earlier_processes<'a>(
                 .chain(gone)
                 .any(|(root, of)| root != pid && of == began)
     };
+    // Whether a member of `session` started before an invocation that began at `began` could
+    // fork: alive in the census, or as a count held it (gone since, the session id may have
+    // been used again, which errs toward waiting).
+    let session_older = |session: i32, began: Option<u64>| {
+        let alive = census.iter().filter(|p| p.session == session);
+        let held_in = held
+            .iter()
+            .chain(&next.once_held)
+            .filter(|e| e.held_as.is_some_and(|h| h.session == session));
+        alive
+            .map(|p| p.start_ticks)
+            .chain(held_in.map(|e| e.start_ticks))
+            .any(|start| before_late_stamp(basis, start, began))
+    };
     // Whether systemd's naming `pid` a root of an invocation that began at `began` was a
     // guess: alive, by its session where systemd named that session's leader a root of the
-    // counted invocation (its leftover's, forked before or after `began`), else by its start
-    // (a pid used again is a new process); gone, by its start as a count held it (held still,
-    // its exit not yet heard, or exited since), or, gone before any count saw it, if systemd
-    // named it a root of the counted invocation too.
+    // counted invocation (its leftover's, forked before or after `began`) or where it is not
+    // its own and a member of it started before `began` (systemd forks each root it spawns as
+    // a session's leader, and a daemon it names is in a session one of them began), else by
+    // its start (a pid used again is a new process); gone, by its start as a count held it
+    // (held still, its exit not yet heard, or exited since), or, gone before any count saw
+    // it, if systemd named it a root of the counted invocation too.
     let guessed = |pid: i32, began: Option<u64>| {
         let alive = by_pid.get(&pid);
-        if alive.is_some_and(|p| next.counted_roots.contains(&p.session)) {
+        if alive.is_some_and(|p| {
+            next.counted_roots.contains(&p.session)
+                || (p.session != p.pid && session_older(p.session, began))
+        }) {
             return true;
         }
         let start = match alive {

@@ -594,7 +594,9 @@ fn list_processes_walks_a_fake_tree() {
     // Files other than cgroup.procs are ignored.
     fs::write(tree.root().join("u.slice/x.service/cgroup.events"), "").expect("write");
 
-    let found = list_processes(tree.root(), "/u.slice/x.service").expect("list");
+    let census = list_processes(tree.root(), "/u.slice/x.service").expect("list");
+    assert_eq!(census.vanished, 1, "pid {NO_SUCH_PID} was listed, and gone");
+    let found = census.processes;
     let mut expected = vec![(own, String::new()), (child, "a".to_owned())];
     expected.sort();
     assert_eq!(pids_of(&found), expected);
@@ -608,7 +610,7 @@ fn list_processes_walks_a_fake_tree() {
 
     assert_eq!(
         list_processes(tree.root(), "/u.slice/missing.service").expect("list"),
-        [],
+        Census::default(),
         "a unit cgroup that does not exist holds nothing"
     );
 }
@@ -949,7 +951,9 @@ fn list_processes_finds_a_real_subtree() {
     let deep = scratch.spawn_sleep_in("a/b");
 
     let cgroup = format!("/{}", scratch.name);
-    let found = list_processes(&scratch.mount, &cgroup).expect("list");
+    let found = list_processes(&scratch.mount, &cgroup)
+        .expect("list")
+        .processes;
     let mut expected = vec![
         (top, String::new()),
         (middle, "a".to_owned()),
@@ -975,7 +979,9 @@ fn list_processes_finds_a_real_subtree() {
     }
     scratch.sleeps.reap(deep);
     assert_eq!(wait_for_exits(&mut poll, &mut tracker), [(9, deep)]);
-    let after = list_processes(&scratch.mount, &cgroup).expect("list again");
+    let after = list_processes(&scratch.mount, &cgroup)
+        .expect("list again")
+        .processes;
     expected.retain(|(pid, _)| *pid != deep);
     assert_eq!(pids_of(&after), expected);
     tracker.untrack_key(poll.registry(), 9);
@@ -991,7 +997,7 @@ fn list_processes_reads_threaded_subtrees_through_their_domain() {
     let pid = scratch.spawn_sleep_in("t");
     let cgroup = format!("/{}", scratch.name);
     let found = list_processes(&scratch.mount, &cgroup).expect("list");
-    assert_eq!(pids_of(&found), [(pid, String::new())]);
+    assert_eq!(pids_of(&found.processes), [(pid, String::new())]);
     match list_processes(&scratch.mount, &format!("{cgroup}/t")) {
         Err(ProcsError::Threaded { path }) => assert_eq!(path, scratch.dir().join("t")),
         other => panic!("a threaded unit cgroup gave {other:?}"),
@@ -1176,7 +1182,13 @@ fn what_a_count_held_for_want_of_a_beginning_is_judged_by_it_once_told() {
         Vec::<i32>::new()
     );
     // Held with no place known (an older count's answer): held still.
-    let starts: Vec<ProcessStart> = held.iter().map(|p| p.start()).collect();
+    let starts: Vec<ProcessStart> = held
+        .iter()
+        .map(|p| ProcessStart {
+            held_as: None,
+            ..*p
+        })
+        .collect();
     assert_eq!(
         earlier_pids_holding(&census, &next_with_gone_root(), &starts),
         [64, 66, 67]
@@ -1520,4 +1532,43 @@ fn a_first_root_forked_before_a_late_stamp_is_the_next_invocations() {
     assert_eq!(earlier_pids(&census, &after_exec_start, &[]), [80, 81]);
     let long_before = [process(80, 1, 80, 400), process(81, 80, 80, 497)];
     assert_eq!(earlier_pids(&long_before, &next, &[]), [80, 81]);
+}
+
+/// Our ExecStop='s waiter (pid 45, started at 1 s in the session 44 its ExecStop= began, whose
+/// pid the watch never heard) was held, then forked 46 as the next invocation began (6 s) and
+/// exited; systemd guessed 46, alone under the manager, as that invocation's MainPID. 46 is in
+/// a session a member of which started 5 s before that invocation: not one it began, so the
+/// root is a guess, and ours. A daemon in a session with no member older than its invocation
+/// is that invocation's, as systemd names it.
+#[test]
+fn a_root_in_a_session_older_than_its_invocation_is_a_guess() {
+    let next = NextInvocation {
+        began_us: Some(6_000_000),
+        roots: vec![46],
+        roots_began_us: Some(6_000_000),
+        ..NextInvocation::default()
+    };
+    let waiter = held_in(&process(45, 1, 44, 100), &[]);
+    let census = [process(46, 1, 44, 600)];
+    assert_eq!(earlier_pids_holding(&census, &next, &[waiter]), [46]);
+    let mut told = next.clone();
+    told.note_once_held(waiter);
+    assert_eq!(
+        earlier_pids_holding(&census, &told, &[]),
+        [46],
+        "as a count held it, exited since"
+    );
+    // Alive beside it, held or not: the session is as old.
+    let both = [process(45, 1, 44, 100), process(46, 1, 44, 600)];
+    assert_eq!(earlier_pids_holding(&both, &next, &[]), [45, 46]);
+    // A daemon of the next invocation, in the session its ExecStart= (pid 43) began at 6 s.
+    let daemon = [process(47, 1, 43, 601)];
+    let named = NextInvocation {
+        roots: vec![47],
+        ..next
+    };
+    assert_eq!(
+        earlier_pids_holding(&daemon, &named, &[]),
+        Vec::<i32>::new()
+    );
 }
