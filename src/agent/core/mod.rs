@@ -498,7 +498,9 @@ impl Core {
                         for process in counted.exited {
                             watch.note_once_held(process);
                         }
-                        watch.census_raced = None;
+                        if let Some(after_ours) = &mut watch.after_ours {
+                            after_ours.census_raced = None;
+                        }
                     }
                     count
                 });
@@ -559,8 +561,9 @@ impl Core {
         for &process in &counted.exited {
             watch.note_once_held(process);
         }
-        let raced_before = watch.census_raced.is_some();
-        let raced = watch.census_raced.get_or_insert_default();
+        let after_ours = watch.after_ours.get_or_insert_default();
+        let raced_before = after_ours.census_raced.is_some();
+        let raced = after_ours.census_raced.get_or_insert_default();
         for &process in &counted.exited {
             if !raced.contains(&process) {
                 raced.push(process);
@@ -918,7 +921,12 @@ impl Core {
             .as_deref()
             .into_iter()
             .flat_map(|leftovers| leftovers.values())
-            .chain(watch.census_raced.as_deref().into_iter().flatten())
+            .chain(
+                (watch.after_ours.as_deref())
+                    .and_then(|a| a.census_raced.as_deref())
+                    .into_iter()
+                    .flatten(),
+            )
             .chain(gone)
             .copied()
             .collect();

@@ -175,14 +175,6 @@ pub(super) struct Watch {
         reason = "a thin pointer keeps every watch 16 bytes smaller"
     )]
     pub leftovers: Option<Box<BTreeMap<i32, ProcessStart>>>,
-    /// Set once a count's census saw a process that may be ours exit (before its stat was
-    /// read, or its pidfd opened), until a count sees none: those it saw, counted as held by
-    /// the count made again. Boxed: most watches never have one.
-    #[expect(
-        clippy::box_collection,
-        reason = "a thin pointer keeps every watch 16 bytes smaller"
-    )]
-    pub census_raced: Option<Box<Vec<ProcessStart>>>,
     /// What systemd said of the invocations after ours, gathered as they came: the facts keep
     /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
     /// most watches never see one.
@@ -217,6 +209,10 @@ pub(super) struct AfterOurs {
     /// was said of it. The first read decides: one named in a message newer than the read is
     /// ours or later.
     pub unconfirmed: Vec<(String, u32, NextInvocation)>,
+    /// Set once a count's census saw a process that may be ours exit (before its stat was
+    /// read, or its pidfd opened), until a count sees none: those it saw, counted as held by
+    /// the count made again. A count is made only beside a later invocation, so here.
+    pub census_raced: Option<Vec<ProcessStart>>,
 }
 
 /// What one watch heard of its unit that another watch of it may not have: [`Watch::heard_of`].
@@ -254,7 +250,6 @@ impl Watch {
             timer: None,
             terminal_at: None,
             leftovers: None,
-            census_raced: None,
             after_ours: None,
             proof_pending: None,
             event: None,
