@@ -326,6 +326,26 @@ pub(crate) struct Census {
     pub vanished: usize,
 }
 
+impl Census {
+    /// Adds process `pid`, listed in the cgroup `below` the unit's, as its `/proc/PID/stat`
+    /// shows it, or counts it vanished if it is gone.
+    fn add(&mut self, pid: i32, below: PathBuf) -> Result<(), ProcsError> {
+        match read_stat(pid)? {
+            Some(stat) => self.processes.push(ProcessInfo {
+                pid,
+                ppid: stat.ppid,
+                session: stat.session,
+                start_ticks: stat.start_ticks,
+                comm: stat.comm,
+                state: stat.state,
+                cgroup: below,
+            }),
+            None => self.vanished += 1,
+        }
+        Ok(())
+    }
+}
+
 /// How far a walk may go; a parameter so that tests can reach the limits.
 #[derive(Clone, Copy, Debug)]
 struct WalkLimits {
@@ -348,14 +368,98 @@ const WALK_LIMITS: WalkLimits = WalkLimits {
 /// exist gives an empty census. Symbolic links are not
 /// followed. Each pid appears once. Any other failure is an error naming the path.
 ///
-/// The walk is not atomic: a process that forks, or is moved between cgroups of the subtree, while it
-/// runs may be missed. Callers that need the whole set list again after each change they learn of.
+/// The walk is not atomic: a process that forks while it runs may be missed (callers that need
+/// the whole set list again after each change they learn of), and so may one moved from a
+/// cgroup of the subtree not yet walked into one already walked, which a unit with
+/// `Delegate=yes` may do to its own. So where the subtree has cgroups below the unit's, every
+/// process's own `/proc/PID/cgroup` is read too ([`scan_members`]), which finds a process
+/// wherever in the subtree it is.
 pub(crate) fn list_processes(root: &Path, cgroup: &str) -> Result<Census, ProcsError> {
     let (parent, name) = locate(root, cgroup).map_err(ProcsError::Cgroup)?;
-    walk(&parent.join(name), WALK_LIMITS)
+    let (mut census, cgroups) = walk(&parent.join(name), WALK_LIMITS)?;
+    if cgroups > 1 {
+        scan_members(Path::new(PROC_ROOT), cgroup, WALK_LIMITS, &mut census)?;
+    }
+    Ok(census)
 }
 
-fn walk(top: &Path, limits: WalkLimits) -> Result<Census, ProcsError> {
+/// Adds to `census` every process under `proc` whose `cgroup` file places it in `cgroup` (as
+/// systemd names it) or below, and that `census` does not hold yet. A process's membership is
+/// read from the process, so moving between the subtree's cgroups hides none; one gone before
+/// its start is read counts as vanished, one gone before its membership is read is left out
+/// (on a busy host most would be other units'; a process of ours gone then, whose child took a
+/// pid below the listing's place, is the one thing it may miss).
+fn scan_members(
+    proc: &Path,
+    cgroup: &str,
+    limits: WalkLimits,
+    census: &mut Census,
+) -> Result<(), ProcsError> {
+    let mut seen: HashSet<i32> = census.processes.iter().map(|p| p.pid).collect();
+    let entries = fs::read_dir(proc).map_err(|source| ProcsError::ReadDir {
+        path: proc.to_owned(),
+        source,
+    })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| ProcsError::ReadDir {
+            path: proc.to_owned(),
+            source,
+        })?;
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if seen.contains(&pid) {
+            continue;
+        }
+        let path = entry.path().join("cgroup");
+        let text = match read_bounded(&path, MAX_STAT_BYTES) {
+            Ok(text) => text,
+            Err(ReadError::Io(error))
+                if vanished(&error) || error.raw_os_error() == Some(Errno::ESRCH as i32) =>
+            {
+                continue;
+            }
+            Err(ReadError::Io(source)) => return Err(ProcsError::ReadFile { path, source }),
+            Err(ReadError::TooLarge { limit }) => {
+                return Err(ProcsError::FileTooLarge { path, limit });
+            }
+        };
+        let Some(below) = String::from_utf8_lossy(&text)
+            .lines()
+            .find_map(|line| line.strip_prefix("0::"))
+            .and_then(|member| within_cgroup(member, cgroup))
+        else {
+            continue;
+        };
+        seen.insert(pid);
+        if seen.len() > limits.processes {
+            return Err(ProcsError::TooManyProcesses {
+                path: PathBuf::from(cgroup),
+                limit: limits.processes,
+            });
+        }
+        census.add(pid, below)?;
+    }
+    Ok(())
+}
+
+/// Where `member`, a cgroup path, lies below `cgroup`, relative to it (empty for `cgroup`
+/// itself); `None` if it is not in that subtree.
+fn within_cgroup(member: &str, cgroup: &str) -> Option<PathBuf> {
+    let rest = member.strip_prefix(cgroup.trim_end_matches('/'))?;
+    if rest.is_empty() {
+        Some(PathBuf::new())
+    } else {
+        rest.strip_prefix('/').map(PathBuf::from)
+    }
+}
+
+/// Walks the subtree at `top`: its census, and how many cgroups it read.
+fn walk(top: &Path, limits: WalkLimits) -> Result<(Census, usize), ProcsError> {
     let mut found = Census::default();
     let mut seen = HashSet::new();
     let mut pending = vec![(PathBuf::new(), 0usize)];
@@ -391,19 +495,7 @@ fn walk(top: &Path, limits: WalkLimits) -> Result<Census, ProcsError> {
                     limit: limits.processes,
                 });
             }
-            let Some(stat) = read_stat(pid)? else {
-                found.vanished += 1;
-                continue;
-            };
-            found.processes.push(ProcessInfo {
-                pid,
-                ppid: stat.ppid,
-                session: stat.session,
-                start_ticks: stat.start_ticks,
-                comm: stat.comm,
-                state: stat.state,
-                cgroup: relative.clone(),
-            });
+            found.add(pid, relative.clone())?;
         }
         let entries = match fs::read_dir(&dir) {
             Ok(entries) => entries,
@@ -439,7 +531,7 @@ fn walk(top: &Path, limits: WalkLimits) -> Result<Census, ProcsError> {
             pending.push((relative.join(entry.file_name()), depth + 1));
         }
     }
-    Ok(found)
+    Ok((found, cgroups))
 }
 
 /// Whether an error says the file or cgroup is gone (ENODEV: a cgroup being removed).

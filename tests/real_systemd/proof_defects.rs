@@ -90,6 +90,10 @@ pub const TESTS: &[Test] = &[
         a_root_in_a_session_older_than_its_invocation_blocks_a_restored_watchs_proof,
     ),
     (
+        "a_leftover_moving_between_its_delegated_cgroups_blocks_our_proof",
+        a_leftover_moving_between_its_delegated_cgroups_blocks_our_proof,
+    ),
+    (
         "a_leftover_that_keeps_forking_and_exiting_blocks_our_proof",
         a_leftover_that_keeps_forking_and_exiting_blocks_our_proof,
     ),
@@ -1366,6 +1370,62 @@ fn a_leftover_that_keeps_forking_and_exiting_blocks_our_proof() {
     assert_eq!(event["cause"], "replaced-after-stop", "{event}");
 }
 
+/// A unit with `Delegate=yes`: our ExecStop= (which systemd 252 runs in the cgroup `.control`
+/// below the unit's) leaves a process that makes two cgroups below its own and moves itself from one to the other and back, running a short-lived child in
+/// each, until `/run/mover.stop` exists; the next invocation runs beside it. A walk of the
+/// subtree's `cgroup.procs` files misses it whenever it moves from a cgroup not yet read into
+/// one already read; its children's exits make the agent count again and again.
+///
+/// Failed before: such a walk's census held nothing of ours, and ours was proven
+/// `replaced-after-stop` while the mover lived. Now a subtree with cgroups below the unit's is
+/// also listed by each process's own `/proc/PID/cgroup`.
+fn a_leftover_moving_between_its_delegated_cgroups_blocks_our_proof() {
+    let sandbox = Sandbox::start("mover");
+    let mover = "cg=$(grep ^0:: /proc/self/cgroup | cut -d: -f3)\n\
+                 mkdir -p /sys/fs/cgroup$cg/m1 /sys/fs/cgroup$cg/m2\n\
+                 while [ ! -e /run/mover.stop ]; do\n\
+                 echo $$ > /sys/fs/cgroup$cg/m1/cgroup.procs; /bin/true\n\
+                 echo $$ > /sys/fs/cgroup$cg/m2/cgroup.procs; /bin/true\n\
+                 done\n";
+    std::fs::write(sandbox.host_path("/run/mover.sh"), mover).expect("write the mover's script");
+    sandbox.install_unit(
+        "mover.service",
+        "[Service]\nDelegate=yes\nKillMode=process\nExecStart=/bin/sleep 1000\n\
+         ExecStop=/bin/sh -c '/bin/sh /run/mover.sh & exit 0'\n",
+    );
+    sandbox.systemctl_ok(&["start", "mover.service"]);
+    let (agent, ours) = stop_blocked(
+        &sandbox,
+        "mover.service",
+        "/run/mover.second",
+        "2s",
+        "the mover our ExecStop= began blocks the proof",
+    );
+    let cgroup = sandbox.show("mover.service", "ControlGroup");
+    sandbox.systemctl_ok(&["start", "mover.service"]);
+    let next = wait_for_new_invocation(&sandbox, "mover.service", &ours);
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "mover.service",
+        &format!("the mover our ExecStop= began moves on in {cgroup} beside invocation {next}"),
+    );
+    let main: i32 = sandbox
+        .show("mover.service", "MainPID")
+        .parse()
+        .expect("MainPID");
+    let subtree = pids_in_subtree(&sandbox.host_cgroup_dir(&cgroup));
+    assert!(
+        subtree.iter().any(|&pid| pid != main),
+        "setup: the mover still runs in {cgroup}: {subtree:?}"
+    );
+
+    touch(&sandbox, "/run/mover.stop");
+    let event = agent.one(&["wait", "mover.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "replaced-after-stop", "{event}");
+}
+
 /// The fifo the leftover of [`a_guessed_leftover_forking_into_its_session`] waits on.
 const FORKS_FIFO: &str = "/run/forks.fifo";
 
@@ -1627,4 +1687,19 @@ fn a_main_process_stopped_by_sigterm_is_worded_as_the_signal() {
         "setup: systemd recorded a clean stop by SIGTERM: {event}"
     );
     assert_eq!(event["message"], "instance exited: signal TERM", "{event}");
+}
+
+/// Every pid in the cgroup directory `dir` (as the test reaches it) and below.
+fn pids_in_subtree(dir: &std::path::Path) -> Vec<i32> {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    let mut pids: Vec<i32> = procs
+        .split_whitespace()
+        .map(|pid| pid.parse().expect("a pid in cgroup.procs"))
+        .collect();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        if entry.file_type().is_ok_and(|kind| kind.is_dir()) {
+            pids.extend(pids_in_subtree(&entry.path()));
+        }
+    }
+    pids
 }

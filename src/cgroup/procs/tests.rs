@@ -1572,3 +1572,46 @@ fn a_root_in_a_session_older_than_its_invocation_is_a_guess() {
         Vec::<i32>::new()
     );
 }
+
+#[test]
+fn a_cgroup_path_is_within_a_subtree_only_below_its_top() {
+    let unit = "/app.slice/x.service";
+    assert_eq!(within_cgroup(unit, unit), Some(PathBuf::new()));
+    assert_eq!(
+        within_cgroup("/app.slice/x.service/a/b", unit),
+        Some(PathBuf::from("a/b"))
+    );
+    assert_eq!(within_cgroup("/app.slice/x.service-2", unit), None);
+    assert_eq!(within_cgroup("/app.slice", unit), None);
+    assert_eq!(within_cgroup("/a", "/"), Some(PathBuf::from("a")));
+}
+
+/// A process is found by its own `/proc/PID/cgroup`, wherever in the subtree it is: the walk
+/// of `cgroup.procs` files can miss one moved from a cgroup not yet walked into one already
+/// walked. One the census holds already is not listed twice.
+#[test]
+fn a_scan_finds_each_member_of_a_subtree_by_its_own_membership() {
+    let Some(mut scratch) = ScratchCgroup::new() else {
+        return;
+    };
+    scratch.mkdir("a");
+    scratch.mkdir("a/b");
+    let top = scratch.spawn_sleep_in("");
+    let deep = scratch.spawn_sleep_in("a/b");
+    let cgroup = format!("/{}", scratch.name);
+    let own = fs::read_to_string("/proc/self/cgroup").expect("read /proc/self/cgroup");
+    if !own.lines().any(|line| line == "0::/") {
+        println!("skipped: this test's cgroup namespace is not the mount's root: {own}");
+        return;
+    }
+    let mut census = Census {
+        processes: vec![process(top, 1, top, start_ticks(top))],
+        vanished: 0,
+    };
+    scan_members(Path::new("/proc"), &cgroup, WALK_LIMITS, &mut census).expect("scan");
+    assert_eq!(
+        pids_of(&census.processes),
+        [(top, String::new()), (deep, "a/b".to_owned())]
+    );
+    assert_eq!(census.processes[1].start_ticks, start_ticks(deep));
+}
