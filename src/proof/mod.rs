@@ -628,6 +628,14 @@ impl UnitProof {
             }
             CgroupReading::Populated => {
                 self.reset_retry();
+                if v.terminal {
+                    // What remains once ours is over is ours: counted now, and each held until
+                    // it exits, so that a count made once another invocation runs knows where
+                    // and when they started (a session ours began is told by a member's start)
+                    // though the watch never heard systemd name our roots (made late, or
+                    // taken up after a restart).
+                    self.outputs.push(Output::CountLeftovers);
+                }
                 if self.trouble().remain_log.allow(now) {
                     let active = self.state.as_ref().map_or("", |s| &*s.active_state);
                     let line = format!("processes remain after {active}; not releasing");

@@ -137,20 +137,28 @@ fn an_unloaded_unit_is_inactive_with_no_invocation() {
     );
 }
 
+/// What remains once ours is over is counted at each reading (and held by the driver), so a
+/// count made once another invocation runs knows where and when it started; a count of them
+/// proves nothing while no other invocation runs.
 #[test]
-fn populated_after_terminal_never_proves_and_logs_once_per_two_seconds() {
+fn populated_after_terminal_never_proves_counts_and_logs_once_per_two_seconds() {
     check(
         &[
             st("inactive", OURS),
             cg(CgroupReading::Populated),
+            leftovers(0),
             wait_ms(1000),
             cg(CgroupReading::Populated),
+            leftovers(1),
             wait_ms(1001),
             cg(CgroupReading::Populated),
             cg(CgroupReading::Empty),
         ],
         "0ms read-cgroup
+         0ms count-leftovers
          0ms log Warn: processes remain after inactive; not releasing
+         1000ms count-leftovers
+         2001ms count-leftovers
          2001ms log Warn: processes remain after inactive; not releasing
          2001ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );
@@ -381,6 +389,7 @@ fn leftovers_of_our_stopped_invocation_beside_a_new_one_are_followed_until_none_
         ],
         "0ms stop-unit requested
          0ms read-cgroup
+         0ms count-leftovers
          0ms log Warn: processes remain after inactive; not releasing
          0ms read-cgroup
          0ms count-leftovers
@@ -465,6 +474,7 @@ fn stop_then_our_invocation_deactivates_and_the_cgroup_decides() {
         ],
         "0ms stop-unit requested
          0ms read-cgroup
+         0ms count-leftovers
          0ms log Warn: processes remain after failed; not releasing
          0ms proven Exited Warn: instance exited (status unknown: no exit record)",
     );

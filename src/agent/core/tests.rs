@@ -1056,6 +1056,7 @@ fn a_leftover_that_exits_before_its_pidfd_blocks_the_proof_until_a_count_again()
 #[test]
 fn a_process_gone_before_its_start_is_read_blocks_the_proof_until_a_count_again() {
     let mut s = stopped_beside("v.service", &[43]);
+    s.counted_as_held.clear();
     s.next_counts.push_back(vec![]);
     s.vanished_before_read.push_back(1);
     s.changed("v.service", "activating", B);
@@ -1071,6 +1072,7 @@ fn a_process_gone_before_its_start_is_read_blocks_the_proof_until_a_count_again(
 #[test]
 fn processes_that_keep_forking_and_exiting_are_counted_again_after_a_backoff() {
     let mut s = stopped_beside("h.service", &[]);
+    s.counted_as_held.clear();
     s.cgroups
         .insert("/app.slice/h.service".into(), CgroupReading::Populated);
     s.next_counts.extend([vec![], vec![], vec![]]);
