@@ -1066,6 +1066,21 @@ fn a_process_gone_before_its_start_is_read_blocks_the_proof_until_a_count_again(
     assert_eq!(s.phase("v.service"), Phase::Proven);
 }
 
+/// What remains once ours is over is counted at once, against no invocation after ours (the
+/// facts' current one is ours: its MainPID's session is ours, not a later one's), and held;
+/// the count proves nothing.
+#[test]
+fn what_remains_once_ours_is_over_is_counted_as_ours_and_held() {
+    let mut s = watching("r.service", "active");
+    s.main_pid("r.service", 300);
+    s.leftovers.insert("/app.slice/r.service".into(), vec![301]);
+    s.changed("r.service", "inactive", A);
+    assert_eq!(s.counted_against, Some(NextInvocation::default()));
+    assert_eq!(s.phase("r.service"), Phase::Watching);
+    let status = s.core.unit_status(UnitKey(0), s.now).expect("watched");
+    assert_eq!(status.leftovers, [301]);
+}
+
 /// Processes that keep forking and exiting (each forks the next and exits) make every census
 /// see an exit: the count is made again once at once, then only after the proof's backoff,
 /// never in a loop within one turn; the proof waits until a census sees no exit.
