@@ -530,10 +530,9 @@ impl Core {
             Input::LeftoverExited { key, pid } => {
                 if let Some(watch) = self.units.get_mut(&key)
                     && let Some(leftovers) = &mut watch.leftovers
-                    && let Some(held) = leftovers.remove(&pid)
+                    && let Some(exited) = leftovers.remove(&pid)
                 {
                     let count = leftovers.len();
-                    let exited = held;
                     watch.note_once_held(exited);
                     if count == 0 {
                         // What it forked since the last count may be left: count again, with
