@@ -383,7 +383,7 @@ impl Render for UnitStatus {
         }
         if !self.leftovers.is_empty() {
             let pids: Vec<String> = self.leftovers.iter().map(i32::to_string).collect();
-            let _ = writeln!(text, "followed beside a new invocation: {}", pids.join(" "));
+            let _ = writeln!(text, "followed as possibly ours: {}", pids.join(" "));
         }
         if let Some(error) = &self.systemd_error {
             let _ = writeln!(text, "unprovable while systemd is not heard: {error}");
@@ -707,7 +707,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
             blocked: true,
             terminal_since_mono_ns: Some(SECOND),
             terminal_for_ms: Some(12_000),
-            leftovers: Vec::new(),
+            leftovers: vec![4242],
             remaining: Some(vec![RemainingProcess {
                 pid: 4242,
                 comm: "flush".to_owned(),
@@ -726,6 +726,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
             lines[1..],
             [
                 "cgroup: /app.slice/web.service",
+                "followed as possibly ours: 4242",
                 "blocked for 12s: systemd says it ended, but its cgroup still holds 3 process(es)",
                 "PID      STATE COMMAND          CGROUP",
                 "4242     D     flush            /app.slice/web.service/worker",
@@ -734,6 +735,7 @@ a-much-longer-name.service  c1a411be    watching  active/running  yes        -
         );
         let unblocked = UnitStatus {
             blocked: false,
+            leftovers: Vec::new(),
             remaining: None,
             remaining_total: None,
             ..status
