@@ -514,8 +514,8 @@ pub struct UnitStatus {
     pub terminal_since_mono_ns: Option<u64>,
     /// Milliseconds since then, when the status was taken.
     pub terminal_for_ms: Option<u64>,
-    /// Processes followed as possibly ours: what remained once our invocation was over, and
-    /// beside a new invocation what may still be ours.
+    /// Processes followed as possibly ours once our invocation is over (beside a new
+    /// invocation above all).
     pub leftovers: Vec<i32>,
     /// When blocked: the processes in the cgroup and below, at most 32, listed
     /// by the driver; `null` when not blocked or if they could not be listed.

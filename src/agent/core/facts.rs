@@ -707,11 +707,6 @@ impl UnitFacts {
     pub(super) fn invocation(&self) -> Option<String> {
         self.invocation.value.as_ref().map(Invocation::text)
     }
-
-    /// Whether the current invocation is `invocation` (its text).
-    pub(super) fn is_current(&self, invocation: &str) -> bool {
-        self.invocation.value.as_ref() == Some(&Invocation::new(invocation))
-    }
 }
 
 #[cfg(test)]

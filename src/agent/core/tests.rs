@@ -1066,16 +1066,17 @@ fn a_process_gone_before_its_start_is_read_blocks_the_proof_until_a_count_again(
     assert_eq!(s.phase("v.service"), Phase::Proven);
 }
 
-/// What remains once ours is over is counted at once, against no invocation after ours (the
-/// facts' current one is ours: its MainPID's session is ours, not a later one's), and held;
-/// the count proves nothing.
+/// What remains once ours is over is counted at once and held; the count proves nothing.
+/// The roots the facts hold for the current invocation, ours, are counted against as a later
+/// one's: systemd says the next one's MainPID before its InvocationID.
 #[test]
-fn what_remains_once_ours_is_over_is_counted_as_ours_and_held() {
+fn what_remains_once_ours_is_over_is_counted_and_held() {
     let mut s = watching("r.service", "active");
     s.main_pid("r.service", 300);
     s.leftovers.insert("/app.slice/r.service".into(), vec![301]);
     s.changed("r.service", "inactive", A);
-    assert_eq!(s.counted_against, Some(NextInvocation::default()));
+    let next = s.counted_against.take().expect("counted");
+    assert_eq!(next.roots, [300]);
     assert_eq!(s.phase("r.service"), Phase::Watching);
     let status = s.core.unit_status(UnitKey(0), s.now).expect("watched");
     assert_eq!(status.leftovers, [301]);

@@ -298,16 +298,13 @@ impl Watch {
 
     /// What is known of the invocations after ours: the current one's, from the facts, and
     /// what was gathered of the others. While the current one is ours (what remains is
-    /// counted as soon as ours is over), the facts tell of none after it.
+    /// counted as soon as ours is over), its roots are taken for a later one's all the same:
+    /// systemd says the next invocation's MainPID before its InvocationID
+    /// (`send_changed_signal`), and a count that holds less only waits less (the simulator's
+    /// 228379457904599: taken for ours, such a root's session kept the next invocation's
+    /// process waiting as ours).
     pub(super) fn later_invocations(&self) -> NextInvocation {
-        let ours_is_current = self
-            .our_invocation()
-            .is_some_and(|ours| !ours.is_empty() && self.facts.is_current(ours));
-        let mut next = if ours_is_current {
-            NextInvocation::default()
-        } else {
-            self.facts.next_invocation()
-        };
+        let mut next = self.facts.next_invocation();
         if let Some(after_ours) = &self.after_ours {
             next.absorb(&after_ours.known);
         }
