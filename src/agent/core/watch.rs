@@ -301,7 +301,7 @@ impl Watch {
     /// counted as soon as ours is over), its roots are taken for a later one's all the same:
     /// systemd says the next invocation's MainPID before its InvocationID
     /// (`send_changed_signal`), and a count that holds less only waits less (the simulator's
-    /// 228379457904599: taken for ours, such a root's session kept the next invocation's
+    /// 228379457904599, CI's: taken for ours, such a root's session kept the next invocation's
     /// process waiting as ours).
     pub(super) fn later_invocations(&self) -> NextInvocation {
         let mut next = self.facts.next_invocation();

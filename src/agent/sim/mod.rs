@@ -76,17 +76,16 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// watch's reads cut short until the sibling that proved its invocation was replaced (found by
 /// CI's random base); 227087939138526: the oracle took a watch refused at its first read for
 /// one still told the unit's later roots, and so a limit for a lost proof (found by CI's random
-/// base); 1598 and 1502: false proofs (`replaced-after-stop`, `restarted-outside`), a leftover
+/// base); 3053 and 1926: false proofs (`replaced-after-stop`, `restarted-outside`), a leftover
 /// of ours forked and exited between the census and its pidfd, and the count that held nothing
-/// proved the stop (seen against real systemd in CI first); 1777: the same, the leftover gone
-/// before its `/proc/PID/stat` was read; 72318535759828 and 72318535765293: false proofs, our
+/// proved the stop (seen against real systemd in CI first); 1276: the same, the leftover gone
+/// before its `/proc/PID/stat` was read; 72318535757627 and 72318535764635: false proofs, our
 /// leftover forked as the next invocation began and systemd guessed the child as its MainPID,
 /// in a session whose leader the watch never heard of but a member of which a count had held,
-/// started seconds before that invocation (found once the census races were modelled);
-/// 228379457904599: a lost proof, a count made as soon as ours was over took the facts'
-/// current roots for ours, one the next invocation's MainPID said before its InvocationID
-/// (found by CI's random base).
-const REGRESSION_SEEDS: [u64; 49] = [
+/// started seconds before that invocation (found once the census races were modelled). The
+/// census races draw from a generator of their own, so these seeds were found, and each of
+/// the others replays, with the units every earlier seed had.
+const REGRESSION_SEEDS: [u64; 48] = [
     0,
     198,
     362,
@@ -130,12 +129,11 @@ const REGRESSION_SEEDS: [u64; 49] = [
     86_376_599_874_571,
     22_864_267_666_403,
     227_087_939_138_526,
-    1598,
-    1502,
-    1777,
-    72318535759828,
-    72318535765293,
-    228379457904599,
+    3053,
+    1926,
+    1276,
+    72318535757627,
+    72318535764635,
 ];
 
 /// What one seed's run came to.
