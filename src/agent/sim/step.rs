@@ -67,7 +67,7 @@ impl World {
         // The later model items draw from a generator of their own too.
         let mut later = Rng::new(seed.rotate_left(29) ^ 0x6d6f_6465_6c73);
         swarm.draw_later_items(&mut later);
-        swarm.draw_census_races(&mut Rng::new(seed.rotate_left(17) ^ 0x7261_6365_73));
+        swarm.draw_census_races(&mut Rng::new(seed.rotate_left(17) ^ 0x0072_6163_6573));
         world.swarm = swarm;
         world.bus.lose_percent = swarm.signal_loss;
         world.bus.error_percent = swarm.method_errors;
