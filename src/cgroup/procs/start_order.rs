@@ -367,8 +367,9 @@ fn before_late_stamp(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -
 ///    from its leader. So is a root alive in a session not its own of which a member (alive,
 ///    or as a count held it) certainly started before that invocation could fork: systemd
 ///    begins a session for each process it spawns, so a daemon it names rightly is in a
-///    session one of that invocation's processes began, which has no member older than it. A root gone from the census is judged by its start where a count held
-///    it ([`NextInvocation::once_held`]);
+///    session one of that invocation's processes began, which has no member older than it.
+///    A root gone from the census is judged so by its session too, and by its start where a
+///    count held it ([`NextInvocation::once_held`]);
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
@@ -450,6 +451,12 @@ pub(crate) fn earlier_processes<'a>(
             next.counted_roots.contains(&p.session)
                 || (p.session != p.pid && session_older(p.session, began))
         }) {
+            return true;
+        }
+        // Gone, by its session as alive: a member that certainly started before that
+        // invocation could fork is in a session it did not begin (the simulator's
+        // 228379457909335, once rule 3's other case was read).
+        if alive.is_none() && session_older(pid, began) {
             return true;
         }
         let start = match alive {

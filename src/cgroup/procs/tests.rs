@@ -1615,3 +1615,28 @@ fn a_scan_finds_each_member_of_a_subtree_by_its_own_membership() {
     );
     assert_eq!(census.processes[1].start_ticks, start_ticks(deep));
 }
+
+/// Our root 106 (never named for ours to this watch, gone before any count saw it) was named
+/// the next invocation's MainPID, which began at 2.1 s; a count had held 110, a member of its
+/// session that started at 1.56 s. 127, forked into that session at 34.8 s, is ours: the
+/// session is older than the invocation, so 106 was systemd's guess, gone or not.
+#[test]
+fn a_gone_root_whose_session_is_older_than_its_invocation_is_a_guess() {
+    let next = NextInvocation {
+        began_us: Some(2_109_538),
+        roots_began_us: Some(2_109_538),
+        gone_roots: vec![GoneRoot {
+            pid: 106,
+            began_us: Some(2_109_538),
+        }],
+        ..NextInvocation::default()
+    };
+    let member = held_in(&process(110, 1, 106, 156), &[]);
+    let census = [process(127, 1, 106, 3480)];
+    assert_eq!(earlier_pids_holding(&census, &next, &[member]), [127]);
+    let mut told = next.clone();
+    told.note_once_held(member);
+    assert_eq!(earlier_pids_holding(&census, &told, &[]), [127]);
+    // No member known older than the invocation: the gone root's session is its.
+    assert_eq!(earlier_pids_holding(&census, &next, &[]), Vec::<i32>::new());
+}
