@@ -56,3 +56,8 @@ pub enum CgroupError {
     #[error("inotify watch on {path} shares its descriptor with a watch of another kind")]
     WatchClash { path: PathBuf },
 }
+
+/// The cgroup v2 path in the text of `/proc/PID/cgroup`: its `0::` line.
+pub(crate) fn cgroup_v2_path(text: &str) -> Option<&str> {
+    text.lines().find_map(|line| line.strip_prefix("0::"))
+}

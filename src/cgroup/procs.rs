@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
-use super::CgroupError;
 use super::watcher::locate;
+use super::{CgroupError, cgroup_v2_path};
 
 mod start_order;
 mod tracker;
@@ -415,22 +415,10 @@ fn scan_members(
         if seen.contains(&pid) {
             continue;
         }
-        let path = entry.path().join("cgroup");
-        let text = match read_bounded(&path, MAX_STAT_BYTES) {
-            Ok(text) => text,
-            Err(ReadError::Io(error))
-                if vanished(&error) || error.raw_os_error() == Some(Errno::ESRCH as i32) =>
-            {
-                continue;
-            }
-            Err(ReadError::Io(source)) => return Err(ProcsError::ReadFile { path, source }),
-            Err(ReadError::TooLarge { limit }) => {
-                return Err(ProcsError::FileTooLarge { path, limit });
-            }
+        let Some(text) = read_proc_file(&entry.path().join("cgroup"))? else {
+            continue;
         };
-        let Some(below) = String::from_utf8_lossy(&text)
-            .lines()
-            .find_map(|line| line.strip_prefix("0::"))
+        let Some(below) = cgroup_v2_path(&String::from_utf8_lossy(&text))
             .and_then(|member| within_cgroup(member, cgroup))
         else {
             continue;
@@ -582,18 +570,8 @@ fn read_procs(dir: &Path) -> Result<ProcsFile, ProcsError> {
 /// Reads `/proc/PID/stat`; `None` means the process is gone (reaped).
 pub(crate) fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcsError> {
     let path = Path::new(PROC_ROOT).join(pid.to_string()).join("stat");
-    let contents = match read_bounded(&path, MAX_STAT_BYTES) {
-        Ok(contents) => contents,
-        // ESRCH: the process was reaped after the file was opened.
-        Err(ReadError::Io(error))
-            if vanished(&error) || error.raw_os_error() == Some(Errno::ESRCH as i32) =>
-        {
-            return Ok(None);
-        }
-        Err(ReadError::Io(source)) => return Err(ProcsError::ReadFile { path, source }),
-        Err(ReadError::TooLarge { limit }) => {
-            return Err(ProcsError::FileTooLarge { path, limit });
-        }
+    let Some(contents) = read_proc_file(&path)? else {
+        return Ok(None);
     };
     let stat = parse_stat(&contents).map_err(|error| ProcsError::StatParse {
         path: path.clone(),
@@ -606,6 +584,27 @@ pub(crate) fn read_stat(pid: i32) -> Result<Option<ProcStat>, ProcsError> {
         });
     }
     Ok(Some(stat))
+}
+
+/// Reads a file of `/proc/PID/`; `None` means the process is gone (reaped).
+fn read_proc_file(path: &Path) -> Result<Option<Vec<u8>>, ProcsError> {
+    match read_bounded(path, MAX_STAT_BYTES) {
+        Ok(contents) => Ok(Some(contents)),
+        // ESRCH: the process was reaped after the file was opened.
+        Err(ReadError::Io(error))
+            if vanished(&error) || error.raw_os_error() == Some(Errno::ESRCH as i32) =>
+        {
+            Ok(None)
+        }
+        Err(ReadError::Io(source)) => Err(ProcsError::ReadFile {
+            path: path.to_owned(),
+            source,
+        }),
+        Err(ReadError::TooLarge { limit }) => Err(ProcsError::FileTooLarge {
+            path: path.to_owned(),
+            limit,
+        }),
+    }
 }
 
 enum ReadError {

@@ -141,10 +141,7 @@ pub(crate) fn judge(
     }
 }
 
-/// The cgroup v2 path in the text of `/proc/PID/cgroup`: its `0::` line.
-pub(crate) fn cgroup_v2_path(text: &str) -> Option<&str> {
-    text.lines().find_map(|line| line.strip_prefix("0::"))
-}
+pub(crate) use crate::cgroup::cgroup_v2_path;
 
 #[cfg(test)]
 mod tests {
