@@ -44,6 +44,7 @@ mod watch;
 
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 pub(crate) use crate::cgroup::procs::{NextInvocation, ProcessStart};
@@ -1203,6 +1204,16 @@ impl Core {
 
     /// Drops a watch and everything it holds.
     fn drop_watch(&mut self, key: UnitKey) {
+        let Some((unit, id)) = self
+            .units
+            .get(&key)
+            .map(|watch| (Rc::clone(&watch.unit), Rc::clone(&watch.id)))
+        else {
+            return;
+        };
+        // Out of the indexes while the watch is there to read its names from.
+        self.by_name.remove(&unit, key, &self.units);
+        self.by_id.remove(&id, key, &self.units);
         let Some(watch) = self.units.remove(&key) else {
             return;
         };
@@ -1210,8 +1221,6 @@ impl Core {
         if watch.event.is_none() {
             self.outputs.push_back(Output::DropKernelHandles { key });
         }
-        self.by_name.remove(&watch.unit, key, &self.units);
-        self.by_id.remove(&watch.id, key, &self.units);
         if let Some(at) = watch.timer {
             self.timers.remove(&(at, key));
         }

@@ -55,8 +55,15 @@ impl NameIndex {
         self.insert(name, key, units);
     }
 
-    /// Takes `key` out from under `name`, the name it was filed under, if it is there.
+    /// Takes `key` out from under `name` if it is filed there; its watch must still be in
+    /// `units` with that name. A key is filed once, under its watch's present name, so a call
+    /// under any other name removes nothing: without that check the table's search by hash
+    /// and key could find the key's own slot under its real name, or not, by the hasher's
+    /// seed.
     pub(super) fn remove(&mut self, name: &str, key: UnitKey, units: &Watches) {
+        if units.get(&key).is_none_or(|w| (self.name_of)(w) != name) {
+            return;
+        }
         let hash = self.hasher.hash_one(name);
         if let Ok(entry) = self.table.find_entry(hash, |&k| k == key) {
             entry.remove();

@@ -430,14 +430,18 @@ impl Core {
         if let Some(state) = watch.facts.state() {
             self.note_after_ours(key, &state.invocation);
         }
+        let Some(old_id) = self.units.get(&key).map(|watch| Rc::clone(&watch.id)) else {
+            return;
+        };
+        // Out of the index under the name it was filed under, before the name changes.
+        self.by_id.remove(&old_id, key, &self.units);
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
         let id: Rc<str> = Rc::from(snapshot.id.as_str());
-        let old_id = std::mem::replace(&mut watch.id, Rc::clone(&id));
+        watch.id = Rc::clone(&id);
         // Saved, so a restarted agent hears the unit's signals before its first read.
         self.unsaved.unit(&watch.unit);
-        self.by_id.remove(&old_id, key, &self.units);
         self.by_id.insert(&id, key, &self.units);
         self.share_snapshot(key, snapshot, now);
         self.confirm_after_ours(key, snapshot.serial);
