@@ -170,9 +170,11 @@ fn parse_show(text: &str) -> Option<UnitState> {
             _ => {}
         }
     }
+    // A read (`systemctl show` is one) never tells a starting invocation's `inactive`.
     Some(UnitState {
         active_state: active_state?,
         invocation: invocation?,
+        starting: false,
     })
 }
 

@@ -12,7 +12,7 @@
 //! | systemd says (with `stop` = a stop of ours was requested) | then |
 //! |---|---|
 //! | `stop`, not terminal, invocation foreign or empty | read the cgroup; if populated, count the processes not certainly the new invocation's (stricter than the replaced design, which proved at once) |
-//! | foreign, not yet stopped by us, no `stop` | stop that invocation, once |
+//! | foreign, not yet stopped by us, no `stop` | stop that invocation, once (again at the next state if that stop failed: nothing else would end it) |
 //! | terminal, or foreign and stopped by us | read the cgroup |
 //! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside once the foreign invocation we stopped is over too: systemd says so, or runs yet another invocation (stricter than the replaced design: that invocation may run in another cgroup) |
 //! | ... none of ours left (replaced after stop, or the foreign invocation we stopped is over) | proven: replaced after stop, or restarted outside (the replaced design also waited for the other invocation's leftovers: a proof lost while they live) |
@@ -67,14 +67,24 @@ pub struct UnitState {
     pub active_state: String,
     /// InvocationID in hex, or empty while the unit has none.
     pub invocation: String,
+    /// `inactive` or `failed` said as the invocation's start, not its end: systemd sends the
+    /// unit's old state with a new InvocationID just before `activating`. Not terminal.
+    pub starting: bool,
 }
 
 impl UnitState {
+    /// Whether systemd says the invocation named is over: `inactive` or `failed`, not as its
+    /// start.
+    pub fn is_over(&self) -> bool {
+        matches!(self.active_state.as_str(), "inactive" | "failed") && !self.starting
+    }
+
     /// The state of a unit systemd does not have loaded: inactive, with no invocation.
     pub fn unloaded() -> Self {
         UnitState {
             active_state: "inactive".to_owned(),
             invocation: String::new(),
+            starting: false,
         }
     }
 }
@@ -105,6 +115,11 @@ pub enum Input {
     /// in the unit's cgroup are not certainly the current invocation's, or why they could not
     /// be counted.
     Leftovers(Result<usize, String>),
+    /// The StopUnit asked for the foreign invocation failed (the bus went away before its
+    /// answer, or systemd refused it): that invocation may run on, and nothing else would stop
+    /// it, so the next state that shows a foreign invocation asks for a stop again. Not at
+    /// once: a stop systemd refuses would be refused again, as often as the loop turns.
+    ForeignStopFailed,
 }
 
 /// Why the machine asks for a StopUnit.
@@ -291,6 +306,7 @@ impl Retry {
 struct Seen {
     active_state: Word,
     invocation: SeenInvocation,
+    starting: bool,
 }
 
 /// The invocation a state names, against ours.
@@ -306,6 +322,7 @@ impl Seen {
     fn new(state: &UnitState, ours: &str) -> Seen {
         Seen {
             active_state: word(&state.active_state),
+            starting: state.starting,
             invocation: if state.invocation.is_empty() {
                 SeenInvocation::None
             } else if state.invocation == ours {
@@ -352,6 +369,7 @@ struct Verdict {
 /// let state = |active: &str| UnitState {
 ///     active_state: active.to_owned(),
 ///     invocation: ours.to_owned(),
+///     starting: false,
 /// };
 /// proof.handle_input(Input::State(state("active")), now);
 /// assert_eq!(proof.poll_output(), None);
@@ -421,6 +439,7 @@ impl UnitProof {
                 SeenInvocation::Ours => self.invocation().to_owned(),
                 SeenInvocation::Foreign(theirs) => theirs.to_string(),
             },
+            starting: seen.starting,
         })
     }
 
@@ -465,6 +484,11 @@ impl UnitProof {
             Input::Cgroup(reading) => self.on_reading(reading, now),
             Input::Rebooted => self.prove(Cause::Rebooted, Level::Warn, REBOOTED.into()),
             Input::Leftovers(count) => self.on_leftovers(count, now),
+            Input::ForeignStopFailed => {
+                if !self.stop_requested {
+                    self.foreign_stopped = None;
+                }
+            }
             Input::StopRequested => {
                 // Marked before the StopUnit goes out: from here on a new
                 // invocation is proof that ours is over, not a foreign one to stop.
@@ -517,7 +541,7 @@ impl UnitProof {
     fn verdict(&self) -> Option<Verdict> {
         let state = self.state.as_ref()?;
         let foreign = matches!(state.invocation, SeenInvocation::Foreign(_));
-        let over = matches!(&*state.active_state, "inactive" | "failed");
+        let over = matches!(&*state.active_state, "inactive" | "failed") && !state.starting;
         Some(Verdict {
             terminal: !foreign && over,
             foreign,

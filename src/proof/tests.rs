@@ -22,6 +22,17 @@ fn st(active: &str, invocation: &str) -> Step {
     Step::In(Input::State(UnitState {
         active_state: active.into(),
         invocation: invocation.into(),
+        starting: false,
+    }))
+}
+
+/// systemd's announcement that `invocation` starts: the unit's old state with its new
+/// InvocationID.
+fn starts(active: &str, invocation: &str) -> Step {
+    Step::In(Input::State(UnitState {
+        active_state: active.into(),
+        invocation: invocation.into(),
+        starting: true,
     }))
 }
 
@@ -208,6 +219,7 @@ fn a_read_error_log_is_rate_limited_and_the_backoff_is_capped() {
         Input::State(UnitState {
             active_state: "failed".into(),
             invocation: OURS.into(),
+            starting: false,
         }),
         now,
     );
@@ -316,6 +328,51 @@ fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
              0ms read-cgroup
              0ms count-leftovers
              0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+        ),
+    );
+}
+
+/// A stop of the foreign invocation that failed (the bus went away before systemd's answer)
+/// leaves that invocation running with nothing to end it: the next state that shows it asks
+/// for a stop again, and until the stop that worked is over no reading proves ours.
+#[test]
+fn a_foreign_stop_that_failed_is_asked_again_at_the_next_state() {
+    let restarted = format!(
+        "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+         0ms stop-unit foreign
+         0ms read-cgroup"
+    );
+    check(
+        &[
+            st("active", OURS),
+            st("active", THEIRS),
+            Step::In(Input::ForeignStopFailed),
+            cg(CgroupReading::Gone),
+            st("active", THEIRS),
+            st("inactive", THEIRS),
+            cg(CgroupReading::Gone),
+        ],
+        &format!(
+            "{restarted}
+             {restarted}
+             0ms read-cgroup
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+        ),
+    );
+    // Once a stop of ours was asked, a later invocation proves ours over: nothing to stop.
+    check(
+        &[
+            st("active", OURS),
+            st("active", THEIRS),
+            stop(),
+            Step::In(Input::ForeignStopFailed),
+            st("active", THEIRS),
+        ],
+        &format!(
+            "{restarted}
+             0ms stop-unit requested
+             0ms read-cgroup
+             0ms read-cgroup"
         ),
     );
 }
@@ -514,6 +571,7 @@ fn a_watch_with_no_invocation_treats_any_invocation_as_foreign() {
         Input::State(UnitState {
             active_state: "active".into(),
             invocation: THEIRS.into(),
+            starting: false,
         }),
         now,
     );
@@ -563,10 +621,13 @@ fn any_step() -> impl Strategy<Value = Step> {
         Just(CgroupReading::Unreadable("eio".into())),
     ];
     prop_oneof![
-        4 => (active, invocation).prop_map(|(a, i)| st(a, i)),
+        4 => (active, invocation.clone()).prop_map(|(a, i)| st(a, i)),
+        1 => (prop::sample::select(vec!["inactive", "failed"]), invocation)
+            .prop_map(|(a, i)| starts(a, i)),
         4 => reading.prop_map(cg),
         1 => Just(stop()),
         1 => Just(Step::In(Input::StateUnknown)),
+        1 => Just(Step::In(Input::ForeignStopFailed)),
         2 => (0u64..5000).prop_map(wait_ms),
     ]
 }
@@ -583,6 +644,8 @@ proptest! {
         let mut last_state: Option<UnitState> = None;
         let mut proven = 0;
         let mut foreign_stops = 0;
+        let mut failed_stops = 0;
+        let mut stop_requested = false;
         for step in steps {
             match step {
                 Step::In(input) => {
@@ -590,7 +653,9 @@ proptest! {
                         Input::Cgroup(r) => last_reading = Some(r.clone()),
                         Input::State(s) => last_state = Some(s.clone()),
                         Input::StateUnknown => last_state = None,
-                        Input::StopRequested | Input::Rebooted | Input::Leftovers(_) => {}
+                        Input::ForeignStopFailed => failed_stops += 1,
+                        Input::StopRequested => stop_requested = true,
+                        Input::Rebooted | Input::Leftovers(_) => {}
                     }
                     proof.handle_input(input, now);
                 }
@@ -623,14 +688,19 @@ proptest! {
                             let s = last_state.as_ref().unwrap();
                             prop_assert!(s.invocation.is_empty() || s.invocation == OURS);
                             prop_assert!(s.active_state == "inactive" || s.active_state == "failed");
+                            prop_assert!(!s.starting, "proven exited from an invocation's start");
                         }
                     }
-                    Output::StopUnit(StopReason::Foreign) => foreign_stops += 1,
+                    Output::StopUnit(StopReason::Foreign) => {
+                        // A foreign stop never follows a stop of ours.
+                        prop_assert!(!stop_requested);
+                        foreign_stops += 1;
+                    }
                     _ => {}
                 }
             }
-            // At most one foreign stop.
-            prop_assert!(foreign_stops <= 1);
+            // One foreign stop, and one again after each that failed.
+            prop_assert!(foreign_stops <= 1 + failed_stops);
             prop_assert_eq!(proof.phase() == Phase::Proven, proven == 1);
         }
     }
@@ -640,7 +710,7 @@ proptest! {
         let start = Instant::now();
         let mut now = start;
         let mut proof = UnitProof::new(OURS.into());
-        proof.handle_input(Input::State(UnitState { active_state: "failed".into(), invocation: OURS.into() }), now);
+        proof.handle_input(Input::State(UnitState { active_state: "failed".into(), invocation: OURS.into(), starting: false }), now);
         let mut last_deadline = None;
         for gap in gaps.into_iter().take(errors) {
             proof.handle_input(Input::Cgroup(CgroupReading::Unreadable("eio".into())), now);

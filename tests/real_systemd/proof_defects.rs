@@ -62,6 +62,14 @@ pub const TESTS: &[Test] = &[
         a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another,
     ),
     (
+        "restarted_outside_waits_for_a_foreign_invocation_announced_inactive_as_it_starts",
+        restarted_outside_waits_for_a_foreign_invocation_announced_inactive_as_it_starts,
+    ),
+    (
+        "a_foreign_invocation_whose_stop_was_refused_is_stopped_at_its_next_state",
+        a_foreign_invocation_whose_stop_was_refused_is_stopped_at_its_next_state,
+    ),
+    (
         "an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof",
         an_orphan_of_a_foreign_invocations_exec_start_pre_does_not_block_our_proof,
     ),
@@ -1568,6 +1576,137 @@ fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
     let event: Value = serde_json::from_slice(&out.stdout).expect("a proof event");
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
     assert_eq!(event["cause"], "restarted-outside", "{event}");
+}
+
+/// A unit restarted outside while the agent was paused: the first signal that names the new
+/// invocation says `inactive`, systemd's announcement of its start (the state it had, with the
+/// new InvocationID, just before `activating`). The agent stops that invocation, which ignores
+/// SIGTERM and so stops only at `TimeoutStopSec=`: ours is not proven `restarted-outside` until
+/// it is over.
+///
+/// Failed before: the announcement was taken for the foreign invocation's end, and ours was
+/// proven at once while the invocation the agent stopped ran on (found by the refused-stop test
+/// below, against real systemd; the simulator's oracle did not judge it).
+fn restarted_outside_waits_for_a_foreign_invocation_announced_inactive_as_it_starts() {
+    let sandbox = Sandbox::start("announced");
+    sandbox.install_unit(
+        "announced.service",
+        "[Service]\nTimeoutStopSec=6s\n\
+         ExecStart=/bin/sh -c 'if [ -e /run/announced.stubborn ]; then trap \"\" TERM; fi; \
+         exec sleep 1000'\n",
+    );
+    sandbox.systemctl_ok(&["start", "announced.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("announced.service", "InvocationID");
+    agent.one(&["watch", "announced.service"]);
+    touch(&sandbox, "/run/announced.stubborn");
+    let second = {
+        let _paused = agent.pause();
+        sandbox.systemctl_ok(&["restart", "announced.service"]);
+        wait_for_new_invocation(&sandbox, "announced.service", &ours)
+    };
+    sandbox.wait_until("the agent stops the foreign invocation", PATIENCE, || {
+        sandbox.show("announced.service", "ActiveState") == "deactivating"
+    });
+    assert_unproven(
+        &agent,
+        "announced.service",
+        &format!("the foreign invocation {second} it stopped ignores SIGTERM and still runs"),
+    );
+    assert_eq!(
+        sandbox.show("announced.service", "ActiveState"),
+        "deactivating",
+        "the foreign invocation still stops, so the observation counts"
+    );
+    let event = agent.one(&["wait", "announced.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "restarted-outside", "{event}");
+    assert!(
+        matches!(
+            sandbox.show("announced.service", "ActiveState").as_str(),
+            "inactive" | "failed"
+        ),
+        "proven once the foreign invocation is over"
+    );
+}
+
+/// A unit restarted outside, whose StopUnit systemd refuses when the agent sends it
+/// (`RefuseManualStop=yes`, set while the agent was paused): the foreign invocation runs on,
+/// and ours cannot be proven while it may write. Once the refusal is lifted (a drop-in removed,
+/// `daemon-reload`), the agent's next read of the unit asks for the stop again, and ours is
+/// proven `restarted-outside` once that invocation is over.
+///
+/// Failed before: a foreign stop was asked once; when it failed (here refused, in the
+/// simulator's seed 230471157734526 cut off by the bus going away) nothing asked again and
+/// ours was never proven.
+fn a_foreign_invocation_whose_stop_was_refused_is_stopped_at_its_next_state() {
+    let sandbox = Sandbox::start("refusedstop");
+    sandbox.install_unit("refusing.service", "[Service]\nExecStart=/bin/sleep 1000\n");
+    sandbox.systemctl_ok(&["start", "refusing.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("refusing.service", "InvocationID");
+    agent.one(&["watch", "refusing.service"]);
+    let second = {
+        let _paused = agent.pause();
+        sandbox.systemctl_ok(&["restart", "refusing.service"]);
+        let second = wait_for_new_invocation(&sandbox, "refusing.service", &ours);
+        write_drop_in(
+            &sandbox,
+            "refusing.service",
+            "refuse.conf",
+            "[Unit]\nRefuseManualStop=yes\n",
+        );
+        sandbox.systemctl_ok(&["daemon-reload"]);
+        second
+    };
+    sandbox.wait_until("systemd refuses the agent's stop", PATIENCE, || {
+        agent
+            .log_text()
+            .contains("stop (foreign invocation) failed")
+    });
+    assert_unproven(
+        &agent,
+        "refusing.service",
+        &format!("the foreign invocation {second} it could not stop still runs"),
+    );
+    assert_eq!(sandbox.show("refusing.service", "InvocationID"), second);
+    assert_eq!(sandbox.show("refusing.service", "ActiveState"), "active");
+
+    std::fs::remove_file(
+        sandbox.host_path("/run/user/0/systemd/user/refusing.service.d/refuse.conf"),
+    )
+    .expect("remove the drop-in");
+    sandbox.systemctl_ok(&["daemon-reload"]);
+    // 20 s, not the usual 30: without the stop asked again (as before the fix) the test still
+    // ends within about half a minute.
+    let out = agent.cli(&["--json", "wait", "refusing.service", "--timeout", "20s"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "no proof of our invocation {ours}: the foreign invocation {second} was never stopped \
+         once systemd would let it be ({}): {out:?}\n{}",
+        sandbox.show("refusing.service", "ActiveState"),
+        agent.log_text()
+    );
+    let event: Value = serde_json::from_slice(&out.stdout).expect("a proof event");
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "restarted-outside", "{event}");
+    assert_eq!(sandbox.show("refusing.service", "ActiveState"), "inactive");
+    // Asked, refused (once more for the reload queued while the agent was paused), asked
+    // again once a state came after each refusal, and accepted once.
+    let log = agent.log_text();
+    let refused = log.matches("stop (foreign invocation) failed").count();
+    assert!(refused >= 1, "{log}");
+    assert_eq!(
+        log.matches("stopping (foreign invocation)").count(),
+        refused + 1,
+        "{log}"
+    );
+    assert_eq!(
+        log.matches("stop (foreign invocation) accepted").count(),
+        1,
+        "{log}"
+    );
 }
 
 /// Defect 4, an orphan: the invocation started outside the agent has an `ExecStartPre=`

@@ -165,6 +165,8 @@ pub(super) struct UnitFacts {
     first_read: Option<u32>,
     /// A read was in on an earlier connection: every message of this one was sent after it.
     read_before_loss: bool,
+    /// The ActiveState was said by a signal, not a read (see [`UnitFacts::starting`]).
+    state_from_signal: bool,
 }
 
 /// Roots said in a late signal, and then whose they are.
@@ -211,8 +213,12 @@ impl UnitFacts {
     pub(super) fn apply_shared_snapshot(&mut self, snapshot: &UnitSnapshot) -> bool {
         let before = self.invocation.value.clone();
         self.loaded.offer(&snapshot.loaded, snapshot.serial);
-        self.active_state
-            .offer(&word(&snapshot.active_state), snapshot.serial);
+        if self
+            .active_state
+            .offer(&word(&snapshot.active_state), snapshot.serial)
+        {
+            self.state_from_signal = false;
+        }
         self.sub_state
             .offer(&word(&snapshot.sub_state), snapshot.serial);
         self.offer_invocation(
@@ -284,8 +290,13 @@ impl UnitFacts {
     /// Applies a signal. Returns true if the invocation changed.
     pub(super) fn apply_change(&mut self, change: &UnitChange, serial: u32) -> bool {
         self.loaded.offer(&true, serial);
-        self.active_state
-            .offer_some(change.active_state.as_deref().map(word).as_ref(), serial);
+        if change
+            .active_state
+            .as_deref()
+            .is_some_and(|state| self.active_state.offer(&word(state), serial))
+        {
+            self.state_from_signal = true;
+        }
         self.sub_state
             .offer_some(change.sub_state.as_deref().map(word).as_ref(), serial);
         self.result
@@ -585,7 +596,27 @@ impl UnitFacts {
         Some(UnitState {
             active_state: self.active_state.value.as_deref()?.to_owned(),
             invocation: self.invocation.value.as_ref()?.text(),
+            starting: self.starting(),
         })
+    }
+
+    /// Whether the ActiveState is `inactive` or `failed` as said by the oldest message known to
+    /// name the current invocation, a signal: systemd's announcement that the invocation
+    /// starts, not its end. `service_start` takes the new InvocationID
+    /// (`unit_acquire_invocation_id`) while the unit is still dead or failed, and `unit_notify`
+    /// sends that change (`bus_unit_send_pending_change_signal`) before the `activating` of
+    /// the same turn of systemd's loop: the end of an invocation is always said in a later
+    /// message than the first to name it. A read is answered between two turns, so it never
+    /// tells that state of an invocation about to start; nor does a message older than the
+    /// signal that names the invocation in it (then the signal is not the first). No
+    /// invocation (an empty InvocationID) is never one that starts.
+    fn starting(&self) -> bool {
+        let named = matches!(&self.invocation.value, Some(Invocation::Id(_)))
+            || matches!(&self.invocation.value, Some(Invocation::Text(text)) if !text.is_empty());
+        self.state_from_signal
+            && named
+            && self.active_state.serial == self.invocation_since
+            && matches!(self.active_state(), Some("inactive" | "failed"))
     }
 
     /// How the service's main process last ended, as far as systemd has said.
@@ -759,6 +790,55 @@ mod tests {
         facts.apply_change(&change(Some("inactive"), Some("a")), 19);
         assert_eq!(facts.state().map(|s| s.active_state), Some("active".into()));
         assert_eq!(facts.invocation().as_deref(), Some("b"));
+    }
+
+    fn starting(facts: &UnitFacts) -> Option<bool> {
+        facts.state().map(|state| state.starting)
+    }
+
+    /// systemd names a new invocation first in a signal that still says the old state: that
+    /// state is its start, and only a later message can say its end.
+    #[test]
+    fn an_invocations_first_signal_inactive_is_its_start_not_its_end() {
+        let mut facts = UnitFacts::default();
+        facts.apply_snapshot(&snapshot(10, "active", "w"));
+        assert_eq!(starting(&facts), Some(false));
+        facts.apply_change(&change(Some("inactive"), Some("w")), 11);
+        assert_eq!(starting(&facts), Some(false), "w's end");
+        facts.apply_change(&change(Some("inactive"), Some("x")), 12);
+        assert_eq!(starting(&facts), Some(true), "x's start");
+        facts.apply_change(&change(Some("activating"), Some("x")), 13);
+        assert_eq!(starting(&facts), Some(false));
+        facts.apply_change(&change(Some("failed"), Some("x")), 14);
+        assert_eq!(starting(&facts), Some(false), "x's end");
+        facts.apply_change(&change(Some("failed"), Some("y")), 15);
+        assert_eq!(starting(&facts), Some(true), "y's start, after a failed x");
+        // A read newer than the signal tells the state of that moment, never a start.
+        facts.apply_snapshot(&snapshot(16, "inactive", "y"));
+        assert_eq!(starting(&facts), Some(false));
+    }
+
+    /// A read handled after a newer signal: one that names the invocation in an older message
+    /// shows the signal was not its first (so `failed` there is its end); one that names an
+    /// earlier invocation leaves the signal its start.
+    #[test]
+    fn an_older_read_naming_the_invocation_shows_its_first_signal_was_not_its_start() {
+        let mut named_before = UnitFacts::default();
+        named_before.apply_change(&change(Some("failed"), Some("x")), 20);
+        assert_eq!(starting(&named_before), Some(true));
+        named_before.apply_snapshot(&snapshot(19, "deactivating", "x"));
+        assert_eq!(named_before.active_state(), Some("failed"));
+        assert_eq!(starting(&named_before), Some(false));
+
+        let mut earlier_one = UnitFacts::default();
+        earlier_one.apply_change(&change(Some("inactive"), Some("x")), 20);
+        earlier_one.apply_snapshot(&snapshot(19, "active", "w"));
+        assert_eq!(earlier_one.invocation().as_deref(), Some("x"));
+        assert_eq!(starting(&earlier_one), Some(true));
+        // No invocation is never one that starts.
+        let mut none = UnitFacts::default();
+        none.apply_change(&change(Some("inactive"), Some("")), 3);
+        assert_eq!(starting(&none), Some(false));
     }
 
     #[test]

@@ -469,7 +469,7 @@ impl Core {
                 key,
                 kind,
                 succeeded,
-            } => self.on_stop_done(key, kind, succeeded),
+            } => self.on_stop_done(key, kind, succeeded, now),
             Input::InotifyWatchesAdded { key, result } => self.on_cgroup_watched(key, result, now),
             Input::CgroupRead { key, reading } => self.on_cgroup_read(key, reading, now),
             Input::CgroupChanged { key } => self.on_cgroup_changed(key, now),

@@ -601,7 +601,7 @@ impl Core {
         // may already run, gets a new InvocationID.
         let ours_not_running = kind == StopKind::Proof(StopReason::Requested)
             && watch.facts.state().is_some_and(|now| {
-                is_terminal(&now.active_state)
+                now.is_over()
                     || watch.facts.ended_meanwhile()
                     || Some(now.invocation.as_str()) != watch.our_invocation()
             });
@@ -675,7 +675,7 @@ impl Core {
             return;
         };
         self.unsaved.unit(&watch.unit);
-        let terminal = is_terminal(&state.active_state);
+        let terminal = state.is_over();
         let still_due = match kind {
             // A unit systemd does not have loaded holds nothing to stop, and a StopUnit would
             // load it under whatever name it goes by now (an alias of a unit started since).
@@ -712,7 +712,13 @@ impl Core {
         }
     }
 
-    pub(super) fn on_stop_done(&mut self, key: UnitKey, kind: StopKind, succeeded: bool) {
+    pub(super) fn on_stop_done(
+        &mut self,
+        key: UnitKey,
+        kind: StopKind,
+        succeeded: bool,
+        now: Instant,
+    ) {
         let Some(watch) = self.units.get(&key) else {
             return;
         };
@@ -729,6 +735,9 @@ impl Core {
         };
         self.log_about(key, None, line.0, line.1);
         self.release(key, ReleaseInput::StopFinished { succeeded });
+        if !succeeded && kind == StopKind::Proof(StopReason::Foreign) {
+            self.feed(key, ProofInput::ForeignStopFailed, now);
+        }
         self.mark_changed(key);
     }
 }

@@ -72,6 +72,9 @@ pub(crate) struct Oracle {
     launch_files: BTreeMap<String, ((usize, Inv), Option<u32>)>,
     /// Invocations of each unit a watch judged foreign (it sent a foreign stop knowing them).
     foreign: BTreeMap<usize, BTreeSet<Inv>>,
+    /// The invocations each watch's foreign stops hit knowing them, by the watch's unit and
+    /// invocation.
+    foreign_hit: BTreeMap<(usize, Inv), BTreeSet<Inv>>,
     /// StopUnits that hit an invocation the agent had not heard of yet: a race no agent can
     /// win (systemd has no conditional stop), counted, not failed.
     pub stop_races: u32,
@@ -193,6 +196,27 @@ impl Oracle {
                 unit.state.sub_state()
             ));
         }
+        // `restarted-outside` means the foreign invocation the watch stopped is over too: a
+        // writer of the unit's resources (a lease, a port) while it runs. One started outside
+        // again since is not (no watch stops more than the one it found), and with it running
+        // the one stopped before it is over: false only if every foreign invocation the
+        // watches of this invocation stopped is the one that runs.
+        let stopped_runs = w.running_invocation(u).filter(|r| {
+            self.foreign_hit
+                .get(&(u, inv))
+                .is_some_and(|hit| hit.iter().all(|h| h == r))
+        });
+        if let (Cause::RestartedOutside, Some(theirs)) = (cause, stopped_runs) {
+            let unit = &w.units[u];
+            self.fail(format!(
+                "FALSE PROOF of {name} inv {} (RestartedOutside): the foreign invocation {} it \
+                 stopped still runs ({}/{})",
+                short(inv),
+                short(theirs),
+                unit.state.active_state(),
+                unit.state.sub_state()
+            ));
+        }
         let Some(record) = w.history.get(&inv) else {
             self.fail(format!(
                 "proof of {name} names unknown invocation {}",
@@ -255,6 +279,11 @@ impl Oracle {
                 )),
                 Some(r) if !stop.seen.contains(&r) => self.stop_races += 1,
                 _ => {}
+            }
+            // One it had not heard of yet is a race, not a stop it decided.
+            if let (Some(ours), Some(hit)) = (stop.ours, running.filter(|r| stop.seen.contains(r)))
+            {
+                self.foreign_hit.entry((u, ours)).or_default().insert(hit);
             }
             // The agent stops what it knows runs there and is not ours.
             let judged = self.foreign.entry(u).or_default();
