@@ -42,8 +42,8 @@ use self::core::{
     UnitKey,
 };
 use crate::cgroup::procs::{
-    Census, ClockBasis, OffsetFloors, ProcessStart, ProcessTracker, Tracked, earlier_processes,
-    list_processes, note_offset_floor, read_stat,
+    Census, ClockBasis, ProcessStart, ProcessTracker, Tracked, earlier_processes, list_processes,
+    offset_now, read_stat,
 };
 use crate::cgroup::{CgroupError, CgroupWatcher, Notice, cgroup2_mount};
 use crate::clock;
@@ -263,9 +263,6 @@ struct Agent {
     cgroup_root: PathBuf,
     /// pidfds of leftovers, so their exits come through the loop.
     leftovers: ProcessTracker<UnitKey>,
-    /// The time spent suspended, as seen at each turn: how a census tells a process that
-    /// started before an invocation after a suspend.
-    offset_floors: OffsetFloors,
     server: ControlServer,
     signals: SignalFd,
     /// Where the watch set is kept across restarts; `None` keeps it in memory only.
@@ -435,7 +432,6 @@ impl Agent {
             notifier: Notifier::from_env(),
             next_ping: None,
             release_heap: None,
-            offset_floors: OffsetFloors::default(),
             counters: DriverCounters::default(),
             account: LoopAccount::new(),
             records_to_remove: Vec::new(),
@@ -476,8 +472,12 @@ impl Agent {
             if let Some(offset) = clock::realtime_minus_monotonic_ns() {
                 self.core.observe_wall_clock(offset);
             }
-            // A clock that cannot be read fails the next census, which says so.
-            note_offset_floor(&mut self.offset_floors).ok();
+            // The time suspended so far: how a census tells a process that started before an
+            // invocation after a suspend. A clock that cannot be read fails the next census,
+            // which says so.
+            if let Ok((mono_us, offset_ns)) = offset_now() {
+                self.core.observe_suspended(mono_us, offset_ns);
+            }
             if !events.is_empty() && self.release_heap.is_none() {
                 self.release_heap = Some(clock::now() + RELEASE_HEAP_AFTER);
             }
@@ -980,7 +980,7 @@ impl Agent {
         next: &NextInvocation,
         held: &[ProcessStart],
     ) -> Result<CountedLeftovers, String> {
-        let basis = ClockBasis::now(&mut self.offset_floors).map_err(|e| e.to_string())?;
+        let basis = ClockBasis::now(self.core.offset_floors()).map_err(|e| e.to_string())?;
         let Census {
             processes: census,
             vanished,

@@ -16,7 +16,8 @@ use crate::record_name::RecordName;
 /// `control_group` and `stop_unsent`; version 3 the `journal` that follows the snapshot;
 /// version 4 saves a proof as [`SavedProof`], the state's own shape (its names are the ones
 /// versions 1 to 3 saved, so their proofs still load); a watch's `release_unfinished` and
-/// `unit_id`, each written only when set, came later within version 4.
+/// `unit_id`, and the state's `offset_floors`, each written only when set, came later within
+/// version 4.
 pub(crate) const STATE_VERSION: u32 = 4;
 
 /// The oldest version of a journal this agent still replays: a journal follows a snapshot of
@@ -278,6 +279,11 @@ pub(crate) struct AgentState {
     /// (0 in files of versions 1 and 2, which have none). Set by the store when it writes.
     #[serde(default)]
     pub journal: u64,
+    /// How long the machine had been suspended, at least, from each of a few CLOCK_MONOTONIC
+    /// instants on (µs, ns; `OffsetFloors`), in the boot of `boot_id`: an agent started again
+    /// places a process's start before a suspend it slept through.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offset_floors: Vec<(u64, u64)>,
 }
 
 /// What changed of the watch set in one turn of the agent: the journal's unit of writing.
@@ -299,6 +305,9 @@ pub(crate) struct ChangeSet {
     /// Generations given back (a watch refused before its first read succeeded).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub generations_freed: Vec<(String, u64)>,
+    /// The state's `offset_floors`, all of them, if they rose (after a suspend).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub offset_floors: Vec<(u64, u64)>,
 }
 
 impl ChangeSet {
@@ -308,6 +317,7 @@ impl ChangeSet {
             && self.removed.is_empty()
             && self.generations.is_empty()
             && self.generations_freed.is_empty()
+            && self.offset_floors.is_empty()
     }
 }
 
@@ -339,6 +349,9 @@ impl AgentState {
             }
             for generation in &change.generations {
                 generations.insert(generation, true);
+            }
+            if !change.offset_floors.is_empty() {
+                self.offset_floors.clone_from(&change.offset_floors);
             }
         }
         if !records.is_empty() {
@@ -375,6 +388,7 @@ impl Default for AgentState {
             generations: Vec::new(),
             boot_id: None,
             journal: 0,
+            offset_floors: Vec::new(),
         }
     }
 }

@@ -479,6 +479,7 @@ mod tests {
             generations: vec![("app@1.service".to_owned(), 7)],
             boot_id: Some("3f1e0c5a-93c3-4cd0-9a4b-5e2b1d0c8a77".to_owned()),
             journal: 12,
+            offset_floors: vec![(15_000_000, 40_000_000_000)],
         }
     }
 

@@ -32,8 +32,7 @@ pub(crate) use start_order::Lineage;
 #[cfg(test)]
 pub(crate) use start_order::StartOrder;
 pub(crate) use start_order::{
-    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, ProcessStart, earlier_processes,
-    note_offset_floor,
+    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, ProcessStart, earlier_processes, offset_now,
 };
 pub(crate) use tracker::{ProcessTracker, Tracked};
 

@@ -68,7 +68,8 @@ pub struct UnitState {
     /// InvocationID in hex, or empty while the unit has none.
     pub invocation: String,
     /// `inactive` or `failed` said as the invocation's start, not its end: systemd sends the
-    /// unit's old state with a new InvocationID just before `activating`. Not terminal.
+    /// unit's old state with a new InvocationID just before `activating`. Not terminal. No
+    /// invocation (an empty one) never starts: ignored there.
     pub starting: bool,
 }
 
@@ -76,7 +77,8 @@ impl UnitState {
     /// Whether systemd says the invocation named is over: `inactive` or `failed`, not as its
     /// start.
     pub fn is_over(&self) -> bool {
-        matches!(self.active_state.as_str(), "inactive" | "failed") && !self.starting
+        let starting = self.starting && !self.invocation.is_empty();
+        matches!(self.active_state.as_str(), "inactive" | "failed") && !starting
     }
 
     /// The state of a unit systemd does not have loaded: inactive, with no invocation.
@@ -306,30 +308,49 @@ impl Retry {
 struct Seen {
     active_state: Word,
     invocation: SeenInvocation,
-    starting: bool,
 }
 
-/// The invocation a state names, against ours.
+/// The invocation a state names, against ours, and whether the state is its start
+/// ([`UnitState::starting`]; kept here, in the enum's room, not beside it: a `bool` there made
+/// every watch 8 bytes larger).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum SeenInvocation {
     None,
-    Ours,
+    Ours {
+        starting: bool,
+    },
     /// Twice boxed, a thin pointer: a wide one made every watch 8 bytes larger for a rare case.
-    Foreign(Box<Box<str>>),
+    Foreign {
+        theirs: Box<Box<str>>,
+        starting: bool,
+    },
 }
 
 impl Seen {
     fn new(state: &UnitState, ours: &str) -> Seen {
+        let starting = state.starting;
         Seen {
             active_state: word(&state.active_state),
-            starting: state.starting,
             invocation: if state.invocation.is_empty() {
                 SeenInvocation::None
             } else if state.invocation == ours {
-                SeenInvocation::Ours
+                SeenInvocation::Ours { starting }
             } else {
-                SeenInvocation::Foreign(Box::new(state.invocation.as_str().into()))
+                SeenInvocation::Foreign {
+                    theirs: Box::new(state.invocation.as_str().into()),
+                    starting,
+                }
             },
+        }
+    }
+
+    /// Whether the state is the invocation's start, not its end.
+    fn starting(&self) -> bool {
+        match self.invocation {
+            SeenInvocation::None => false,
+            SeenInvocation::Ours { starting } | SeenInvocation::Foreign { starting, .. } => {
+                starting
+            }
         }
     }
 }
@@ -389,7 +410,7 @@ pub struct UnitProof {
     invocation: Invocation,
     stop_requested: bool,
     /// The foreign invocation we stopped, once we did (`""` if the state named none).
-    /// Twice boxed, a thin pointer, as `SeenInvocation::Foreign`.
+    /// Twice boxed, a thin pointer, as in `SeenInvocation::Foreign`.
     foreign_stopped: Option<Box<Box<str>>>,
     state: Option<Seen>,
     last_reading: Option<CgroupReading>,
@@ -436,10 +457,10 @@ impl UnitProof {
             active_state: seen.active_state.to_string(),
             invocation: match &seen.invocation {
                 SeenInvocation::None => String::new(),
-                SeenInvocation::Ours => self.invocation().to_owned(),
-                SeenInvocation::Foreign(theirs) => theirs.to_string(),
+                SeenInvocation::Ours { .. } => self.invocation().to_owned(),
+                SeenInvocation::Foreign { theirs, .. } => theirs.to_string(),
             },
-            starting: seen.starting,
+            starting: seen.starting(),
         })
     }
 
@@ -540,8 +561,8 @@ impl UnitProof {
 
     fn verdict(&self) -> Option<Verdict> {
         let state = self.state.as_ref()?;
-        let foreign = matches!(state.invocation, SeenInvocation::Foreign(_));
-        let over = matches!(&*state.active_state, "inactive" | "failed") && !state.starting;
+        let foreign = matches!(state.invocation, SeenInvocation::Foreign { .. });
+        let over = matches!(&*state.active_state, "inactive" | "failed") && !state.starting();
         Some(Verdict {
             terminal: !foreign && over,
             foreign,
@@ -577,7 +598,7 @@ impl UnitProof {
             return false;
         };
         let runs_another = match self.state.as_ref().map(|s| &s.invocation) {
-            Some(SeenInvocation::Foreign(theirs)) => **theirs != **stopped,
+            Some(SeenInvocation::Foreign { theirs, .. }) => **theirs != **stopped,
             _ => false,
         };
         !self.stop_requested && v.foreign && (v.foreign_over || runs_another)
@@ -594,7 +615,7 @@ impl UnitProof {
         };
         if v.foreign && self.foreign_stopped.is_none() && !self.stop_requested {
             let theirs: &str = match self.state.as_ref().map(|s| &s.invocation) {
-                Some(SeenInvocation::Foreign(theirs)) => theirs,
+                Some(SeenInvocation::Foreign { theirs, .. }) => theirs,
                 _ => "",
             };
             let stopped = Box::new(theirs.into());

@@ -59,6 +59,7 @@ use waiters::Waiters;
 use watch::{Heard, Watch, Watches};
 
 use crate::cgroup::CgroupReading;
+use crate::cgroup::procs::OffsetFloors;
 use crate::control::ClientId;
 use crate::control::protocol::{ErrorKind, Request, RequestId, Version};
 use crate::exit::record::ExitRecord;
@@ -394,6 +395,10 @@ pub(crate) struct Core {
     /// time, to match it with the journal. Read afresh each turn, so a clock step since the
     /// start does not shift it.
     wall_minus_mono_ns: Option<i128>,
+    /// How long the machine had been suspended, at least, from instants the driver noted it
+    /// (each turn); saved, so a count after a restart places a start before a suspend the
+    /// agent slept through as this life would have.
+    offset_floors: OffsetFloors,
 }
 
 impl Core {
@@ -431,6 +436,7 @@ impl Core {
             unheard: unheard::Unheard::default(),
             counters: stats::Counters::default(),
             wall_minus_mono_ns: None,
+            offset_floors: OffsetFloors::default(),
         };
         core.restore(restored, now);
         core
@@ -440,6 +446,21 @@ impl Core {
     /// nanoseconds), which the driver reads at each turn of its loop.
     pub(crate) fn observe_wall_clock(&mut self, wall_minus_mono_ns: i128) {
         self.wall_minus_mono_ns = Some(wall_minus_mono_ns);
+    }
+
+    /// The time suspended so far (CLOCK_BOOTTIME minus CLOCK_MONOTONIC, in nanoseconds) at
+    /// `mono_us` on CLOCK_MONOTONIC, which the driver reads at each turn of its loop; saved
+    /// when it rose (after a suspend), which is rare.
+    pub(crate) fn observe_suspended(&mut self, mono_us: u64, offset_ns: u64) {
+        if self.offset_floors.note(mono_us, offset_ns) {
+            self.unsaved.offset_floors();
+        }
+    }
+
+    /// What the time suspended was seen to be at least, from instants before: for the
+    /// driver's counts of leftovers ([`ClockBasis`](crate::cgroup::procs::ClockBasis)).
+    pub(crate) fn offset_floors(&self) -> OffsetFloors {
+        self.offset_floors
     }
 
     /// CLOCK_REALTIME at `at`, in microseconds since the epoch, if the driver said the offset.

@@ -21,6 +21,7 @@ use std::time::Instant;
 use super::watch::{UnsentStop, Watch};
 use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
 use crate::agent::saved::{ProofJson, SavedWatch};
+use crate::cgroup::procs::OffsetFloors;
 use crate::control::protocol::WatchSpec;
 use crate::control::wire;
 use crate::proof::release::{Release, ReleaseInput};
@@ -36,6 +37,8 @@ pub(super) struct Unsaved {
     units: BTreeSet<String>,
     /// Generations taken (`true`) or given back (`false`).
     generations: BTreeMap<(String, u64), bool>,
+    /// The offset floors rose.
+    offset_floors: bool,
 }
 
 impl Unsaved {
@@ -52,6 +55,12 @@ impl Unsaved {
         self.owed = true;
         self.generations
             .insert((unit.to_owned(), generation), taken);
+    }
+
+    /// The offset floors rose.
+    pub(super) fn offset_floors(&mut self) {
+        self.owed = true;
+        self.offset_floors = true;
     }
 }
 
@@ -86,6 +95,9 @@ impl Core {
                 changes.generations_freed.push(generation);
             }
         }
+        if unsaved.offset_floors {
+            changes.offset_floors = self.offset_floors.pairs().to_vec();
+        }
         #[cfg(test)]
         self.check_changes(&changes);
         changes
@@ -116,6 +128,11 @@ impl Core {
             (Some(saved), Some(current)) => saved != current,
             _ => false,
         };
+        // The clocks start afresh with a boot; a file with no boot named may be of another.
+        let same_boot = state.boot_id.is_some() && state.boot_id == self.config.boot_id;
+        if same_boot {
+            self.offset_floors = OffsetFloors::from_pairs(&state.offset_floors);
+        }
         let (proven, watching): (Vec<SavedWatch>, Vec<SavedWatch>) =
             one_record_per_unit(state.watches)
                 .into_iter()
@@ -275,6 +292,7 @@ impl Core {
             watches,
             generations,
             boot_id: self.config.boot_id.clone(),
+            offset_floors: self.offset_floors.pairs().to_vec(),
             ..AgentState::default()
         }
     }

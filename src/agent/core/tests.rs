@@ -3276,3 +3276,20 @@ fn a_leftover_held_again_keeps_its_place_when_first_held() {
     let leftovers = watch.leftovers.as_deref().expect("held");
     assert_eq!(leftovers[&41], held(41, 0, 41));
 }
+
+/// The time suspended, as the driver notes it each turn, is saved when it rises and taken up
+/// by an agent started again in the same boot, not after a reboot (the clocks start afresh).
+#[test]
+fn the_time_suspended_is_saved_and_taken_up_in_the_same_boot_only() {
+    let mut s = Script::new();
+    s.core.observe_suspended(5_000_000, 0);
+    assert!(s.save().offset_floors.is_empty(), "a floor of 0 is no news");
+    s.core.observe_suspended(15_000_000, 40_000_000_000);
+    s.core.observe_suspended(16_000_000, 40_000_000_000);
+    let saved = s.save();
+    assert_eq!(saved.offset_floors, [(15_000_000, 40_000_000_000)]);
+    let again = Script::restored(saved.clone(), "boot-1");
+    assert_eq!(again.core.offset_floors().pairs(), saved.offset_floors);
+    let rebooted = Script::restored(saved, "boot-2");
+    assert!(rebooted.core.offset_floors().pairs().is_empty());
+}

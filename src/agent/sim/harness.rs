@@ -30,7 +30,7 @@ use crate::agent::core::{
 use crate::agent::journal;
 use crate::cgroup::CgroupReading;
 use crate::cgroup::procs::{
-    ClockBasis, NextInvocation, OffsetFloors, ProcessInfo, ProcessStart, earlier_processes,
+    ClockBasis, NextInvocation, ProcessInfo, ProcessStart, earlier_processes,
 };
 use crate::control::protocol::{RequestId, parse_request};
 use crate::proof::StopReason;
@@ -134,8 +134,6 @@ pub(crate) struct Sim {
     /// unit runs now (which only delays a proof).
     pub counts: u32,
     pub counts_holding_current: u32,
-    /// The time suspended as the driver saw it at each turn, since it started.
-    offset_floors: OffsetFloors,
 }
 
 /// The state directory as the store leaves it.
@@ -219,7 +217,6 @@ impl Sim {
             reads_asked_again: 0,
             counts: 0,
             counts_holding_current: 0,
-            offset_floors: OffsetFloors::default(),
         };
         sim.start_agent();
         sim
@@ -240,7 +237,6 @@ impl Sim {
         let now = self.now();
         self.restored = self.disk.load();
         self.asked_names.clear();
-        self.offset_floors = OffsetFloors::default();
         let core = Core::new(
             config(self.base, &self.world.swarm),
             self.restored.clone(),
@@ -404,8 +400,9 @@ impl Sim {
 
     /// What the driver notes at each turn: the time suspended so far.
     fn note_offset_floor(&mut self) {
-        self.offset_floors
-            .note(self.world.now_us, self.world.kernel.suspended_us * 1000);
+        if let Some(core) = &mut self.core {
+            core.observe_suspended(self.world.now_us, self.world.kernel.suspended_us * 1000);
+        }
     }
 
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
@@ -640,7 +637,11 @@ impl Sim {
         let basis = ClockBasis {
             clk_tck: 1_000_000 / TICK_US,
             boot_minus_mono_ns: self.world.kernel.suspended_us * 1000,
-            floors: self.offset_floors,
+            floors: self
+                .core
+                .as_ref()
+                .map(Core::offset_floors)
+                .unwrap_or_default(),
         };
         let listed = census.iter().map(|p| p.pid).collect();
         let counted: Vec<ProcessStart> = earlier_processes(&census, next, &basis, held)

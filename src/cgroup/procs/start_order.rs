@@ -58,13 +58,12 @@ pub(crate) struct OffsetFloors {
 }
 
 impl OffsetFloors {
-    /// Notes that from `mono_us` on, the offset was at least `offset_ns`.
-    pub(crate) fn note(&mut self, mono_us: u64, offset_ns: u64) {
-        if self.seen[..self.len]
-            .last()
-            .is_some_and(|&(_, floor)| floor >= offset_ns)
-        {
-            return;
+    /// Notes that from `mono_us` on, the offset was at least `offset_ns`; true if that bounds
+    /// it more than the floors before (a floor of 0 bounds nothing).
+    pub(crate) fn note(&mut self, mono_us: u64, offset_ns: u64) -> bool {
+        let known = self.seen[..self.len].last().map_or(0, |&(_, floor)| floor);
+        if offset_ns <= known {
+            return false;
         }
         if self.len == MAX_FLOORS {
             self.seen.copy_within(1.., 0);
@@ -72,6 +71,29 @@ impl OffsetFloors {
         }
         self.seen[self.len] = (mono_us, offset_ns);
         self.len += 1;
+        true
+    }
+
+    /// The floors as (CLOCK_MONOTONIC µs, offset ns) pairs, oldest first: what the agent saves,
+    /// so that an agent started again in the same boot knows how long the machine had been
+    /// suspended before it started (a start before a suspend it slept through is placed then).
+    pub(crate) fn pairs(&self) -> &[(u64, u64)] {
+        &self.seen[..self.len]
+    }
+
+    /// Floors from saved `pairs`; pairs that do not rise (a file edited by hand) are skipped.
+    pub(crate) fn from_pairs(pairs: &[(u64, u64)]) -> OffsetFloors {
+        let mut floors = OffsetFloors::default();
+        for &(mono_us, offset_ns) in pairs {
+            let later = floors
+                .pairs()
+                .last()
+                .is_none_or(|&(since, _)| mono_us >= since);
+            if later {
+                floors.note(mono_us, offset_ns);
+            }
+        }
+        floors
     }
 
     /// The least the offset can have been at `mono_ns`.
@@ -85,14 +107,13 @@ impl OffsetFloors {
 }
 
 impl ClockBasis {
-    /// Reads the tick rate and the boottime/monotonic offset now, and notes the offset in
-    /// `floors` (the driver's, kept across readings).
-    pub(crate) fn now(floors: &mut OffsetFloors) -> Result<Self, ProcsError> {
-        note_offset_floor(floors)?;
+    /// Reads the tick rate and the boottime/monotonic offset now, with the `floors` noted so
+    /// far ([`offset_now`] at each turn).
+    pub(crate) fn now(floors: OffsetFloors) -> Result<Self, ProcsError> {
         Ok(Self {
             clk_tck: clk_tck()?,
             boot_minus_mono_ns: boot_minus_mono_ns()?,
-            floors: *floors,
+            floors,
         })
     }
 
@@ -580,14 +601,14 @@ pub(super) fn clk_tck() -> Result<u64, ProcsError> {
     }
 }
 
-/// Notes in `floors` the boottime/monotonic offset now, read so that it comes out slightly
-/// small: boottime first, then monotonic.
-pub(crate) fn note_offset_floor(floors: &mut OffsetFloors) -> Result<(), ProcsError> {
+/// CLOCK_MONOTONIC now in microseconds, and the boottime/monotonic offset then in
+/// nanoseconds, read so that it comes out slightly small (boottime first, then monotonic): a
+/// floor for [`OffsetFloors::note`].
+pub(crate) fn offset_now() -> Result<(u64, u64), ProcsError> {
     let boot_ns = read_clock_ns(ClockId::CLOCK_BOOTTIME, "CLOCK_BOOTTIME")?;
     let mono_ns = read_clock_ns(ClockId::CLOCK_MONOTONIC, "CLOCK_MONOTONIC")?;
     let offset_ns = u64::try_from(boot_ns - mono_ns).unwrap_or(0);
-    floors.note(u64::try_from(mono_ns / 1000).unwrap_or(u64::MAX), offset_ns);
-    Ok(())
+    Ok((u64::try_from(mono_ns / 1000).unwrap_or(u64::MAX), offset_ns))
 }
 
 /// CLOCK_BOOTTIME minus CLOCK_MONOTONIC now, in nanoseconds.

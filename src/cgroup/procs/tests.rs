@@ -362,6 +362,19 @@ proptest! {
     }
 }
 
+/// Floors are saved as pairs and taken up again by an agent started again in the same boot.
+#[test]
+fn floors_taken_up_from_their_pairs_are_the_floors_saved() {
+    let mut floors = OffsetFloors::default();
+    assert!(!floors.note(1_000_000, 0), "a floor of 0 bounds nothing");
+    assert!(floors.note(15_000_000, 40_000_000_000));
+    assert!(!floors.note(16_000_000, 40_000_000_000), "no higher");
+    assert_eq!(OffsetFloors::from_pairs(floors.pairs()), floors);
+    // Pairs that do not rise (a file edited by hand) are skipped.
+    let edited = OffsetFloors::from_pairs(&[(20_000_000, 5), (10_000_000, 9)]);
+    assert_eq!(edited.pairs(), &[(20_000_000, 5)]);
+}
+
 /// A start after a suspend, against an invocation that began after the suspend too: with a
 /// reading of the offset since the suspend, before the invocation began, the start is placed
 /// before it; without one it is uncertain (it may have come before the suspend).
@@ -511,7 +524,7 @@ fn start_order_boundaries() {
 
 #[test]
 fn clocks_can_be_read() {
-    let basis = ClockBasis::now(&mut OffsetFloors::default()).expect("clocks");
+    let basis = ClockBasis::now(OffsetFloors::default()).expect("clocks");
     assert!(basis.clk_tck > 0);
     // This process started before now, whatever the offset.
     let boot_now_ns = read_clock_ns(ClockId::CLOCK_BOOTTIME, "CLOCK_BOOTTIME").expect("clock");
