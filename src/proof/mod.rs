@@ -118,9 +118,10 @@ pub enum Input {
     /// be counted.
     Leftovers(Result<usize, String>),
     /// The StopUnit asked for the foreign invocation failed (the bus went away before its
-    /// answer, or systemd refused it): that invocation may run on, and nothing else would stop
-    /// it, so the next state that shows a foreign invocation asks for a stop again. Not at
-    /// once: a stop systemd refuses would be refused again, as often as the loop turns.
+    /// answer, or systemd refused it): unless systemd has said since that it is over, that
+    /// invocation may run on and nothing else would stop it, so a stop is asked again at the
+    /// next state that shows a foreign invocation, or on the retry timer, whichever comes
+    /// first. Not at once: a stop systemd refuses would be refused as often as the loop turns.
     ForeignStopFailed,
 }
 
@@ -505,11 +506,7 @@ impl UnitProof {
             Input::Cgroup(reading) => self.on_reading(reading, now),
             Input::Rebooted => self.prove(Cause::Rebooted, Level::Warn, REBOOTED.into()),
             Input::Leftovers(count) => self.on_leftovers(count, now),
-            Input::ForeignStopFailed => {
-                if !self.stop_requested {
-                    self.foreign_stopped = None;
-                }
-            }
+            Input::ForeignStopFailed => self.on_foreign_stop_failed(now),
             Input::StopRequested => {
                 // Marked before the StopUnit goes out: from here on a new
                 // invocation is proof that ours is over, not a foreign one to stop.
@@ -531,7 +528,11 @@ impl UnitProof {
             && trouble.retry.at.is_some_and(|at| at <= now)
         {
             trouble.retry.at = None;
-            self.outputs.push(Output::ReadCgroup);
+            if self.foreign_stop_due() {
+                self.on_state();
+            } else {
+                self.outputs.push(Output::ReadCgroup);
+            }
         }
     }
 
@@ -609,11 +610,37 @@ impl UnitProof {
         v.terminal || (v.foreign && self.foreign_stopped.is_some()) || self.replaced(v)
     }
 
+    /// Whether systemd says a foreign invocation runs that we have not stopped (or whose stop
+    /// failed), and nobody asked us to stop ours.
+    fn foreign_stop_due(&self) -> bool {
+        self.verdict()
+            .is_some_and(|v| v.foreign && self.foreign_stopped.is_none() && !self.stop_requested)
+    }
+
+    /// Our stop of the foreign invocation failed: forgotten (and asked again, see
+    /// [`Input::ForeignStopFailed`]) unless systemd said since that it is over, or runs another
+    /// (which is over then): a stop asked again would only reach what runs next.
+    fn on_foreign_stop_failed(&mut self, now: Instant) {
+        if self.stop_requested || self.foreign_stopped.is_none() {
+            return;
+        }
+        let moot = self
+            .verdict()
+            .is_some_and(|v| v.foreign_over || self.stopped_foreign_over(v));
+        if moot {
+            return;
+        }
+        self.foreign_stopped = None;
+        if self.foreign_stop_due() {
+            self.trouble().retry.arm(now);
+        }
+    }
+
     fn on_state(&mut self) {
         let Some(v) = self.verdict() else {
             return;
         };
-        if v.foreign && self.foreign_stopped.is_none() && !self.stop_requested {
+        if self.foreign_stop_due() {
             let theirs: &str = match self.state.as_ref().map(|s| &s.invocation) {
                 Some(SeenInvocation::Foreign { theirs, .. }) => theirs,
                 _ => "",

@@ -333,8 +333,9 @@ fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
 }
 
 /// A stop of the foreign invocation that failed (the bus went away before systemd's answer)
-/// leaves that invocation running with nothing to end it: the next state that shows it asks
-/// for a stop again, and until the stop that worked is over no reading proves ours.
+/// leaves that invocation running with nothing to end it: the next state that shows it, or the
+/// retry timer, asks for a stop again, and until the stop that worked is over no reading proves
+/// ours.
 #[test]
 fn a_foreign_stop_that_failed_is_asked_again_at_the_next_state() {
     let restarted = format!(
@@ -355,6 +356,34 @@ fn a_foreign_stop_that_failed_is_asked_again_at_the_next_state() {
         &format!(
             "{restarted}
              {restarted}
+             0ms read-cgroup
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+        ),
+    );
+    // With no state to follow (systemd refused, and the unit is quiet), the retry timer asks.
+    check(
+        &[
+            st("active", THEIRS),
+            Step::In(Input::ForeignStopFailed),
+            wait_ms(50),
+        ],
+        &format!(
+            "{restarted}
+             50ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+             50ms stop-unit foreign
+             50ms read-cgroup"
+        ),
+    );
+    // A stop that failed once systemd said the invocation is over needs no other.
+    check(
+        &[
+            st("active", THEIRS),
+            st("inactive", THEIRS),
+            Step::In(Input::ForeignStopFailed),
+            cg(CgroupReading::Gone),
+        ],
+        &format!(
+            "{restarted}
              0ms read-cgroup
              0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
         ),

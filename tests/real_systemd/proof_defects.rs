@@ -1632,9 +1632,10 @@ fn restarted_outside_waits_for_a_foreign_invocation_announced_inactive_as_it_sta
 
 /// A unit restarted outside, whose StopUnit systemd refuses when the agent sends it
 /// (`RefuseManualStop=yes`, set while the agent was paused): the foreign invocation runs on,
-/// and ours cannot be proven while it may write. Once the refusal is lifted (a drop-in removed,
-/// `daemon-reload`), the agent's next read of the unit asks for the stop again, and ours is
-/// proven `restarted-outside` once that invocation is over.
+/// and ours cannot be proven while it may write. The agent asks again on a backoff (50 ms up
+/// to 2 s) and at each state systemd says of the unit; once the refusal is lifted (a drop-in
+/// removed, `daemon-reload`), the next asking stops it, and ours is proven `restarted-outside`
+/// once that invocation is over.
 ///
 /// Failed before: a foreign stop was asked once; when it failed (here refused, in the
 /// simulator's seed 230471157734526 cut off by the bus going away) nothing asked again and
@@ -1692,8 +1693,8 @@ fn a_foreign_invocation_whose_stop_was_refused_is_stopped_at_its_next_state() {
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
     assert_eq!(event["cause"], "restarted-outside", "{event}");
     assert_eq!(sandbox.show("refusing.service", "ActiveState"), "inactive");
-    // Asked, refused (once more for the reload queued while the agent was paused), asked
-    // again once a state came after each refusal, and accepted once.
+    // Asked, refused as often as it was asked again (on the backoff, and at the states the
+    // reloads brought), and accepted once.
     let log = agent.log_text();
     let refused = log.matches("stop (foreign invocation) failed").count();
     assert!(refused >= 1, "{log}");

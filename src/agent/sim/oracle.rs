@@ -72,8 +72,8 @@ pub(crate) struct Oracle {
     launch_files: BTreeMap<String, ((usize, Inv), Option<u32>)>,
     /// Invocations of each unit a watch judged foreign (it sent a foreign stop knowing them).
     foreign: BTreeMap<usize, BTreeSet<Inv>>,
-    /// The invocations each watch's foreign stops hit knowing them, by the watch's unit and
-    /// invocation.
+    /// The invocations each watch's foreign stops hit knowing them (0: none, or one it did not
+    /// know), by the watch's unit and invocation.
     foreign_hit: BTreeMap<(usize, Inv), BTreeSet<Inv>>,
     /// StopUnits that hit an invocation the agent had not heard of yet: a race no agent can
     /// win (systemd has no conditional stop), counted, not failed.
@@ -280,9 +280,11 @@ impl Oracle {
                 Some(r) if !stop.seen.contains(&r) => self.stop_races += 1,
                 _ => {}
             }
-            // One it had not heard of yet is a race, not a stop it decided.
-            if let (Some(ours), Some(hit)) = (stop.ours, running.filter(|r| stop.seen.contains(r)))
-            {
+            // One it had not heard of yet is a race, not a stop it decided; and one that hit
+            // nothing (what it meant to stop was over already, in `auto-restart` say) is
+            // noted as 0: the watch may prove from the one it meant once systemd runs another.
+            if let Some(ours) = stop.ours {
+                let hit = running.filter(|r| stop.seen.contains(r)).unwrap_or(0);
                 self.foreign_hit.entry((u, ours)).or_default().insert(hit);
             }
             // The agent stops what it knows runs there and is not ours.
