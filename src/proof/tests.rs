@@ -36,6 +36,14 @@ fn starts(active: &str, invocation: &str) -> Step {
     }))
 }
 
+/// What the proof says and asks when it finds the unit running THEIRS: it stops it.
+fn stopping_theirs() -> String {
+    format!(
+        "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
+         0ms stop-unit foreign"
+    )
+}
+
 fn cg(reading: CgroupReading) -> Step {
     Step::In(Input::Cgroup(reading))
 }
@@ -283,13 +291,13 @@ fn a_foreign_invocation_is_stopped_once_then_proven_restarted_outside() {
             cg(CgroupReading::Empty),
         ],
         &format!(
-            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
-             0ms stop-unit foreign
+            "{stopping}
              0ms read-cgroup
              0ms log Warn: processes remain after active; not releasing
              0ms read-cgroup
              0ms read-cgroup
-             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)",
+            stopping = stopping_theirs()
         ),
     );
 }
@@ -307,11 +315,11 @@ fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
             cg(CgroupReading::Gone),
         ],
         &format!(
-            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
-             0ms stop-unit foreign
+            "{stopping}
              0ms read-cgroup
              0ms read-cgroup
-             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)",
+            stopping = stopping_theirs()
         ),
     );
     check(
@@ -322,12 +330,12 @@ fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
             leftovers(0),
         ],
         &format!(
-            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
-             0ms stop-unit foreign
+            "{stopping}
              0ms read-cgroup
              0ms read-cgroup
              0ms count-leftovers
-             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)",
+            stopping = stopping_theirs()
         ),
     );
 }
@@ -339,9 +347,9 @@ fn a_foreign_invocation_we_stopped_is_over_once_systemd_runs_another() {
 #[test]
 fn a_foreign_stop_that_failed_is_asked_again_at_the_next_state() {
     let restarted = format!(
-        "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
-         0ms stop-unit foreign
-         0ms read-cgroup"
+        "{}
+         0ms read-cgroup",
+        stopping_theirs()
     );
     check(
         &[
@@ -421,13 +429,13 @@ fn an_invocations_start_is_not_its_end() {
             cg(CgroupReading::Gone),
         ],
         &format!(
-            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
-             0ms stop-unit foreign
+            "{stopping}
              0ms read-cgroup
              0ms read-cgroup
              0ms log Warn: processes remain after activating; not releasing
              0ms read-cgroup
-             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)",
+            stopping = stopping_theirs()
         ),
     );
     check(&[starts("failed", OURS), cg(CgroupReading::Gone)], "");
@@ -440,10 +448,10 @@ fn foreign_takes_precedence_over_terminal() {
     check(
         &[st("inactive", THEIRS), cg(CgroupReading::Gone)],
         &format!(
-            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
-             0ms stop-unit foreign
+            "{stopping}
              0ms read-cgroup
-             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)"
+             0ms proven RestartedOutside Warn: instance exited (status unknown: restarted outside the activator)",
+            stopping = stopping_theirs()
         ),
     );
 }
@@ -545,14 +553,14 @@ fn stop_with_a_foreign_state_already_known_counts_leftovers() {
             leftovers(0),
         ],
         &format!(
-            "0ms log Warn: unit restarted outside the activator (invocation {THEIRS}, ours {OURS}); stopping it
-             0ms stop-unit foreign
+            "{stopping}
              0ms read-cgroup
              0ms log Warn: processes remain after active; not releasing
              0ms stop-unit requested
              0ms read-cgroup
              0ms count-leftovers
-             0ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)"
+             0ms proven ReplacedAfterStop Warn: instance exited (status unknown: replaced after stop)",
+            stopping = stopping_theirs()
         ),
     );
 }
