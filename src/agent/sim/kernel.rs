@@ -56,6 +56,9 @@ pub(crate) struct Proc {
     pub role: Role,
     /// Which process this is, for good: a pid may be reused, a pidfd is not.
     pub id: u64,
+    /// It waits for its unit's next start, then forks a child and exits (an ExecStop= that
+    /// left `read line < fifo; sleep 1000 &` behind, the fifo written by the next ExecStart=).
+    pub waits_for_start: bool,
 }
 
 /// What a read of a cgroup's `cgroup.events` shows.
@@ -223,6 +226,7 @@ impl Kernel {
             invocation,
             unit,
             role,
+            waits_for_start: false,
         };
         self.notifying(|k| {
             k.procs.insert(proc.pid, proc);

@@ -104,6 +104,7 @@ impl World {
             SvcState::Start
         };
         self.enter_start_phase(u, first, forked_us);
+        self.start_note = self.wake_start_waiters(u);
     }
 
     /// `service_enter_condition`, `service_enter_start_pre`, `service_enter_start` and
@@ -205,7 +206,9 @@ impl World {
             return format!("{name}: the forking ExecStart= fails: {}", self.describe(u));
         }
         let (cgroup, inv) = (self.units[u].cgroup.clone(), self.units[u].invocation);
-        let daemon = self.rng.percent(90).then(|| {
+        // One that fed a waiter its line exits with no daemon, as the real test's unit does.
+        let forks = !self.units[u].fed_a_waiter && self.rng.percent(90);
+        let daemon = forks.then(|| {
             let daemon = self
                 .kernel
                 .spawn(&cgroup, inv, u, Role::Child, launcher, self.now_us);
@@ -280,7 +283,8 @@ impl World {
                     self.units[u].job = Some(Job::Start);
                 }
             }
-            return format!("{name}: {job:?} job runs: {}", self.describe(u));
+            let note = std::mem::take(&mut self.start_note);
+            return format!("{name}: {job:?} job runs: {}{note}", self.describe(u));
         }
         if let (Some(Job::Stop), false) = (job, stable) {
             self.job_done(u);
@@ -407,7 +411,8 @@ impl World {
                 }
             }
         }
-        format!("{name}: {}", self.describe(u))
+        let note = std::mem::take(&mut self.start_note);
+        format!("{name}: {}{note}", self.describe(u))
     }
 
     pub(super) fn describe(&self, u: usize) -> String {
@@ -706,10 +711,52 @@ impl World {
         let pid = self
             .kernel
             .spawn(&cgroup, inv, u, Role::Child, parent, self.now_us);
+        let waits = role == Role::Control
+            && self.swarm.start_waiters > 0
+            && self.waiter_rng.percent(self.swarm.start_waiters);
+        if let Some(child) = self.kernel.procs.get_mut(&pid) {
+            child.waits_for_start = waits;
+        }
+        let waiting = if waits {
+            ", which waits for the next start"
+        } else {
+            ""
+        };
         format!(
-            "{}: {role:?} {parent} of inv {} forks child {pid} in {cgroup}",
-            unit.name,
+            "{}: {role:?} {parent} of inv {} forks child {pid} in {cgroup}{waiting}",
+            self.units[u].name,
             short(inv)
         )
+    }
+
+    /// The leftovers of `u` that wait for its next start, now that it began: each forks a child
+    /// (in its session, after the invocation began) and exits, leaving the child to the
+    /// manager (where `unit_search_main_pid` may find it). What happened, for the transcript.
+    fn wake_start_waiters(&mut self, u: usize) -> String {
+        let waiters: Vec<Pid> = self
+            .kernel
+            .procs
+            .values()
+            .filter(|p| p.unit == u && p.waits_for_start)
+            .map(|p| p.pid)
+            .collect();
+        self.units[u].fed_a_waiter = !waiters.is_empty();
+        let mut woken = Vec::new();
+        for waiter in waiters {
+            let Some(p) = self.kernel.procs.get(&waiter) else {
+                continue;
+            };
+            let (cgroup, inv) = (p.cgroup.clone(), p.invocation);
+            let child = self
+                .kernel
+                .spawn(&cgroup, inv, u, Role::Child, waiter, self.now_us);
+            self.kernel.kill(waiter);
+            woken.push(format!("{waiter} forks {child} and exits"));
+        }
+        if woken.is_empty() {
+            String::new()
+        } else {
+            format!("; waiting for it: {}", woken.join(", "))
+        }
     }
 }

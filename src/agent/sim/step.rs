@@ -68,6 +68,7 @@ impl World {
         let mut later = Rng::new(seed.rotate_left(29) ^ 0x6d6f_6465_6c73);
         swarm.draw_later_items(&mut later);
         swarm.draw_census_races(&mut Rng::new(seed.rotate_left(17) ^ 0x0072_6163_6573));
+        swarm.draw_start_waiters(&mut Rng::new(seed.rotate_left(41) ^ 0x0077_6169_7473));
         world.swarm = swarm;
         world.bus.lose_percent = swarm.signal_loss;
         world.bus.error_percent = swarm.method_errors;

@@ -228,4 +228,7 @@ pub(crate) struct Unit {
     pub inactive_exit_us: u64,
     pub(crate) dirty: bool,
     pub(crate) new_sent: bool,
+    /// This invocation's start woke a leftover that waited for it (`wake_start_waiters`): its
+    /// ExecStart= only fed that waiter (the fifo) and forks no daemon of its own.
+    pub(crate) fed_a_waiter: bool,
 }

@@ -68,6 +68,10 @@ pub(crate) struct Swarm {
     /// Percent of leftover counts during which a process of the unit's, listed by the census,
     /// forks and exits: before its `/proc/PID/stat` is read, or before its pidfd is opened.
     pub census_races: u32,
+    /// Percent of what an ExecStop= forks that waits for the unit's next start, then forks a
+    /// child and exits: the child starts after that invocation began, in the session of an
+    /// ExecStop= long gone, and may be guessed as its MainPID.
+    pub start_waiters: u32,
 }
 
 impl Swarm {
@@ -118,6 +122,12 @@ impl Swarm {
     pub(crate) fn draw_census_races(&mut self, r: &mut Rng) {
         self.census_races = [0, 0, 10, 30][r.below(4)];
     }
+
+    /// Draws the waiters for a next start (from `r`, a generator of their own, as the census's
+    /// races).
+    pub(crate) fn draw_start_waiters(&mut self, r: &mut Rng) {
+        self.start_waiters = [0, 0, 30, 80][r.below(4)];
+    }
 }
 
 /// What became of one invocation, for the oracle.
@@ -151,6 +161,11 @@ pub(crate) struct World {
     /// Draws the races of processes against the agent's census (a generator of its own: a
     /// seed with none replays as it did before they were modelled).
     pub(crate) race_rng: Rng,
+    /// Draws which ExecStop= leftovers wait for the next start (a generator of its own, as
+    /// `race_rng`).
+    pub(crate) waiter_rng: Rng,
+    /// What the last start woke (see `wake_start_waiters`), for the step's line.
+    pub(crate) start_note: String,
 }
 
 pub(crate) fn hex(inv: Inv) -> String {
@@ -185,6 +200,8 @@ impl World {
             operator_spares: Default::default(),
             misguessed: Default::default(),
             race_rng: Rng::new(seed ^ 0x6365_6e73_7573),
+            waiter_rng: Rng::new(seed ^ 0x7761_6974_6572),
+            start_note: String::new(),
         }
     }
 
@@ -211,6 +228,7 @@ impl World {
             inactive_exit_us: 0,
             dirty: false,
             new_sent: true,
+            fed_a_waiter: false,
         });
         self.units.len() - 1
     }

@@ -742,3 +742,57 @@ fn a_scope_takes_processes_that_ran_before_its_invocation_and_ends_when_they_do(
     );
     assert!(w.over(inv));
 }
+
+#[test]
+fn an_exec_stop_leftover_waiting_for_the_next_start_forks_then_and_exits() {
+    let cfg = UnitConfig {
+        exec_stop: true,
+        kill_process: true,
+        ..UnitConfig::default()
+    };
+    let mut w = started(3, cfg);
+    w.swarm.start_waiters = 100;
+    let first = w.units[0].invocation;
+    w.apply(Action::Stop(0));
+    let mut control = None;
+    for _ in 0..10 {
+        w.apply(Action::Progress(0));
+        control = w.units[0]
+            .control_pid
+            .filter(|_| w.units[0].state == SvcState::Stop);
+        if control.is_some() {
+            break;
+        }
+    }
+    let control = control.expect("ExecStop= runs");
+    let line = w.apply(Action::Fork(control));
+    assert!(line.contains("waits for the next start"), "{line}");
+    let waiter = w
+        .kernel
+        .procs
+        .values()
+        .find(|p| p.waits_for_start)
+        .map(|p| p.pid)
+        .expect("the waiter");
+    let session = w.kernel.procs[&waiter].session;
+    assert_eq!(session, control, "the waiter is in its ExecStop='s session");
+    settle(&mut w);
+    assert!(w.kernel.alive(waiter), "KillMode=process leaves it");
+    w.apply(Action::Start(0));
+    let line = w.apply(Action::Progress(0));
+    assert!(line.contains(&format!("{waiter} forks")), "{line}");
+    let second = w.units[0].invocation;
+    assert_ne!(second, first);
+    assert!(!w.kernel.alive(waiter));
+    let child: Vec<_> = w
+        .kernel
+        .procs
+        .values()
+        .filter(|p| p.session == session)
+        .collect();
+    let [child] = child[..] else {
+        panic!("one child in the session: {child:?}");
+    };
+    assert_eq!((child.ppid, child.invocation), (MANAGER, first));
+    assert!(child.start_us >= w.history[&second].began_us);
+}
