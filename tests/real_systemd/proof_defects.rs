@@ -98,6 +98,10 @@ pub const TESTS: &[Test] = &[
         a_root_in_a_session_older_than_its_invocation_blocks_a_restored_watchs_proof,
     ),
     (
+        "a_root_in_a_session_no_root_of_its_invocation_began_blocks_a_restarted_agents_proof",
+        a_root_in_a_session_no_root_of_its_invocation_began_blocks_a_restarted_agents_proof,
+    ),
+    (
         "a_leftover_moving_between_its_delegated_cgroups_blocks_our_proof",
         a_leftover_moving_between_its_delegated_cgroups_blocks_our_proof,
     ),
@@ -1248,7 +1252,7 @@ fn a_watch_made_late_proves_its_invocation_past_a_later_invocations_leftover() {
 /// lived (found by the simulator, seed 191867342476877, where such a root started 15 ms before
 /// its invocation began, while the agent was away from the bus).
 fn a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof() {
-    our_waiters_child_guessed_as_the_next_main_pid("sessionguess", false);
+    our_waiters_child_guessed_as_the_next_main_pid("sessionguess", Away::Never);
 }
 
 /// As [`a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof`],
@@ -1266,12 +1270,34 @@ fn a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_p
 /// when the agent's first count after the start came after the waiter was gone, as before
 /// the restored watch counted what remained of ours while no other invocation ran).
 fn a_root_in_a_session_older_than_its_invocation_blocks_a_restored_watchs_proof() {
-    our_waiters_child_guessed_as_the_next_main_pid("oldsession", true);
+    our_waiters_child_guessed_as_the_next_main_pid("oldsession", Away::UntilTheNextStart);
 }
 
-/// The history of the two tests above, in a sandbox named `name`; with `restart`, the agent
-/// is killed and started again once our invocation is over, before the next start.
-fn our_waiters_child_guessed_as_the_next_main_pid(name: &str, restart: bool) {
+/// As [`a_child_in_our_control_pids_session_guessed_as_the_next_main_pid_blocks_our_proof`],
+/// the agent down from after our stop until systemd has named the child: no count of this life
+/// held the waiter, and systemd named its ExecStop= to the agent that is gone. The child, a
+/// MainPID in a session not its own whose leader systemd never named a root of the next
+/// invocation, is systemd's guess: systemd begins a session for each process it spawns.
+///
+/// Failed before: ours was proven `replaced-after-stop` while the child lived (found by the
+/// simulator once such waiters were modelled, 17028561802718).
+fn a_root_in_a_session_no_root_of_its_invocation_began_blocks_a_restarted_agents_proof() {
+    our_waiters_child_guessed_as_the_next_main_pid("unnamedsession", Away::ThroughTheNextStart);
+}
+
+/// When the agent of [`our_waiters_child_guessed_as_the_next_main_pid`] is away.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Away {
+    Never,
+    /// Killed and started again once our invocation is over, before the next start; paused
+    /// through that start until systemd named the child.
+    UntilTheNextStart,
+    /// Killed once our invocation is over, started again once systemd named the child.
+    ThroughTheNextStart,
+}
+
+/// The history of the three tests above, in a sandbox named `name`, the agent `away` as said.
+fn our_waiters_child_guessed_as_the_next_main_pid(name: &str, away: Away) {
     let sandbox = Sandbox::start(name);
     let fifo = "/run/late.fifo";
     make_fifo(&sandbox, fifo);
@@ -1300,18 +1326,21 @@ fn our_waiters_child_guessed_as_the_next_main_pid(name: &str, restart: bool) {
         session, waiter,
         "setup: the waiter is in its ExecStop='s session"
     );
-    if restart {
+    if away == Away::UntilTheNextStart {
         agent.kill_hard();
         agent = Agent::start(&sandbox);
         sandbox.wait_until("the restored watch holds our waiter", PATIENCE, || {
             agent.one(&["status", "late.service"])["leftovers"] == serde_json::json!([waiter])
         });
     }
+    if away == Away::ThroughTheNextStart {
+        agent.kill_hard();
+    }
 
     // Restarted, the agent is paused until systemd has named the child: its first count
     // after the start finds the waiter gone (as under load in CI), and only what it held
     // before tells the session.
-    let paused = restart.then(|| agent.pause());
+    let paused = (away == Away::UntilTheNextStart).then(|| agent.pause());
     sandbox.systemctl_ok(&["start", "late.service"]);
     let second = wait_for_new_invocation(&sandbox, "late.service", &ours);
     let child = match in_session(&sandbox, &cgroup, session)[..] {
@@ -1324,6 +1353,9 @@ fn our_waiters_child_guessed_as_the_next_main_pid(name: &str, restart: bool) {
         "setup: systemd guessed our waiter's child as invocation {second}'s MainPID"
     );
     drop(paused);
+    if away == Away::ThroughTheNextStart {
+        agent = Agent::start(&sandbox);
+    }
     agent.barrier();
     assert_unproven(
         &agent,

@@ -94,8 +94,11 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// (found by CI's random base the day a failed foreign stop was first asked again). 21529: a
 /// false proof with the count of what remains of ours, once ours is over, left out (mutant
 /// H30): a restored watch, an ExecStop= leftover that waited for the next start, its child
-/// guessed as the new MainPID (found once such waiters were modelled).
-const REGRESSION_SEEDS: [u64; 52] = [
+/// guessed as the new MainPID (found once such waiters were modelled). 17028561802718 and
+/// 17028561750685: false proofs, such a child guessed while the agent was down from before the
+/// waiter woke until after, a root in a session no root after ours began (found by a random
+/// base of 150,000 once the waiters were modelled).
+const REGRESSION_SEEDS: [u64; 54] = [
     0,
     198,
     362,
@@ -148,6 +151,8 @@ const REGRESSION_SEEDS: [u64; 52] = [
     228_379_457_909_335,
     178_963_786_711_624,
     21529,
+    17_028_561_802_718,
+    17_028_561_750_685,
 ];
 
 /// What one seed's run came to.

@@ -389,8 +389,12 @@ fn before_late_stamp(basis: &ClockBasis, start_ticks: u64, began: Option<u64>) -
 ///    or as a count held it) certainly started before that invocation could fork: systemd
 ///    begins a session for each process it spawns, so a daemon it names rightly is in a
 ///    session one of that invocation's processes began, which has no member older than it.
-///    A root gone from the census is judged so by its session too, and by its start where a
-///    count held it ([`NextInvocation::once_held`]);
+///    So, for the same reason, is a root alive in a session not its own whose leader systemd
+///    never named a root of an invocation after ours (our leftover's child, guessed, when the
+///    agent never heard the leftover's session named for ours; a daemon whose ExecStart= the
+///    agent did not hear named waits too, until it exits). A root gone from the census is
+///    judged so by its session too, and by its start where a count held it
+///    ([`NextInvocation::once_held`]);
 /// 1. it or an ancestor within the census is a root of `next`, or it is in a root's session:
 ///    `next`'s (systemd's word beats any guess);
 /// 2. an ancestor within the census was held before or started before `next` began (the
@@ -461,16 +465,21 @@ pub(crate) fn earlier_processes<'a>(
     // Whether systemd's naming `pid` a root of an invocation that began at `began` was a
     // guess: alive, by its session where systemd named that session's leader a root of the
     // counted invocation (its leftover's, forked before or after `began`) or where it is not
-    // its own and a member of it started before `began` (systemd forks each root it spawns as
-    // a session's leader, and a daemon it names is in a session one of them began), else by
+    // its own and a member of it started before `began`, or its leader was never named a root
+    // of an invocation after ours (systemd forks each root it spawns as a session's leader,
+    // and a daemon it names is in a session one of them began), else by
     // its start (a pid used again is a new process); gone, by its start as a count held it
     // (held still, its exit not yet heard, or exited since), or, gone before any count saw
     // it, if systemd named it a root of the counted invocation too.
+    // Whether systemd named `pid` a MainPID or ControlPID of an invocation after ours.
+    let named_after_ours =
+        |pid: i32| next.roots.contains(&pid) || next.gone_roots.iter().any(|g| g.pid == pid);
     let guessed = |pid: i32, began: Option<u64>| {
         let alive = by_pid.get(&pid);
         if alive.is_some_and(|p| {
             next.counted_roots.contains(&p.session)
-                || (p.session != p.pid && session_older(p.session, began))
+                || (p.session != p.pid
+                    && (session_older(p.session, began) || !named_after_ours(p.session)))
         }) {
             return true;
         }

@@ -1117,8 +1117,8 @@ fn a_root_in_the_session_of_our_root_is_ours_however_late_it_started() {
     };
     assert_eq!(
         earlier_pids(std::slice::from_ref(&daemon), &next, &[]),
-        Vec::<i32>::new(),
-        "without our roots, a root that started 20 ms before its invocation began is taken for its first fork"
+        [55],
+        "without our roots, a root in a session no root of its invocation began is a guess"
     );
     next.note_counted_roots(&[50]);
     assert_eq!(
@@ -1126,10 +1126,14 @@ fn a_root_in_the_session_of_our_root_is_ours_however_late_it_started() {
         [55]
     );
     next.counted_roots = vec![51];
+    next.gone_roots = vec![GoneRoot {
+        pid: 50,
+        began_us: Some(5_000_000),
+    }];
     assert_eq!(
         earlier_pids(&[daemon], &next, &[]),
         Vec::<i32>::new(),
-        "a session no root of ours began tells nothing"
+        "in a session a root of its own invocation began, and no root of ours"
     );
 }
 
@@ -1574,16 +1578,53 @@ fn a_root_in_a_session_older_than_its_invocation_is_a_guess() {
     // Alive beside it, held or not: the session is as old.
     let both = [process(45, 1, 44, 100), process(46, 1, 44, 600)];
     assert_eq!(earlier_pids_holding(&both, &next, &[]), [45, 46]);
-    // A daemon of the next invocation, in the session its ExecStart= (pid 43) began at 6 s.
+    // A daemon of the next invocation, in the session its ExecStart= (pid 43, named its
+    // ControlPID) began at 6 s.
     let daemon = [process(47, 1, 43, 601)];
     let named = NextInvocation {
         roots: vec![47],
+        gone_roots: vec![GoneRoot {
+            pid: 43,
+            began_us: Some(6_000_000),
+        }],
         ..next
     };
     assert_eq!(
         earlier_pids_holding(&daemon, &named, &[]),
         Vec::<i32>::new()
     );
+}
+
+/// Our ExecStop='s waiter forked 46 as the next invocation began and exited, all while the
+/// agent was down (so no count held it, and systemd named its ExecStop= 44 to an agent that is
+/// gone); systemd guessed 46 as the new MainPID. Its session is not its own, and systemd never
+/// named the session's leader a root of the invocation after ours: systemd begins a session for
+/// each process it spawns, so a daemon it names rightly is in a session one of that
+/// invocation's roots began. A guess, so ours (found by the simulator once such waiters were
+/// modelled: 17028561802718, proven `replaced-after-stop` while 46's kin lived).
+#[test]
+fn a_root_in_a_session_no_root_of_its_invocation_began_is_a_guess() {
+    let next = NextInvocation {
+        began_us: Some(6_000_000),
+        roots: vec![46],
+        roots_began_us: Some(6_000_000),
+        ..NextInvocation::default()
+    };
+    let census = [process(46, 1, 44, 600)];
+    assert_eq!(earlier_pids(&census, &next, &[]), [46]);
+    // Its own session: what systemd spawns (a Type=simple MainPID, or a daemon that called
+    // setsid) is the invocation's.
+    let leader = [process(46, 1, 46, 600)];
+    assert_eq!(earlier_pids(&leader, &next, &[]), Vec::<i32>::new());
+    // In the session of the invocation's ExecStart=, which systemd named its ControlPID.
+    let launched = NextInvocation {
+        gone_roots: vec![GoneRoot {
+            pid: 44,
+            began_us: Some(6_000_000),
+        }],
+        ..next
+    };
+    assert_eq!(earlier_pids(&census, &launched, &[]), Vec::<i32>::new());
 }
 
 #[test]
