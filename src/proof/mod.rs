@@ -12,7 +12,7 @@
 //! | systemd says (with `stop` = a stop of ours was requested) | then |
 //! |---|---|
 //! | `stop`, not terminal, invocation foreign or empty | read the cgroup; if populated, count the processes not certainly the new invocation's (stricter than the replaced design, which proved at once) |
-//! | foreign, not yet stopped by us, no `stop` | stop that invocation, once (again at the next state if that stop failed: nothing else would end it) |
+//! | foreign, not yet stopped by us, no `stop` | stop that invocation, once (again, at the next state or on a backoff, if that stop failed before systemd said it is over: nothing else would end it) |
 //! | terminal, or foreign and stopped by us | read the cgroup |
 //! | ... cgroup gone or `populated 0` | proven: exited (terminal), replaced after stop, or restarted outside once the foreign invocation we stopped is over too: systemd says so, or runs yet another invocation (stricter than the replaced design: that invocation may run in another cgroup) |
 //! | ... none of ours left (replaced after stop, or the foreign invocation we stopped is over) | proven: replaced after stop, or restarted outside (the replaced design also waited for the other invocation's leftovers: a proof lost while they live) |
@@ -20,9 +20,10 @@
 //! | ... `populated 1`, otherwise | log "processes remain", at most once per 2 s |
 //! | ... read error | log it at most once per 2 s, retry on a backoff timer |
 //!
-//! *Terminal* is ActiveState `inactive` or `failed` for our own invocation; *foreign* is an
-//! invocation that is non-empty and not ours, and it takes precedence over terminal. A unit
-//! systemd no longer has loaded counts as inactive with no invocation.
+//! *Terminal* is ActiveState `inactive` or `failed` for our own invocation, not said as its
+//! start ([`UnitState::starting`]); *foreign* is an invocation that is non-empty and not ours,
+//! and it takes precedence over terminal; a foreign invocation is *over* as ours is terminal. A
+//! unit systemd no longer has loaded counts as inactive with no invocation.
 //!
 //! A proof that needs the cgroup is made only from a reading handed in after the state that
 //! asked for it, so a reading is always at least as fresh as the state it is judged with.
