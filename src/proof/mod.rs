@@ -61,6 +61,12 @@ pub enum CgroupReading {
     Unreadable(String),
 }
 
+/// Whether `active_state` says an invocation is over: `inactive` or `failed`, unless said as
+/// its start ([`UnitState::starting`]).
+fn over(active_state: &str, starting: bool) -> bool {
+    matches!(active_state, "inactive" | "failed") && !starting
+}
+
 /// The two fields of a unit's systemd state the proof is made from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct UnitState {
@@ -78,8 +84,10 @@ impl UnitState {
     /// Whether systemd says the invocation named is over: `inactive` or `failed`, not as its
     /// start.
     pub fn is_over(&self) -> bool {
-        let starting = self.starting && !self.invocation.is_empty();
-        matches!(self.active_state.as_str(), "inactive" | "failed") && !starting
+        over(
+            &self.active_state,
+            self.starting && !self.invocation.is_empty(),
+        )
     }
 
     /// The state of a unit systemd does not have loaded: inactive, with no invocation.
@@ -564,7 +572,7 @@ impl UnitProof {
     fn verdict(&self) -> Option<Verdict> {
         let state = self.state.as_ref()?;
         let foreign = matches!(state.invocation, SeenInvocation::Foreign { .. });
-        let over = matches!(&*state.active_state, "inactive" | "failed") && !state.starting();
+        let over = over(&state.active_state, state.starting());
         Some(Verdict {
             terminal: !foreign && over,
             foreign,

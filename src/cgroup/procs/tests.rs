@@ -1551,6 +1551,16 @@ fn a_first_root_forked_before_a_late_stamp_is_the_next_invocations() {
     assert_eq!(earlier_pids(&long_before, &next, &[]), [80, 81]);
 }
 
+/// An invocation that began at 6 s, for which systemd named 46 a root (its MainPID).
+fn next_named_46_at_6s() -> NextInvocation {
+    NextInvocation {
+        began_us: Some(6_000_000),
+        roots: vec![46],
+        roots_began_us: Some(6_000_000),
+        ..NextInvocation::default()
+    }
+}
+
 /// Our ExecStop='s waiter (pid 45, started at 1 s in the session 44 its ExecStop= began, whose
 /// pid the watch never heard) was held, then forked 46 as the next invocation began (6 s) and
 /// exited; systemd guessed 46, alone under the manager, as that invocation's MainPID. 46 is in
@@ -1559,12 +1569,7 @@ fn a_first_root_forked_before_a_late_stamp_is_the_next_invocations() {
 /// is that invocation's, as systemd names it.
 #[test]
 fn a_root_in_a_session_older_than_its_invocation_is_a_guess() {
-    let next = NextInvocation {
-        began_us: Some(6_000_000),
-        roots: vec![46],
-        roots_began_us: Some(6_000_000),
-        ..NextInvocation::default()
-    };
+    let next = next_named_46_at_6s();
     let waiter = held_in(&process(45, 1, 44, 100), &[]);
     let census = [process(46, 1, 44, 600)];
     assert_eq!(earlier_pids_holding(&census, &next, &[waiter]), [46]);
@@ -1604,12 +1609,7 @@ fn a_root_in_a_session_older_than_its_invocation_is_a_guess() {
 /// modelled: 17028561802718, proven `replaced-after-stop` while 46's kin lived).
 #[test]
 fn a_root_in_a_session_no_root_of_its_invocation_began_is_a_guess() {
-    let next = NextInvocation {
-        began_us: Some(6_000_000),
-        roots: vec![46],
-        roots_began_us: Some(6_000_000),
-        ..NextInvocation::default()
-    };
+    let next = next_named_46_at_6s();
     let census = [process(46, 1, 44, 600)];
     assert_eq!(earlier_pids(&census, &next, &[]), [46]);
     // Its own session: what systemd spawns (a Type=simple MainPID, or a daemon that called
