@@ -28,6 +28,12 @@ fn is_terminal(active_state: &str) -> bool {
     matches!(active_state, "inactive" | "failed")
 }
 
+/// Whether a watch is read at all: until it is proven, and after only for a stop decided
+/// while the bus was down.
+fn wants_reads(watch: &Watch) -> bool {
+    watch.event.is_none() || watch.unsent_stop.is_some()
+}
+
 /// Whether a client waits for `watch`'s answer: a client's new watch before its first read is
 /// in (a `watch` request is answered after it), or one with `watch` requests pending.
 fn awaited(watch: &Watch) -> bool {
@@ -184,8 +190,7 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        let live = watch.event.is_none() || watch.unsent_stop.is_some();
-        if !live || !self.bus_up || self.reloading.is_some() {
+        if !wants_reads(watch) || !self.bus_up || self.reloading.is_some() {
             return;
         }
         if watch.reads.in_flight {
@@ -227,8 +232,14 @@ impl Core {
             let Some(key) = self.read_queue.pop() else {
                 break;
             };
-            if self.units.contains_key(&key) {
-                self.start_read(key);
+            match self.units.get_mut(&key) {
+                // Proven while it waited: its slot goes to a watch that still needs one.
+                Some(watch) if !wants_reads(watch) => {
+                    watch.reads.in_flight = false;
+                    watch.reads.again = false;
+                }
+                Some(_) => self.start_read(key),
+                None => {}
             }
         }
     }

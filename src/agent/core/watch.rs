@@ -464,10 +464,6 @@ impl Watches {
         self.0.len()
     }
 
-    pub(super) fn contains_key(&self, key: &UnitKey) -> bool {
-        self.0.contains_key(key)
-    }
-
     pub(super) fn remove(&mut self, key: &UnitKey) -> Option<Box<Watch>> {
         let watch = self.0.remove(key);
         shrink_when_sparse(&mut self.0);

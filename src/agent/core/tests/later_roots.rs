@@ -162,3 +162,47 @@ fn a_later_root_gathered_before_its_invocation_began_takes_its_beginning() {
         "{counted:?}"
     );
 }
+
+/// A watch made with an alias whose reads found the alias as a unit of its own for a while
+/// (systemd had not resolved it then) hears none of the unit's signals meanwhile: a root the
+/// unit's other watch heard named for the invocation after ours, gone since, is counted as
+/// that invocation's all the same (found by the simulator, 171951904078265: a lost proof, an
+/// orphan in that root's session waiting as ours).
+#[test]
+fn a_later_root_heard_only_by_another_watch_of_the_unit_is_counted_for_an_alias_watch() {
+    let mut s = watching("real1.service", "active");
+    s.request(&format!(
+        r#"{{"cmd":"watch","unit":"nick.service","invocation":"{A}"}}"#
+    ));
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", A, REAL1_CGROUP)));
+    s.answer_reads(|_| Ok(snapshot("real1.service", "active", A, REAL1_CGROUP)));
+    // The alias read as a unit of its own (twice: the first read only tells the name).
+    let alias_unresolved = |u: &str| match u {
+        "nick.service" => Ok(snapshot("nick.service", "inactive", "", "")),
+        _ => Ok(snapshot("real1.service", "active", A, REAL1_CGROUP)),
+    };
+    s.signal(SystemdSignal::UnitNew {
+        unit: "real1.service".into(),
+    });
+    let read = s.answer_reads(alias_unresolved);
+    assert_eq!(read, ["real1.service", "nick.service"]);
+    assert_eq!(s.answer_reads(alias_unresolved), ["nick.service"]);
+    // Only real1.service's watch hears B begin with MainPID 77, which exits.
+    s.changed("real1.service", "active", B);
+    s.main_pid("real1.service", 77);
+    s.main_pid("real1.service", 0);
+    s.leftovers.insert(REAL1_CGROUP.into(), vec![78]);
+    // nick.service is the alias again.
+    s.signal(SystemdSignal::UnitNew {
+        unit: "nick.service".into(),
+    });
+    let now_b = |_: &str| Ok(snapshot("real1.service", "active", B, REAL1_CGROUP));
+    assert_eq!(s.answer_reads(now_b), ["real1.service", "nick.service"]);
+    assert_eq!(
+        s.answer_reads(now_b),
+        ["nick.service"],
+        "the alias followed"
+    );
+    s.changed("real1.service", "inactive", B);
+    s.assert_counted_as_a_later_root(77);
+}

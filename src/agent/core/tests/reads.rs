@@ -194,3 +194,37 @@ fn a_new_watchs_read_goes_before_the_reads_of_answered_watches() {
         ]
     );
 }
+
+/// A read queued for a watch that is proven before its turn is dropped: its slot goes to a
+/// watch that still waits on one (the simulator, 171951904012746: with one read in flight,
+/// reads of proven watches held up the only unproven watch's read for a dozen steps).
+#[test]
+fn a_watch_proven_while_its_read_waits_gives_up_its_slot() {
+    let config = CoreConfig {
+        max_reads_in_flight: 1,
+        ..config("boot-1")
+    };
+    let mut s = Script::configured(config, AgentState::default());
+    s.input(Input::BusUp);
+    for unit in ["a.service", "b.service", "c.service"] {
+        let cgroup = format!("/app.slice/{unit}");
+        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
+        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
+        s.answer_reads(|u| Ok(snapshot(u, "active", A, &cgroup)));
+    }
+    for unit in ["a.service", "b.service", "c.service"] {
+        s.signal(SystemdSignal::UnitNew { unit: unit.into() });
+    }
+    let reads = reads_asked(&mut s);
+    assert_eq!(units(&reads), ["a.service"], "b's and c's reads wait");
+    s.cgroups
+        .insert("/app.slice/b.service".into(), CgroupReading::Empty);
+    s.changed("b.service", "inactive", A);
+    assert_eq!(s.phase("b.service"), Phase::Proven);
+    answer(
+        &mut s,
+        reads[0].0,
+        snapshot("a.service", "active", A, "/app.slice/a.service"),
+    );
+    assert_eq!(units(&reads_asked(&mut s)), ["c.service"]);
+}
