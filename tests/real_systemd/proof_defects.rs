@@ -34,6 +34,10 @@ pub const TESTS: &[Test] = &[
         a_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives,
     ),
     (
+        "a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_it_runs",
+        a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_it_runs,
+    ),
+    (
         "a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives",
         a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives,
     ),
@@ -413,6 +417,53 @@ fn a_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives() {
     let event = agent.one(&["wait", "kept.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["cause"], "exited", "{event}");
     assert_eq!(event["invocation"], ours.as_str(), "{event}");
+}
+
+/// Defect 1, watched by an alias the operator then takes away (its symlink removed, the
+/// manager reloaded): `GetUnit` of the alias then answers that no such unit is loaded, which
+/// says nothing of the unit that runs our invocation, still `active (exited)` with no cgroup.
+/// No proof while it runs; its stop's ExecStop= leftover holds the proof too; then `exited`,
+/// under the alias.
+fn a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_it_runs() {
+    let sandbox = Sandbox::start("raealias");
+    sandbox.install_unit(
+        "kept.service",
+        "[Service]\nType=oneshot\nRemainAfterExit=yes\nKillMode=process\n\
+         ExecStart=/bin/true\nExecStop=/bin/sh -c 'sleep 1000 & exit 0'\n",
+    );
+    sandbox.install_alias("nick.service", "kept.service");
+    sandbox.systemctl_ok(&["start", "kept.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("kept.service", "InvocationID");
+    let watch = agent.one(&["watch", "nick.service"]);
+    assert_eq!(watch["invocation"], ours.as_str(), "{watch}");
+    assert_eq!(watch["sub_state"], "exited", "{watch}");
+
+    sandbox.remove_alias("nick.service");
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "nick.service",
+        &format!(
+            "the alias no longer resolves but kept.service runs our invocation {ours} ({} ({}))",
+            sandbox.show("kept.service", "ActiveState"),
+            sandbox.show("kept.service", "SubState")
+        ),
+    );
+
+    sandbox.systemctl_ok(&["stop", "kept.service"]);
+    let (cgroup, leftovers) = our_leftovers(&sandbox, "kept.service", &ours);
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "nick.service",
+        &format!("its ExecStop= leftover {leftovers:?} lives in {cgroup}"),
+    );
+    kill_pids(&leftovers);
+    let event = agent.one(&["wait", "nick.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["unit"], "nick.service", "{event}");
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "exited", "{event}");
 }
 
 /// Defect 1, through `systemctl restart`: the stop of our (active, exited) invocation runs its

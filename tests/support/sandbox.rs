@@ -189,6 +189,12 @@ impl Sandbox {
         self.systemctl_ok(&["daemon-reload"]);
     }
 
+    /// Takes the alias `alias` away (its symlink) and reloads: systemd no longer resolves it.
+    pub fn remove_alias(&self, alias: &str) {
+        std::fs::remove_file(self.unit_dir().join(alias)).expect("unlink the alias");
+        self.systemctl_ok(&["daemon-reload"]);
+    }
+
     /// The manager's runtime unit directory, as the host reaches it; created if missing.
     fn unit_dir(&self) -> PathBuf {
         let dir = self.host_path("/run/user/0/systemd/user");

@@ -720,6 +720,13 @@ impl Core {
         .min()
     }
 
+    /// The name a watch's client gave its unit (the simulator's oracle judges stops by it:
+    /// the watch reads the unit by systemd's own name once a read found it).
+    #[cfg(test)]
+    pub(crate) fn client_name(&self, key: UnitKey) -> Option<&str> {
+        self.units.get(&key).map(|watch| &*watch.unit)
+    }
+
     /// The invocation a watch owns once its first read is done (the simulator's oracle
     /// asks, for a watch made without one).
     #[cfg(test)]
@@ -936,13 +943,7 @@ impl Core {
             return;
         }
         let cgroup = watch.control_group.to_string();
-        let mut next = watch.later_invocations();
-        for theirs in self.siblings_on_the_same_later_invocation(key) {
-            next.absorb(&theirs);
-        }
-        let Some(watch) = self.units.get(&key) else {
-            return;
-        };
+        let next = watch.later_invocations();
         let held = watch
             .leftovers
             .as_deref()
@@ -963,31 +964,6 @@ impl Core {
             next,
             held,
         });
-    }
-
-    /// What the unit's other watches know of the invocation `key`'s facts say the unit runs,
-    /// when that is one after ours: a watch filed under another name for a while (an alias
-    /// systemd did not resolve then) heard none of the unit's signals meanwhile, and a root
-    /// they named, gone since, would leave its session's processes waiting as ours (the
-    /// simulator, 171951904078265: a lost proof). Only from a sibling whose facts name that
-    /// same invocation: one whose facts lag may name an earlier one.
-    fn siblings_on_the_same_later_invocation(&self, key: UnitKey) -> Vec<NextInvocation> {
-        let Some(watch) = self.units.get(&key) else {
-            return Vec::new();
-        };
-        let (Some(ours), Some(current)) = (watch.our_invocation(), watch.facts.invocation()) else {
-            return Vec::new();
-        };
-        if ours.is_empty() || current.is_empty() || current == ours {
-            return Vec::new();
-        }
-        self.by_id
-            .keys(&watch.id, &self.units)
-            .filter(|other| *other != key)
-            .filter_map(|other| self.units.get(&other))
-            .filter(|sibling| sibling.facts.invocation().as_deref() == Some(current.as_str()))
-            .map(|sibling| sibling.facts.next_invocation())
-            .collect()
     }
 
     /// Rebuilds the inotify watches of the unit's cgroup (they may have been dropped, or

@@ -213,7 +213,11 @@ impl Core {
         watch.reads.epoch = self.fact_epoch;
         watch.reads.sent = watch.reads.sent.wrapping_add(1);
         self.reads_in_flight += 1;
-        let unit = watch.unit.to_string();
+        // By systemd's own name for the unit once a read found it: an alias taken away or
+        // pointed elsewhere since (`GetUnit` then answers that no such unit is loaded) says
+        // nothing of the unit that runs ours, and read as its state proved a unit still
+        // `active (exited)` (a false proof against real systemd).
+        let unit = watch.id.to_string();
         // Only a client's new watch that names no invocation asks whether systemd knows the
         // unit at all: any other read must never load a unit (one garbage-collected after it
         // ended is inactive with no invocation, `not-found` only to a new watch).

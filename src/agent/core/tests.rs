@@ -565,9 +565,11 @@ fn a_proof_proves_every_watch_of_its_invocation_and_no_other() {
     s.cgroups.insert(cgroup.into(), CgroupReading::Empty);
     s.signal(SystemdSignal::Reloading(true));
     s.signal(SystemdSignal::Reloading(false));
-    s.answer_reads(|unit| match unit {
-        "real1.service" => Ok(snapshot("real1.service", "inactive", A, cgroup)),
-        _ => Err("Method call timed out".into()),
+    // Every watch reads the unit by its own name now; only the first read is answered.
+    let answered = std::cell::Cell::new(false);
+    s.answer_reads(|_| match answered.replace(true) {
+        false => Ok(snapshot("real1.service", "inactive", A, cgroup)),
+        true => Err("Method call timed out".into()),
     });
     assert_eq!(s.phase("real1.service"), Phase::Proven);
     assert_eq!(
@@ -695,7 +697,7 @@ fn a_first_read_older_than_an_alias_watchs_read_does_not_bring_back_a_running_st
     let read = s.answer_reads(|_| Ok(snapshot("real1.service", "inactive", A, "")));
     assert_eq!(read, ["nick.service"], "the alias is followed");
     let read = s.answer_reads(|_| Ok(snapshot("real1.service", "inactive", A, "")));
-    assert_eq!(read, ["nick.service"]);
+    assert_eq!(read, ["real1.service"], "by the unit's own name");
     s.assert_an_older_read_asks_no_stop(unit_key, "real1.service", cgroup);
 }
 
@@ -729,7 +731,7 @@ fn a_watch_made_with_an_alias_adopts_the_invocation_read_after_the_name_resolved
     });
     assert_eq!(
         read,
-        ["nick.service"],
+        ["real1.service"],
         "read again under the unit's own name"
     );
     let view = s
@@ -2580,13 +2582,16 @@ fn a_restored_watch_takes_a_siblings_proof_before_its_own_first_read() {
     s.input(Input::BusUp);
     // A client asks for the watch again: answered once it is proven.
     s.request(r#"{"cmd":"watch","unit":"g.service"}"#);
+    // Both read the unit by its own name; nick.service's watch, restored first, has the
+    // lower key.
     let nick_read = s
         .take()
         .into_iter()
-        .find_map(|o| match o {
-            Output::ReadUnit { key, unit, .. } if unit == "nick.service" => Some(key),
+        .filter_map(|o| match o {
+            Output::ReadUnit { key, unit, .. } if unit == "g.service" => Some(key),
             _ => None,
         })
+        .min()
         .expect("nick.service is read");
     let read = UnitSnapshot {
         serial: s.next_serial(),

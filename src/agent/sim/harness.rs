@@ -75,8 +75,10 @@ pub(crate) struct Sim {
     watches: BTreeMap<UnitKey, String>,
     /// The leftovers each key holds a pidfd of, until their exit is delivered.
     leftovers: BTreeMap<UnitKey, BTreeSet<(Pid, u64)>>,
-    /// The name each key was read under: the client's name for the unit.
+    /// The client's name for each key's unit, from its first read on.
     key_names: BTreeMap<UnitKey, String>,
+    /// The name each key's last read went by: systemd's own name once a read found it.
+    read_names: BTreeMap<UnitKey, String>,
     /// Each key's invocation as the agent holds it: asked for, restored, or adopted from the
     /// first read (`None` until that read).
     key_invs: BTreeMap<UnitKey, Option<Inv>>,
@@ -194,6 +196,7 @@ impl Sim {
             watches: BTreeMap::new(),
             leftovers: BTreeMap::new(),
             key_names: BTreeMap::new(),
+            read_names: BTreeMap::new(),
             key_invs: BTreeMap::new(),
             asking: None,
             restored: AgentState::default(),
@@ -313,6 +316,7 @@ impl Sim {
         self.watches.clear();
         self.leftovers.clear();
         self.key_names.clear();
+        self.read_names.clear();
         self.key_invs.clear();
         self.seen.clear();
         self.told_over.clear();
@@ -432,10 +436,15 @@ impl Sim {
         let now = self.now();
         match output {
             Output::ReadUnit { key, unit, .. } => {
-                if self.key_names.insert(key, unit.clone()).is_none() {
-                    let inv = self.new_key_invocation(&unit);
+                if !self.key_names.contains_key(&key) {
+                    let name = (self.core.as_ref())
+                        .and_then(|core| core.client_name(key))
+                        .map_or_else(|| unit.clone(), str::to_owned);
+                    let inv = self.new_key_invocation(&name);
+                    self.key_names.insert(key, name);
                     self.key_invs.insert(key, inv);
                 }
+                self.read_names.insert(key, unit.clone());
                 // Without a connection the real driver drops the read too.
                 let kind = ReadKind::of(Attempt::FIRST);
                 if let Some(id) = self.world.bus.send(&unit, CallKind::Read(kind)) {
@@ -944,7 +953,7 @@ impl Sim {
         };
         match (reply.answer, call) {
             (BusAnswer::Read(result), CallFor::Read(attempt)) => {
-                let unit = self.key_names[&key].clone();
+                let unit = self.read_names[&key].clone();
                 let mut over = false;
                 let result = match result.map(|parts| {
                     let read = driver_read(&unit, attempt, &parts);
@@ -1028,7 +1037,7 @@ impl Sim {
     /// The unit began another invocation while it was read property by property: the driver
     /// asks again at the path it has, and after the last attempt with GetAll.
     fn read_again(&mut self, key: UnitKey, attempt: Attempt) {
-        let Some(unit) = self.key_names.get(&key).cloned() else {
+        let Some(unit) = self.read_names.get(&key).cloned() else {
             return;
         };
         let attempt = attempt.next();
