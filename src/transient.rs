@@ -292,7 +292,7 @@ pub(crate) fn start(
                     result,
                 });
             }
-            let snapshot = read_unit(&conn, &systemd, &unit, ReadKind::Get)
+            let snapshot = read_unit(&conn, &systemd, &unit, ReadKind::Get, None)
                 .await
                 .map_err(RunError::Manager)?;
             Ok(snapshot.invocation)

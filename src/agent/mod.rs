@@ -609,9 +609,14 @@ impl Agent {
             && let Some(output) = self.core.poll_output()
         {
             match output {
-                Output::ReadUnit { key, unit, kind } => {
+                Output::ReadUnit {
+                    key,
+                    unit,
+                    kind,
+                    ours,
+                } => {
                     let bus = self.account.begin(Work::Bus, clock::now());
-                    self.read_unit(key, unit, kind);
+                    self.read_unit(key, unit, kind, ours);
                     self.account.end(bus, clock::now());
                 }
                 Output::StartUnit { reply, unit } => {
@@ -900,7 +905,7 @@ impl Agent {
         }
     }
 
-    fn read_unit(&mut self, key: UnitKey, unit: String, kind: ReadKind) {
+    fn read_unit(&mut self, key: UnitKey, unit: String, kind: ReadKind, ours: Option<String>) {
         let Some(conn) = self.conn.clone() else {
             // The core reads nothing while the bus is down; a read racing a loss is dropped.
             return;
@@ -910,7 +915,7 @@ impl Agent {
         let systemd = self.systemd.clone();
         self.runtime
             .spawn(async move {
-                let result = read::read_unit(&conn, &systemd, &unit, kind).await;
+                let result = read::read_unit(&conn, &systemd, &unit, kind, ours.as_deref()).await;
                 push(&queue, Completion::Read { epoch, key, result });
             })
             .detach();

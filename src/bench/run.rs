@@ -388,7 +388,7 @@ fn wait_active(
     for name in names {
         loop {
             let snapshot = runtime
-                .block_on(poll, read_unit(conn, SYSTEMD, name, ReadKind::Get))
+                .block_on(poll, read_unit(conn, SYSTEMD, name, ReadKind::Get, None))
                 .map_err(|e| BenchError::Io("run the bus".into(), e))?
                 .map_err(BenchError::Manager)?;
             if snapshot.active_state == "active" && !snapshot.control_group.is_empty() {

@@ -20,6 +20,9 @@ const BUS_DAEMON: &str = "org.freedesktop.DBus";
 const BUS_DAEMON_PATH: &str = "/org/freedesktop/DBus";
 pub(super) const PROPERTIES: &str = "org.freedesktop.DBus.Properties";
 pub(super) const NO_SUCH_UNIT: &str = "org.freedesktop.systemd1.NoSuchUnit";
+/// `GetUnitByInvocationID`'s answer when no loaded unit has that invocation
+/// (`BUS_ERROR_NO_UNIT_FOR_INVOCATION_ID`).
+pub(super) const NO_UNIT_FOR_INVOCATION_ID: &str = "org.freedesktop.systemd1.NoUnitForInvocationID";
 /// How many signals may wait in a stream before zbus stops reading the socket. zbus waits for
 /// room rather than dropping, and the agent drains its streams every turn, so this bounds memory
 /// (the queue is allocated up front), not what a burst may carry.

@@ -9,7 +9,9 @@ use std::task::Poll;
 
 use zbus::{Connection, OwnedObjectPath, OwnedVariant};
 
-use super::manager::{ManagerError, NO_SUCH_UNIT, PROPERTIES, call_manager};
+use super::manager::{
+    ManagerError, NO_SUCH_UNIT, NO_UNIT_FOR_INVOCATION_ID, PROPERTIES, call_manager,
+};
 use super::signal::{SERVICE_INTERFACE, UNIT_INTERFACE, hex, unit_path};
 use super::snapshot::{
     self, Attempt, InvocationAnswer, Property, PropertyAnswers, ReadKind, SERVICE_PROPERTIES,
@@ -33,11 +35,17 @@ use super::snapshot::{
 /// `systemd` is the bus name asked: the agent names the unique name whose signals it orders
 /// reads against, so a reply can never come from another systemd (one re-executed meanwhile,
 /// whose serials started again), only fail.
+///
+/// `ours`, the invocation the watch is of (its text), if known: when no unit is loaded by the
+/// name, the unit running it is read (`GetUnitByInvocationID`, which finds a loaded unit by
+/// its current invocation). A name systemd no longer resolves (an alias taken away) says
+/// nothing of the unit that runs ours; only when no loaded unit has it is it not loaded.
 pub(crate) async fn read_unit(
     conn: &Connection,
     systemd: &str,
     unit: &str,
     kind: ReadKind,
+    ours: Option<&str>,
 ) -> Result<UnitSnapshot, ManagerError> {
     let what = || format!("read {unit}");
     let method = match kind {
@@ -53,7 +61,16 @@ pub(crate) async fn read_unit(
             .map_err(ManagerError::new(what()))?,
         Err(zbus::Error::MethodError(name, _, reply)) if name.as_str() == NO_SUCH_UNIT => {
             let serial = reply.primary_header().serial_num().get();
-            return Ok(snapshot::not_loaded(unit, &unit_path(unit), serial));
+            let by_invocation = match ours.and_then(invocation_bytes) {
+                Some(id) => unit_running(conn, systemd, id)
+                    .await
+                    .map_err(ManagerError::new(what()))?,
+                None => Err(serial),
+            };
+            match by_invocation {
+                Ok(path) => path,
+                Err(serial) => return Ok(snapshot::not_loaded(unit, &unit_path(unit), serial)),
+            }
         }
         Err(e) => return Err(ManagerError::new(what())(e)),
     };
@@ -66,6 +83,34 @@ pub(crate) async fn read_unit(
     }
     log::debug!("{unit} began another invocation during each read; reading it with GetAll");
     read_all_properties(conn, systemd, unit, &path, kind).await
+}
+
+/// The object path of the loaded unit whose current invocation is `id`, or the serial of
+/// systemd's answer that none is (`method_get_unit_by_invocation_id`).
+async fn unit_running(
+    conn: &Connection,
+    systemd: &str,
+    id: Vec<u8>,
+) -> zbus::Result<Result<OwnedObjectPath, u32>> {
+    match call_manager(conn, systemd, "GetUnitByInvocationID", &(id,)).await {
+        Ok(reply) => Ok(Ok(reply.body().deserialize::<OwnedObjectPath>()?)),
+        Err(zbus::Error::MethodError(name, _, reply))
+            if [NO_UNIT_FOR_INVOCATION_ID, NO_SUCH_UNIT].contains(&name.as_str()) =>
+        {
+            Ok(Err(reply.primary_header().serial_num().get()))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The 16 bytes of an invocation ID written as 32 hex digits (systemd's `sd_id128_t`).
+fn invocation_bytes(text: &str) -> Option<Vec<u8>> {
+    if text.len() != 32 {
+        return None;
+    }
+    (0..16)
+        .map(|i| u8::from_str_radix(text.get(2 * i..2 * i + 2)?, 16).ok())
+        .collect()
 }
 
 /// One read property by property; `None` if the unit began another invocation meanwhile.
@@ -282,4 +327,31 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
         .into_iter()
         .filter_map(|(_, output)| output)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The text of an invocation ID back to the 16 bytes `GetUnitByInvocationID` takes, and
+    /// anything else (a wrong length, not hex) to none.
+    #[test]
+    fn an_invocation_id_is_32_hex_digits_of_16_bytes() {
+        let text = "00ff10a0b1c2d3e4f5060708090a0b0c";
+        let bytes = invocation_bytes(text).expect("an invocation ID");
+        assert_eq!(bytes.len(), 16);
+        assert_eq!(hex(&bytes), text);
+        for bad in [
+            "",
+            "00ff",
+            "00ff10a0b1c2d3e4f5060708090a0b0",
+            "zzff10a0b1c2d3e4f5060708090a0b0c",
+        ] {
+            assert_eq!(invocation_bytes(bad), None, "{bad:?}");
+        }
+        // 32 bytes, but not 32 digits.
+        let not_ascii = format!("é{}", &text[2..]);
+        assert_eq!(not_ascii.len(), 32);
+        assert_eq!(invocation_bytes(&not_ascii), None);
+    }
 }

@@ -75,7 +75,7 @@ pub(crate) async fn start_unit(
             "start {unit}: the start job {result}"
         )));
     }
-    let snapshot = read_unit(conn, systemd, unit, ReadKind::Get)
+    let snapshot = read_unit(conn, systemd, unit, ReadKind::Get, None)
         .await
         .map_err(failed)?;
     if snapshot.invocation.is_empty() {

@@ -38,6 +38,10 @@ pub const TESTS: &[Test] = &[
         a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_it_runs,
     ),
     (
+        "a_watch_naming_an_invocation_by_an_alias_taken_away_finds_the_unit_running_it",
+        a_watch_naming_an_invocation_by_an_alias_taken_away_finds_the_unit_running_it,
+    ),
+    (
         "a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives",
         a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives,
     ),
@@ -449,6 +453,50 @@ fn a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_i
             sandbox.show("kept.service", "ActiveState"),
             sandbox.show("kept.service", "SubState")
         ),
+    );
+
+    sandbox.systemctl_ok(&["stop", "kept.service"]);
+    let (cgroup, leftovers) = our_leftovers(&sandbox, "kept.service", &ours);
+    agent.barrier();
+    assert_unproven(
+        &agent,
+        "nick.service",
+        &format!("its ExecStop= leftover {leftovers:?} lives in {cgroup}"),
+    );
+    kill_pids(&leftovers);
+    let event = agent.one(&["wait", "nick.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["unit"], "nick.service", "{event}");
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "exited", "{event}");
+}
+
+/// The same, the alias taken away before the watch is made: the platform names the invocation
+/// it started under the alias, which no loaded unit has any more (`GetUnit` answers
+/// `NoSuchUnit`, as for a unit collected after that invocation ended). The unit that runs that
+/// invocation is found by it (`GetUnitByInvocationID`) and watched: no proof while it runs or
+/// while its stop's leftover lives, then `exited` under the alias.
+///
+/// Failed before: proven `exited` at the first read, the unit `active (exited)` (found by the
+/// simulator once its operator took aliases away).
+fn a_watch_naming_an_invocation_by_an_alias_taken_away_finds_the_unit_running_it() {
+    let sandbox = Sandbox::start("raealiasgone");
+    sandbox.install_unit(
+        "kept.service",
+        "[Service]\nType=oneshot\nRemainAfterExit=yes\nKillMode=process\n\
+         ExecStart=/bin/true\nExecStop=/bin/sh -c 'sleep 1000 & exit 0'\n",
+    );
+    sandbox.install_alias("nick.service", "kept.service");
+    sandbox.systemctl_ok(&["start", "nick.service"]);
+    let ours = sandbox.show("kept.service", "InvocationID");
+    sandbox.remove_alias("nick.service");
+    let agent = Agent::start(&sandbox);
+    let watch = agent.one(&["watch", "nick.service", "--invocation", &ours]);
+    assert_eq!(watch["phase"], "watching", "{watch}");
+    assert_eq!(watch["active_state"], "active", "{watch}");
+    assert_unproven(
+        &agent,
+        "nick.service",
+        &format!("kept.service runs our invocation {ours}, though nick.service no longer names it"),
     );
 
     sandbox.systemctl_ok(&["stop", "kept.service"]);

@@ -235,11 +235,13 @@ impl CountedLeftovers {
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Output {
     /// Read the unit's state and cgroup path (`GetUnit` or `LoadUnit`, as `kind` says, then
-    /// its properties); answer with [`Input::UnitRead`].
+    /// its properties); answer with [`Input::UnitRead`]. `ours`: the watch's invocation, if
+    /// known: when no unit is loaded by that name, the unit running it is read.
     ReadUnit {
         key: UnitKey,
         unit: String,
         kind: ReadKind,
+        ours: Option<String>,
     },
     /// Start the unit (StartUnit) and learn the invocation its start job began; answer with
     /// [`Input::UnitStarted`].

@@ -226,7 +226,17 @@ impl Core {
         } else {
             ReadKind::Get
         };
-        self.outputs.push_back(Output::ReadUnit { key, unit, kind });
+        // A name no loaded unit has (an alias taken away, perhaps before the first read) says
+        // nothing of the unit that runs ours: the driver reads the unit running it, if any.
+        let ours = (watch.our_invocation())
+            .filter(|ours| !ours.is_empty())
+            .map(str::to_owned);
+        self.outputs.push_back(Output::ReadUnit {
+            key,
+            unit,
+            kind,
+            ours,
+        });
     }
 
     /// A read came back: the next queued one may go.

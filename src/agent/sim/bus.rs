@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeSet, VecDeque};
 
+use super::kernel::Inv;
 use crate::systemd::signal::SystemdSignal;
 use crate::systemd::snapshot::{self, Attempt, properties_asked};
 
@@ -32,6 +33,9 @@ pub(crate) struct Snapshot {
     pub control_pid: u32,
     /// For the oracle, not on the wire: the invocation had already ended in the world.
     pub ended: bool,
+    /// For the oracle, not on the wire: no loaded unit by the name, an alias systemd no
+    /// longer resolves.
+    pub unresolved: bool,
 }
 
 /// One message on the agent's signal path, in the order the agent sees it.
@@ -59,6 +63,9 @@ pub(crate) struct ReadKind {
     /// InvocationID, each property, InvocationID again; else GetAll of the Unit interface,
     /// then of the Service interface.
     pub by_property: bool,
+    /// When GetUnit finds no loaded unit, GetUnitByInvocationID of this (the watch's own):
+    /// the rest is read at the path of the unit running it, if any.
+    pub by_invocation: Option<Inv>,
 }
 
 impl ReadKind {
@@ -67,6 +74,7 @@ impl ReadKind {
         ReadKind {
             get_unit: attempt == Attempt::FIRST,
             by_property: attempt.by_property(),
+            by_invocation: None,
         }
     }
 
@@ -79,6 +87,20 @@ impl ReadKind {
             2
         };
         usize::from(self.get_unit) + properties
+    }
+}
+
+impl Call {
+    /// Whether GetUnit found no loaded unit and the read goes on with GetUnitByInvocationID:
+    /// one answer more.
+    pub(crate) fn asked_by_invocation(&self) -> bool {
+        matches!(self.kind, CallKind::Read(kind) if kind.get_unit && kind.by_invocation.is_some())
+            && self.parts.first().is_some_and(|first| !first.loaded)
+    }
+
+    /// How many answers make this call's read.
+    pub(crate) fn parts_needed(&self, kind: ReadKind) -> usize {
+        kind.parts(&self.unit) + usize::from(self.asked_by_invocation())
     }
 }
 

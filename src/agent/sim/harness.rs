@@ -52,8 +52,9 @@ enum CensusRace {
 /// What a call in flight is for.
 #[derive(Clone, Copy, Debug)]
 enum CallFor {
-    /// An attempt of the driver's read of a unit (see `read_again`).
-    Read(Attempt),
+    /// An attempt of the driver's read of a unit (see `read_again`), and whether it asks
+    /// which unit runs the watch's invocation when none is loaded by the name.
+    Read(Attempt, bool),
     Stop(StopKind),
 }
 
@@ -75,6 +76,10 @@ pub(crate) struct Sim {
     watches: BTreeMap<UnitKey, String>,
     /// The leftovers each key holds a pidfd of, until their exit is delivered.
     leftovers: BTreeMap<UnitKey, BTreeSet<(Pid, u64)>>,
+    /// Each watch (its client's name and invocation) a read of which found no loaded unit by
+    /// that name, an alias systemd no longer resolved, and no unit running its invocation:
+    /// the oracle judges its proof as a documented limit.
+    blind: BTreeSet<(String, Inv)>,
     /// The client's name for each key's unit, from its first read on.
     key_names: BTreeMap<UnitKey, String>,
     /// The name each key's last read went by: systemd's own name once a read found it.
@@ -197,6 +202,7 @@ impl Sim {
             leftovers: BTreeMap::new(),
             key_names: BTreeMap::new(),
             read_names: BTreeMap::new(),
+            blind: BTreeSet::new(),
             key_invs: BTreeMap::new(),
             asking: None,
             restored: AgentState::default(),
@@ -435,7 +441,9 @@ impl Sim {
         }
         let now = self.now();
         match output {
-            Output::ReadUnit { key, unit, .. } => {
+            Output::ReadUnit {
+                key, unit, ours, ..
+            } => {
                 if !self.key_names.contains_key(&key) {
                     let name = (self.core.as_ref())
                         .and_then(|core| core.client_name(key))
@@ -446,9 +454,14 @@ impl Sim {
                 }
                 self.read_names.insert(key, unit.clone());
                 // Without a connection the real driver drops the read too.
-                let kind = ReadKind::of(Attempt::FIRST);
+                let kind = ReadKind {
+                    by_invocation: ours.as_deref().map(parse_inv),
+                    ..ReadKind::of(Attempt::FIRST)
+                };
+                let by_invocation = kind.by_invocation.is_some();
                 if let Some(id) = self.world.bus.send(&unit, CallKind::Read(kind)) {
-                    self.calls.insert(id, (key, CallFor::Read(Attempt::FIRST)));
+                    let read = CallFor::Read(Attempt::FIRST, by_invocation);
+                    self.calls.insert(id, (key, read));
                 }
             }
             Output::StopUnit { key, unit, kind } => self.stop_unit(key, &unit, kind),
@@ -549,8 +562,9 @@ impl Sim {
                 let inv = parse_inv(&event.invocation);
                 let asked = self.tenant.stop_requested(&event.unit);
                 if let Some(u) = u {
+                    let blind = self.blind.contains(&(event.unit.clone(), inv));
                     self.oracle
-                        .on_proof(&self.world, u, inv, event.cause, asked);
+                        .on_proof(&self.world, u, inv, event.cause, asked, blind);
                     self.oracle.on_watch_proven(u, inv, event.cause);
                 }
             }
@@ -612,8 +626,9 @@ impl Sim {
             };
             if !self.oracle.is_proven(u, inv) {
                 let asked = self.tenant.stop_requested(&event.unit);
+                let blind = self.blind.contains(&(event.unit.clone(), inv));
                 self.oracle
-                    .on_proof(&self.world, u, inv, event.cause, asked);
+                    .on_proof(&self.world, u, inv, event.cause, asked, blind);
             }
             self.oracle.on_watch_proven(u, inv, event.cause);
         }
@@ -952,11 +967,23 @@ impl Sim {
             return true;
         };
         match (reply.answer, call) {
-            (BusAnswer::Read(result), CallFor::Read(attempt)) => {
+            (BusAnswer::Read(result), CallFor::Read(attempt, by_invocation)) => {
                 let unit = self.read_names[&key].clone();
                 let mut over = false;
+                let mut unresolved = false;
                 let result = match result.map(|parts| {
-                    let read = driver_read(&unit, attempt, &parts);
+                    unresolved = parts.iter().any(|part| part.unresolved);
+                    // Read at the path GetUnit answered (or the unit running ours): an attempt
+                    // after this one asks there again.
+                    let path_of = match parts.as_slice() {
+                        [first, found, ..] if by_invocation && !first.loaded => Some(found),
+                        [first, ..] if attempt == Attempt::FIRST => Some(first),
+                        _ => None,
+                    };
+                    if let Some(part) = path_of.filter(|part| part.loaded) {
+                        self.read_names.insert(key, part.id.clone());
+                    }
+                    let read = driver_read(&unit, attempt, by_invocation, &parts);
                     if let Some(read) = &read {
                         // Told only if every answer came once it was over: an answer
                         // made before may be the one the state was taken from.
@@ -973,6 +1000,15 @@ impl Sim {
                     Ok(Some(snapshot)) => Ok(snapshot),
                     Err(e) => Err(e),
                 };
+                // Answered when systemd no longer resolved the alias, and (asked) found no unit
+                // running ours.
+                if let Ok(snapshot) = &result
+                    && !snapshot.loaded
+                    && unresolved
+                    && by_invocation
+                {
+                    self.note_blind(key, &unit);
+                }
                 if let Ok(snapshot) = &result
                     && let Some(u) = self.world.resolve(&snapshot.id)
                 {
@@ -1034,6 +1070,16 @@ impl Sim {
         true
     }
 
+    /// Marks `key`'s watch blind (see `blind`): its read of `unit` found no loaded unit by
+    /// that name, an alias systemd no longer resolved, and no unit running its invocation.
+    fn note_blind(&mut self, key: UnitKey, unit: &str) {
+        let Some(ours) = self.key_invs.get(&key).copied().flatten() else {
+            return;
+        };
+        let name = self.key_names.get(&key).map_or(unit, String::as_str);
+        self.blind.insert((name.to_owned(), ours));
+    }
+
     /// The unit began another invocation while it was read property by property: the driver
     /// asks again at the path it has, and after the last attempt with GetAll.
     fn read_again(&mut self, key: UnitKey, attempt: Attempt) {
@@ -1048,7 +1094,7 @@ impl Sim {
             .bus
             .send(&unit, CallKind::Read(ReadKind::of(attempt)))
         {
-            self.calls.insert(id, (key, CallFor::Read(attempt)));
+            self.calls.insert(id, (key, CallFor::Read(attempt, false)));
         }
     }
 
@@ -1069,7 +1115,7 @@ impl Sim {
                 kind,
                 succeeded: false,
             }),
-            CallFor::Read(_) => self.input(Input::UnitRead {
+            CallFor::Read(..) => self.input(Input::UnitRead {
                 key,
                 result: Err("Method call timed out".into()),
             }),
@@ -1144,12 +1190,21 @@ pub(crate) fn census(world: &World, cgroup: &str) -> Vec<ProcessInfo> {
 }
 
 /// What the driver makes of a read's answers to `attempt` for `unit`, by the driver's own rule
-/// (`systemd::snapshot`): the snapshot, or `None` if the unit began another invocation between
-/// the first and the last answer of a read property by property.
-fn driver_read(unit: &str, attempt: Attempt, parts: &[Snapshot]) -> Option<UnitSnapshot> {
+/// (`systemd::snapshot`, `systemd::read::read_unit`): the snapshot, or `None` if the unit began
+/// another invocation between the first and the last answer of a read property by property.
+/// `by_invocation`: GetUnit finding nothing, it asked which unit runs the watch's invocation.
+fn driver_read(
+    unit: &str,
+    attempt: Attempt,
+    by_invocation: bool,
+    parts: &[Snapshot],
+) -> Option<UnitSnapshot> {
     let mut parts = parts.iter();
     if ReadKind::of(attempt).get_unit {
-        let get_unit = parts.next()?;
+        let mut get_unit = parts.next()?;
+        if !get_unit.loaded && by_invocation {
+            get_unit = parts.next()?;
+        }
         if !get_unit.loaded {
             return Some(snapshot::not_loaded(
                 unit,

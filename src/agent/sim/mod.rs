@@ -101,8 +101,12 @@ const DEFAULT_SEEDS: u64 = 2000;
 /// within the liveness bound while a seed that skipped the healing phase still had method
 /// errors (the quiet phase stops them since). 171951904078265: a lost proof, a watch made with
 /// an alias, its reads finding the alias a unit of its own for a while, never told the next
-/// invocation's MainPID its sibling heard (both found by a random base of 100,000).
-const REGRESSION_SEEDS: [u64; 56] = [
+/// invocation's MainPID its sibling heard (both found by a random base of 100,000). 1604: a
+/// false proof, a watch made with an alias read by that alias once the operator took it away
+/// (killed N1, reads by the client's name); 1005: a false proof, a new watch's first read of an
+/// alias taken away, not asked which unit runs its invocation (killed N3); both found once the
+/// operator took aliases away.
+const REGRESSION_SEEDS: [u64; 58] = [
     0,
     198,
     362,
@@ -159,6 +163,8 @@ const REGRESSION_SEEDS: [u64; 56] = [
     17_028_561_750_685,
     171_951_904_012_746,
     171_951_904_078_265,
+    1604,
+    1005,
 ];
 
 /// What one seed's run came to.
@@ -214,6 +220,10 @@ fn kind(violation: &str) -> String {
     .into_iter()
     .find(|c| violation.contains(c))
     .unwrap_or("");
+    if violation.starts_with("BLIND PROOF") {
+        return "BLIND PROOF: a watch's name resolved to no unit and none ran its invocation"
+            .into();
+    }
     if violation.starts_with("FALSE PROOF") {
         // Whatever the cause named: one defect.
         if violation.contains("systemd guessed as a later invocation's MainPID") {
@@ -563,6 +573,15 @@ const LIMITS: &[Tolerated] = &[
     // forked just before. So may a session leader told only as systemd's guess of a later
     // invocation's MainPID (`unit_search_main_pid`), forked before any invocation after ours
     // the agent was told began.
+    // A watch whose name systemd resolved to no loaded unit (an alias taken away) and whose
+    // invocation no loaded unit had (`GetUnitByInvocationID`): to the agent, a unit collected
+    // after that invocation ended, which it proves. A leftover of that invocation in the real
+    // unit's cgroup makes the proof false (docs/rules.md).
+    Tolerated {
+        kind: "BLIND PROOF: a watch's name resolved to no unit and none ran its invocation",
+        why: "a documented limit",
+        per_10k: 60,
+    },
     Tolerated {
         kind: "NO PROOF within the liveness bound, another invocation's untold roots forked as it \
                began alive",

@@ -137,7 +137,10 @@ impl Oracle {
         }
     }
 
-    /// A proof of `inv` of unit `u` (named `name`) was broadcast.
+    /// A proof of `inv` of unit `u` (named `name`) was broadcast. `blind`: it is of a watch
+    /// whose read found no loaded unit by its name, an alias systemd no longer resolved, and
+    /// no unit running `inv` either: to the agent, a unit collected after `inv` ended. What is
+    /// wrong with such a proof is marked `BLIND PROOF`, a documented limit (docs/rules.md).
     pub(crate) fn on_proof(
         &mut self,
         w: &World,
@@ -145,7 +148,18 @@ impl Oracle {
         inv: Inv,
         cause: Cause,
         stop_requested: bool,
+        blind: bool,
     ) {
+        let before = self.violations.len();
+        self.judge_proof(w, u, inv, cause, stop_requested);
+        if blind {
+            for violation in &mut self.violations[before..] {
+                *violation = format!("BLIND PROOF: {violation}");
+            }
+        }
+    }
+
+    fn judge_proof(&mut self, w: &World, u: usize, inv: Inv, cause: Cause, stop_requested: bool) {
         self.proofs += 1;
         self.owed.remove(&(u, inv));
         self.proven.insert((u, inv));
@@ -512,7 +526,7 @@ mod tests {
         let inv = w.units[0].invocation;
         let mut oracle = Oracle::default();
         oracle.owe(0, inv);
-        oracle.on_proof(&w, 0, inv, Cause::Exited, false);
+        oracle.on_proof(&w, 0, inv, Cause::Exited, false, false);
         assert!(oracle.violations.iter().any(|v| v.contains("FALSE PROOF")));
 
         let mut oracle = Oracle::default();
@@ -526,7 +540,7 @@ mod tests {
             oracle.quiet_step(&w, &BTreeMap::new(), false);
         }
         assert_eq!(oracle.violations.len(), 1, "{:?}", oracle.violations);
-        oracle.on_proof(&w, 0, inv, Cause::Exited, false);
+        oracle.on_proof(&w, 0, inv, Cause::Exited, false, false);
         assert_eq!(oracle.violations.len(), 1, "a true proof, if late");
     }
 }

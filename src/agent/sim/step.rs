@@ -36,6 +36,8 @@ pub(crate) enum Action {
     Suspend,
     Gc(usize),
     Reload,
+    /// The operator takes the unit's aliases away (or makes them again) and reloads.
+    ToggleAliases(usize),
     Reexec,
     SystemdBack,
     BusDown,
@@ -69,6 +71,7 @@ impl World {
         swarm.draw_later_items(&mut later);
         swarm.draw_census_races(&mut Rng::new(seed.rotate_left(17) ^ 0x0072_6163_6573));
         swarm.draw_start_waiters(&mut Rng::new(seed.rotate_left(41) ^ 0x0077_6169_7473));
+        swarm.draw_alias_changes(&mut Rng::new(seed.rotate_left(53) ^ 0x616c_6961_7365));
         world.swarm = swarm;
         world.bus.lose_percent = swarm.signal_loss;
         world.bus.error_percent = swarm.method_errors;
@@ -252,6 +255,13 @@ impl World {
                 add(1, Action::BusDown);
             }
             add(1, Action::Overflow);
+            if self.bus.systemd_on && self.swarm.alias_changes > 0 {
+                for (u, unit) in self.units.iter().enumerate() {
+                    if !unit.aliases.is_empty() {
+                        add(self.swarm.alias_changes, Action::ToggleAliases(u));
+                    }
+                }
+            }
             for path in self.kernel.watched_paths() {
                 add(1, Action::LoseWatch(path));
             }
@@ -337,6 +347,16 @@ impl World {
             }
             Action::Gc(u) => self.gc(u),
             Action::Reload => self.reload(false),
+            Action::ToggleAliases(u) => {
+                let unit = &mut self.units[u];
+                unit.aliases_linked = !unit.aliases_linked;
+                let what = match unit.aliases_linked {
+                    true => "made again",
+                    false => "taken away",
+                };
+                let line = format!("{}: its aliases {what}", unit.name);
+                format!("{line}; {}", self.reload(false))
+            }
             Action::Reexec => self.reload(true),
             Action::SystemdBack => {
                 self.bus.systemd_back();
@@ -444,29 +464,49 @@ impl World {
                 (CallKind::Read(kind), None) => {
                     // systemd answers a few of the read's messages now; anything may happen
                     // before it answers the rest.
-                    let mut burst = 1 + self.rng.below(kind.parts(&call.unit) - call.parts.len());
+                    let mut burst = 1 + self.rng.below(call.parts_needed(kind) - call.parts.len());
                     let mut unloaded = false;
                     while burst > 0 && !unloaded {
-                        let part = self.snapshot(&call.unit);
-                        unloaded = kind.get_unit && call.parts.is_empty() && !part.loaded;
+                        // After a GetUnit that found nothing, GetUnitByInvocationID
+                        // (`method_get_unit_by_invocation_id`): the rest is read at the path of
+                        // the loaded unit whose current invocation is the watch's.
+                        let by_invocation = call.asked_by_invocation() && call.parts.len() == 1;
+                        let running = by_invocation
+                            .then(|| self.running(kind.by_invocation))
+                            .flatten();
+                        if let Some(u) = running {
+                            call.unit = self.units[u].name.clone();
+                        }
+                        let mut part = self.snapshot(&call.unit);
+                        part.loaded &= !by_invocation || running.is_some();
+                        // GetUnit answers the unit's object path: the rest of the read goes
+                        // there, whatever the name stands for meanwhile (an alias taken away).
+                        if kind.get_unit && call.parts.is_empty() && part.loaded {
+                            call.unit = part.id.clone();
+                        }
+                        unloaded = !part.loaded
+                            && (by_invocation
+                                || kind.get_unit
+                                    && call.parts.is_empty()
+                                    && kind.by_invocation.is_none());
                         call.parts.push(part);
                         burst -= 1;
                     }
-                    if !unloaded && call.parts.len() < kind.parts(&call.unit) {
+                    if !unloaded && call.parts.len() < call.parts_needed(kind) {
                         // The driver sends the next message once this one is answered.
                         done.push(format!(
                             "Read {} #{} ({} of {})",
                             call.unit,
                             call.id,
                             call.parts.len(),
-                            kind.parts(&call.unit)
+                            call.parts_needed(kind)
                         ));
                         self.bus.calls.push_back(call);
                         continue;
                     }
                     Answer::Read(Ok(std::mem::take(&mut call.parts)))
                 }
-                (CallKind::Stop, None) => match self.resolve(&call.unit) {
+                (CallKind::Stop, None) => match self.lookup(&call.unit) {
                     Some(u) if self.units[u].loaded => {
                         self.bus.next_serial(0);
                         self.units[u].job = Some(Job::Stop);

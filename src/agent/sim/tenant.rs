@@ -259,8 +259,11 @@ impl Tenant {
             u = rng.pick(&late).unwrap_or(u);
         }
         let unit = &world.units[u];
+        // By an alias only while systemd resolves it: a watch that names an invocation under a
+        // name systemd knows no unit by is proven at its first read (the agent cannot tell it
+        // from a unit collected after that invocation ended; docs/rules.md).
         let name = match unit.aliases.first() {
-            Some(alias) if rng.percent(50) => alias.clone(),
+            Some(alias) if unit.aliases_linked && rng.percent(50) => alias.clone(),
             _ => unit.name.clone(),
         };
         let older: Vec<Inv> = world

@@ -205,6 +205,8 @@ pub(crate) enum Job {
 pub(crate) struct Unit {
     pub name: String,
     pub aliases: Vec<String>,
+    /// The aliases' symlinks were in place at systemd's last reload: it resolves them.
+    pub aliases_linked: bool,
     /// The cgroup the unit's next processes go to (its slice may change between invocations).
     pub cgroup: String,
     /// systemd knows the cgroup's path (`u->cgroup_path`): set when it realizes the cgroup,

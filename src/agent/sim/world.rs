@@ -72,6 +72,12 @@ pub(crate) struct Swarm {
     /// child and exits: the child starts after that invocation began, in the session of an
     /// ExecStop= long gone, and may be guessed as its MainPID.
     pub start_waiters: u32,
+    /// Weight of the operator taking a unit's aliases away (their symlinks) or making them
+    /// again, then reloading the manager: until the next reload systemd resolves them as
+    /// before; after it, `GetUnit` of a removed alias answers that no such unit is loaded
+    /// (`unit_file_build_name_map` builds the names at a reload, `method_get_unit` finds
+    /// only loaded names).
+    pub alias_changes: u32,
 }
 
 impl Swarm {
@@ -127,6 +133,11 @@ impl Swarm {
     /// races).
     pub(crate) fn draw_start_waiters(&mut self, r: &mut Rng) {
         self.start_waiters = [0, 0, 30, 80][r.below(4)];
+    }
+
+    /// Draws how often aliases are taken away and made again (from a generator of their own).
+    pub(crate) fn draw_alias_changes(&mut self, r: &mut Rng) {
+        self.alias_changes = [0, 0, 0, 1, 3][r.below(5)];
     }
 }
 
@@ -212,6 +223,7 @@ impl World {
             cgroup_known: false,
             name: name.to_owned(),
             aliases,
+            aliases_linked: true,
             cfg,
             loaded: true,
             state: SvcState::Dead,
@@ -237,11 +249,26 @@ impl World {
         self.now_us += us;
     }
 
-    /// The unit a name (or an alias) stands for, loaded or not.
+    /// The unit a name (or an alias) stands for, loaded or not, its aliases linked or not: the
+    /// oracle's and the platform's view.
     pub(crate) fn resolve(&self, name: &str) -> Option<usize> {
         self.units
             .iter()
             .position(|u| u.name == name || u.aliases.iter().any(|a| a == name))
+    }
+
+    /// The loaded unit whose current invocation is `inv` (`units_by_invocation_id`).
+    pub(crate) fn running(&self, inv: Option<Inv>) -> Option<usize> {
+        let inv = inv.filter(|inv| *inv != 0)?;
+        (self.units.iter()).position(|u| u.loaded && u.invocation == inv)
+    }
+
+    /// The unit systemd finds by `name` (`manager_get_unit`): its own name, or an alias whose
+    /// symlink was there at the last reload.
+    pub(crate) fn lookup(&self, name: &str) -> Option<usize> {
+        self.units.iter().position(|u| {
+            u.name == name || (u.aliases_linked && u.aliases.iter().any(|a| a == name))
+        })
     }
 
     /// The live processes started under `inv`, but for `systemctl clean`'s, which systemd
@@ -401,7 +428,7 @@ impl World {
     pub(crate) fn snapshot(&mut self, name: &str) -> Snapshot {
         let gap = self.gap();
         let serial = self.bus.next_serial(gap);
-        let Some(u) = self.resolve(name).filter(|u| self.units[*u].loaded) else {
+        let Some(u) = self.lookup(name).filter(|u| self.units[*u].loaded) else {
             return Snapshot {
                 serial,
                 loaded: false,
@@ -418,6 +445,7 @@ impl World {
                 main_pid: 0,
                 control_pid: 0,
                 ended: false,
+                unresolved: self.resolve(name).is_some() && self.lookup(name).is_none(),
             };
         };
         let unit = &self.units[u];
@@ -442,6 +470,7 @@ impl World {
             main_pid: unit.main_pid.unwrap_or(0),
             control_pid: unit.control_pid.unwrap_or(0),
             ended: self.ended(unit.invocation),
+            unresolved: false,
         }
     }
 }

@@ -56,6 +56,7 @@ fn read(w: &mut World, name: &str) -> super::bus::Snapshot {
     let kind = ReadKind {
         get_unit: false,
         by_property: false,
+        by_invocation: None,
     };
     w.bus.send(name, CallKind::Read(kind));
     w.apply(Action::ProcessCalls(kind.parts(name)));
