@@ -430,12 +430,7 @@ fn a_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives() {
 /// under the alias.
 fn a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_it_runs() {
     let sandbox = Sandbox::start("raealias");
-    sandbox.install_unit(
-        "kept.service",
-        "[Service]\nType=oneshot\nRemainAfterExit=yes\nKillMode=process\n\
-         ExecStart=/bin/true\nExecStop=/bin/sh -c 'sleep 1000 & exit 0'\n",
-    );
-    sandbox.install_alias("nick.service", "kept.service");
+    install_kept_with_the_alias_nick(&sandbox);
     sandbox.systemctl_ok(&["start", "kept.service"]);
     let agent = Agent::start(&sandbox);
     let ours = sandbox.show("kept.service", "InvocationID");
@@ -455,19 +450,7 @@ fn a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_i
         ),
     );
 
-    sandbox.systemctl_ok(&["stop", "kept.service"]);
-    let (cgroup, leftovers) = our_leftovers(&sandbox, "kept.service", &ours);
-    agent.barrier();
-    assert_unproven(
-        &agent,
-        "nick.service",
-        &format!("its ExecStop= leftover {leftovers:?} lives in {cgroup}"),
-    );
-    kill_pids(&leftovers);
-    let event = agent.one(&["wait", "nick.service", "--timeout", PATIENCE_ARG]);
-    assert_eq!(event["unit"], "nick.service", "{event}");
-    assert_eq!(event["invocation"], ours.as_str(), "{event}");
-    assert_eq!(event["cause"], "exited", "{event}");
+    stop_kept_and_prove_it_under_the_alias_once_its_leftover_dies(&sandbox, &agent, &ours);
 }
 
 /// The same, the alias taken away before the watch is made: the platform names the invocation
@@ -480,12 +463,7 @@ fn a_remain_after_exit_unit_watched_by_an_alias_taken_away_is_not_proven_while_i
 /// simulator once its operator took aliases away).
 fn a_watch_naming_an_invocation_by_an_alias_taken_away_finds_the_unit_running_it() {
     let sandbox = Sandbox::start("raealiasgone");
-    sandbox.install_unit(
-        "kept.service",
-        "[Service]\nType=oneshot\nRemainAfterExit=yes\nKillMode=process\n\
-         ExecStart=/bin/true\nExecStop=/bin/sh -c 'sleep 1000 & exit 0'\n",
-    );
-    sandbox.install_alias("nick.service", "kept.service");
+    install_kept_with_the_alias_nick(&sandbox);
     sandbox.systemctl_ok(&["start", "nick.service"]);
     let ours = sandbox.show("kept.service", "InvocationID");
     sandbox.remove_alias("nick.service");
@@ -499,18 +477,39 @@ fn a_watch_naming_an_invocation_by_an_alias_taken_away_finds_the_unit_running_it
         &format!("kept.service runs our invocation {ours}, though nick.service no longer names it"),
     );
 
+    stop_kept_and_prove_it_under_the_alias_once_its_leftover_dies(&sandbox, &agent, &ours);
+}
+
+/// Installs `kept.service` (`Type=oneshot`, `RemainAfterExit=yes`, an ExecStop= that leaves a
+/// `sleep` behind under `KillMode=process`) and the alias `nick.service` of it.
+fn install_kept_with_the_alias_nick(sandbox: &Sandbox) {
+    sandbox.install_unit(
+        "kept.service",
+        "[Service]\nType=oneshot\nRemainAfterExit=yes\nKillMode=process\n\
+         ExecStart=/bin/true\nExecStop=/bin/sh -c 'sleep 1000 & exit 0'\n",
+    );
+    sandbox.install_alias("nick.service", "kept.service");
+}
+
+/// Stops `kept.service`, whose invocation `ours` the agent watches as `nick.service`: no proof
+/// while the ExecStop= leftover lives, then `exited` under the alias once it is killed.
+fn stop_kept_and_prove_it_under_the_alias_once_its_leftover_dies(
+    sandbox: &Sandbox,
+    agent: &Agent,
+    ours: &str,
+) {
     sandbox.systemctl_ok(&["stop", "kept.service"]);
-    let (cgroup, leftovers) = our_leftovers(&sandbox, "kept.service", &ours);
+    let (cgroup, leftovers) = our_leftovers(sandbox, "kept.service", ours);
     agent.barrier();
     assert_unproven(
-        &agent,
+        agent,
         "nick.service",
         &format!("its ExecStop= leftover {leftovers:?} lives in {cgroup}"),
     );
     kill_pids(&leftovers);
     let event = agent.one(&["wait", "nick.service", "--timeout", PATIENCE_ARG]);
     assert_eq!(event["unit"], "nick.service", "{event}");
-    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["invocation"], ours, "{event}");
     assert_eq!(event["cause"], "exited", "{event}");
 }
 

@@ -28,6 +28,30 @@ fn units(reads: &[(UnitKey, String)]) -> Vec<&str> {
     reads.iter().map(|(_, unit)| unit.as_str()).collect()
 }
 
+/// With one read in flight at most: `units` watched (each active, invocation A, its cgroup
+/// populated) and their first reads answered, then each announced anew (`UnitNew`), which
+/// reads it again: the first unit's read goes out, the others' wait in the queue.
+fn read_again_one_at_a_time(units: &[&str]) -> Script {
+    let config = CoreConfig {
+        max_reads_in_flight: 1,
+        ..config("boot-1")
+    };
+    let mut s = Script::configured(config, AgentState::default());
+    s.input(Input::BusUp);
+    for unit in units {
+        let cgroup = format!("/app.slice/{unit}");
+        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
+        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
+        s.answer_reads(|u| Ok(snapshot(u, "active", A, &cgroup)));
+    }
+    for unit in units {
+        s.signal(SystemdSignal::UnitNew {
+            unit: (*unit).into(),
+        });
+    }
+    s
+}
+
 #[test]
 fn no_unit_is_read_while_the_bus_is_down_or_systemd_reloads_and_each_is_read_after() {
     for reload in [false, true] {
@@ -114,21 +138,7 @@ fn a_watch_that_knows_no_cgroup_of_ours_takes_the_next_invocations() {
 /// that tells them apart).
 #[test]
 fn a_queued_read_sent_during_a_reload_decides_nothing_after_it() {
-    let config = CoreConfig {
-        max_reads_in_flight: 1,
-        ..config("boot-1")
-    };
-    let mut s = Script::configured(config, AgentState::default());
-    s.input(Input::BusUp);
-    for unit in ["a.service", "b.service"] {
-        let cgroup = format!("/app.slice/{unit}");
-        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
-        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
-        s.answer_reads(|u| Ok(snapshot(u, "active", A, &cgroup)));
-    }
-    for unit in ["a.service", "b.service"] {
-        s.signal(SystemdSignal::UnitNew { unit: unit.into() });
-    }
+    let mut s = read_again_one_at_a_time(&["a.service", "b.service"]);
     s.signal(SystemdSignal::Reloading(true));
     let reads = reads_asked(&mut s);
     assert_eq!(units(&reads), ["a.service"], "b's read waits in the queue");
@@ -155,21 +165,7 @@ fn a_queued_read_sent_during_a_reload_decides_nothing_after_it() {
 /// unanswered 61 steps with one read in flight).
 #[test]
 fn a_new_watchs_read_goes_before_the_reads_of_answered_watches() {
-    let config = CoreConfig {
-        max_reads_in_flight: 1,
-        ..config("boot-1")
-    };
-    let mut s = Script::configured(config, AgentState::default());
-    s.input(Input::BusUp);
-    for unit in ["a.service", "b.service", "c.service"] {
-        let cgroup = format!("/app.slice/{unit}");
-        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
-        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
-        s.answer_reads(|u| Ok(snapshot(u, "active", A, &cgroup)));
-    }
-    for unit in ["a.service", "b.service", "c.service"] {
-        s.signal(SystemdSignal::UnitNew { unit: unit.into() });
-    }
+    let mut s = read_again_one_at_a_time(&["a.service", "b.service", "c.service"]);
     for unit in ["d.service", "e.service"] {
         s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
     }
@@ -200,21 +196,7 @@ fn a_new_watchs_read_goes_before_the_reads_of_answered_watches() {
 /// reads of proven watches held up the only unproven watch's read for a dozen steps).
 #[test]
 fn a_watch_proven_while_its_read_waits_gives_up_its_slot() {
-    let config = CoreConfig {
-        max_reads_in_flight: 1,
-        ..config("boot-1")
-    };
-    let mut s = Script::configured(config, AgentState::default());
-    s.input(Input::BusUp);
-    for unit in ["a.service", "b.service", "c.service"] {
-        let cgroup = format!("/app.slice/{unit}");
-        s.cgroups.insert(cgroup.clone(), CgroupReading::Populated);
-        s.request(&format!(r#"{{"cmd":"watch","unit":"{unit}"}}"#));
-        s.answer_reads(|u| Ok(snapshot(u, "active", A, &cgroup)));
-    }
-    for unit in ["a.service", "b.service", "c.service"] {
-        s.signal(SystemdSignal::UnitNew { unit: unit.into() });
-    }
+    let mut s = read_again_one_at_a_time(&["a.service", "b.service", "c.service"]);
     let reads = reads_asked(&mut s);
     assert_eq!(units(&reads), ["a.service"], "b's and c's reads wait");
     s.cgroups
