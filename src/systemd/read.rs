@@ -62,7 +62,7 @@ pub(crate) async fn read_unit(
         Err(zbus::Error::MethodError(name, _, reply)) if name.as_str() == NO_SUCH_UNIT => {
             let serial = reply.primary_header().serial_num().get();
             let by_invocation = match ours.and_then(invocation_bytes) {
-                Some(id) => unit_running(conn, systemd, id)
+                Some(id) => unit_running(conn, systemd, id, serial)
                     .await
                     .map_err(ManagerError::new(what()))?,
                 None => Err(serial),
@@ -86,11 +86,15 @@ pub(crate) async fn read_unit(
 }
 
 /// The object path of the loaded unit whose current invocation is `id`, or the serial of
-/// systemd's answer that none is (`method_get_unit_by_invocation_id`).
+/// systemd's answer that none is (`method_get_unit_by_invocation_id`). A systemd older than
+/// the method (238) cannot say: the name's answer, of serial `unloaded`, stands, as before the
+/// method was asked. zbus hands the bus's own errors (UnknownMethod) over as `fdo::Error`,
+/// without the reply.
 async fn unit_running(
     conn: &Connection,
     systemd: &str,
     id: Vec<u8>,
+    unloaded: u32,
 ) -> zbus::Result<Result<OwnedObjectPath, u32>> {
     match call_manager(conn, systemd, "GetUnitByInvocationID", &(id,)).await {
         Ok(reply) => Ok(Ok(reply.body().deserialize::<OwnedObjectPath>()?)),
@@ -98,6 +102,9 @@ async fn unit_running(
             if [NO_UNIT_FOR_INVOCATION_ID, NO_SUCH_UNIT].contains(&name.as_str()) =>
         {
             Ok(Err(reply.primary_header().serial_num().get()))
+        }
+        Err(zbus::Error::FDO(e)) if matches!(*e, zbus::fdo::Error::UnknownMethod(_)) => {
+            Ok(Err(unloaded))
         }
         Err(e) => Err(e),
     }
@@ -331,7 +338,80 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::net::UnixStream;
+
+    use futures_util::StreamExt;
+    use zbus::message::Type;
+    use zbus::runtime::traits::TaskHandle as _;
+
     use super::*;
+    use crate::systemd::runtime::MioRuntime;
+
+    const OURS: &str = "00ff10a0b1c2d3e4f5060708090a0b0c";
+
+    /// Reads `nick.service` for a watch of [`OURS`] from a fake manager over a peer-to-peer
+    /// connection: it answers `GetUnit` that no such unit is loaded, and
+    /// `GetUnitByInvocationID` with the error `by_invocation`.
+    fn read_where_no_unit_is_loaded(by_invocation: &'static str) -> Result<UnitSnapshot, String> {
+        let (server_end, client_end) = UnixStream::pair().expect("a socket pair");
+        let mut poll = mio::Poll::new().expect("a poll");
+        let runtime = MioRuntime::new(poll.registry(), mio::Token(0), 100..200).expect("a runtime");
+        let handle = runtime.handle();
+        let (server, client) = runtime
+            .block_on(&mut poll, async {
+                let server = zbus::connection::Builder::unix_stream(server_end)
+                    .server(zbus::Guid::generate())
+                    .p2p()
+                    .runtime(handle.clone())
+                    .build();
+                let client = zbus::connection::Builder::unix_stream(client_end)
+                    .p2p()
+                    .runtime(handle.clone())
+                    .build();
+                futures_util::future::join(server, client).await
+            })
+            .expect("the poll waits");
+        let (server, client) = (server.expect("a server"), client.expect("a client"));
+        let mut calls = zbus::MessageStream::from(&server);
+        runtime
+            .spawn(async move {
+                while let Some(Ok(call)) = calls.next().await {
+                    if call.message_type() != Type::MethodCall {
+                        continue;
+                    }
+                    let header = call.header();
+                    let error = match header.member().map(|m| m.as_str()) {
+                        Some("GetUnit") => NO_SUCH_UNIT,
+                        _ => by_invocation,
+                    };
+                    let sent = server.reply_error(&header, error, &("a fake",)).await;
+                    sent.expect("a reply sent");
+                }
+            })
+            .detach();
+        let read = read_unit(&client, SYSTEMD, "nick.service", ReadKind::Get, Some(OURS));
+        runtime
+            .block_on(&mut poll, read)
+            .expect("the poll waits")
+            .map_err(|e| e.to_string())
+    }
+
+    const SYSTEMD: &str = "org.freedesktop.systemd1";
+
+    /// With no unit loaded by the name, the answer is "not loaded" only when systemd says no
+    /// loaded unit has the watch's invocation, or cannot say (older than the method): any other
+    /// error fails the read, which is made again, rather than prove a unit that may run.
+    #[test]
+    fn no_unit_by_the_name_is_not_loaded_only_if_none_runs_ours_or_systemd_cannot_tell() {
+        let unknown_method = "org.freedesktop.DBus.Error.UnknownMethod";
+        for by_invocation in [NO_UNIT_FOR_INVOCATION_ID, unknown_method] {
+            let read = read_where_no_unit_is_loaded(by_invocation).expect("a read");
+            assert!(!read.loaded, "{by_invocation}: {read:?}");
+            assert_eq!(read.invocation, "", "{by_invocation}");
+        }
+        let refused = read_where_no_unit_is_loaded("org.freedesktop.DBus.Error.AccessDenied");
+        assert!(refused.is_err(), "{refused:?}");
+    }
 
     /// The text of an invocation ID back to the 16 bytes `GetUnitByInvocationID` takes, and
     /// anything else (a wrong length, not hex) to none.
