@@ -42,6 +42,10 @@ pub const TESTS: &[Test] = &[
         a_watch_naming_an_invocation_by_an_alias_taken_away_finds_the_unit_running_it,
     ),
     (
+        "a_watch_by_an_alias_pointed_at_another_unit_stays_with_its_own_and_spares_the_other",
+        a_watch_by_an_alias_pointed_at_another_unit_stays_with_its_own_and_spares_the_other,
+    ),
+    (
         "a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives",
         a_restarted_remain_after_exit_unit_is_not_proven_while_its_exec_stop_leftover_lives,
     ),
@@ -478,6 +482,45 @@ fn a_watch_naming_an_invocation_by_an_alias_taken_away_finds_the_unit_running_it
     );
 
     stop_kept_and_prove_it_under_the_alias_once_its_leftover_dies(&sandbox, &agent, &ours);
+}
+
+/// The alias a watch was made with pointed at another unit (its symlink replaced, the manager
+/// reloaded) while the watch waits: the watch stays with the unit that runs its invocation.
+/// Read by the alias, the other unit's invocation would look like ours replaced by one started
+/// outside, and the agent would stop that unit, which the platform never named, and prove ours
+/// while it runs.
+fn a_watch_by_an_alias_pointed_at_another_unit_stays_with_its_own_and_spares_the_other() {
+    let sandbox = Sandbox::start("aliasmoved");
+    for unit in ["first.service", "second.service"] {
+        sandbox.install_unit(unit, "[Service]\nExecStart=/bin/sleep 1000\n");
+    }
+    sandbox.install_alias("nick.service", "first.service");
+    sandbox.systemctl_ok(&["start", "first.service", "second.service"]);
+    let agent = Agent::start(&sandbox);
+    let ours = sandbox.show("first.service", "InvocationID");
+    let theirs = sandbox.show("second.service", "InvocationID");
+    let watch = agent.one(&["watch", "nick.service"]);
+    assert_eq!(watch["invocation"], ours.as_str(), "{watch}");
+
+    sandbox.remove_alias("nick.service");
+    sandbox.install_alias("nick.service", "second.service");
+    assert_eq!(sandbox.show("nick.service", "Id"), "second.service");
+    agent.barrier();
+    assert_stays_active(
+        &sandbox,
+        &agent,
+        "second.service",
+        &theirs,
+        "nick.service names it now, but the watch is of first.service's invocation",
+    );
+    assert_unproven(&agent, "nick.service", "first.service runs our invocation");
+
+    sandbox.systemctl_ok(&["kill", "-s", "KILL", "first.service"]);
+    let event = agent.one(&["wait", "nick.service", "--timeout", PATIENCE_ARG]);
+    assert_eq!(event["invocation"], ours.as_str(), "{event}");
+    assert_eq!(event["cause"], "exited", "{event}");
+    assert_eq!(sandbox.show("second.service", "InvocationID"), theirs);
+    assert_eq!(sandbox.show("second.service", "ActiveState"), "active");
 }
 
 /// Installs `kept.service` (`Type=oneshot`, `RemainAfterExit=yes`, an ExecStop= that leaves a
