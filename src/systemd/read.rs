@@ -338,14 +338,12 @@ async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::net::UnixStream;
-
     use futures_util::StreamExt;
     use zbus::message::Type;
     use zbus::runtime::traits::TaskHandle as _;
 
     use super::*;
-    use crate::systemd::runtime::MioRuntime;
+    use crate::systemd::runtime::{MioRuntime, peer_to_peer};
 
     const OURS: &str = "00ff10a0b1c2d3e4f5060708090a0b0c";
 
@@ -353,25 +351,9 @@ mod tests {
     /// connection: it answers `GetUnit` that no such unit is loaded, and
     /// `GetUnitByInvocationID` with the error `by_invocation`.
     fn read_where_no_unit_is_loaded(by_invocation: &'static str) -> Result<UnitSnapshot, String> {
-        let (server_end, client_end) = UnixStream::pair().expect("a socket pair");
         let mut poll = mio::Poll::new().expect("a poll");
         let runtime = MioRuntime::new(poll.registry(), mio::Token(0), 100..200).expect("a runtime");
-        let handle = runtime.handle();
-        let (server, client) = runtime
-            .block_on(&mut poll, async {
-                let server = zbus::connection::Builder::unix_stream(server_end)
-                    .server(zbus::Guid::generate())
-                    .p2p()
-                    .runtime(handle.clone())
-                    .build();
-                let client = zbus::connection::Builder::unix_stream(client_end)
-                    .p2p()
-                    .runtime(handle.clone())
-                    .build();
-                futures_util::future::join(server, client).await
-            })
-            .expect("the poll waits");
-        let (server, client) = (server.expect("a server"), client.expect("a client"));
+        let (server, client) = peer_to_peer(&mut poll, &runtime);
         let mut calls = zbus::MessageStream::from(&server);
         runtime
             .spawn(async move {

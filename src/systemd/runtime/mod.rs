@@ -401,5 +401,31 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// A server and a client connected peer to peer over a socket pair, both on `runtime` (for
+/// tests: a fake systemd, or a flood of signals, with no bus daemon).
+#[cfg(test)]
+pub(crate) fn peer_to_peer(
+    poll: &mut mio::Poll,
+    runtime: &MioRuntime,
+) -> (zbus::Connection, zbus::Connection) {
+    let (server_end, client_end) = std::os::unix::net::UnixStream::pair().expect("a socket pair");
+    let handle = runtime.handle();
+    let (server, client) = runtime
+        .block_on(poll, async {
+            let server = zbus::connection::Builder::unix_stream(server_end)
+                .server(zbus::Guid::generate())
+                .p2p()
+                .runtime(handle.clone())
+                .build();
+            let client = zbus::connection::Builder::unix_stream(client_end)
+                .p2p()
+                .runtime(handle.clone())
+                .build();
+            futures_util::future::join(server, client).await
+        })
+        .expect("the poll waits");
+    (server.expect("a server"), client.expect("a client"))
+}
+
 #[cfg(test)]
 mod tests;

@@ -416,24 +416,8 @@ fn floods_behind_a_full_stream_queue_arrive_without_a_lost_wake() {
 
     const FLOODS: usize = 200;
     const FLOOD: usize = 100;
-    let (server_end, client_end) = UnixStream::pair().expect("a socket pair");
     let (mut poll, runtime) = runtime_with(SOURCES);
-    let handle = runtime.handle();
-    let (server, client) = runtime
-        .block_on(&mut poll, async {
-            let server = zbus::connection::Builder::unix_stream(server_end)
-                .server(zbus::Guid::generate())
-                .p2p()
-                .runtime(handle.clone())
-                .build();
-            let client = zbus::connection::Builder::unix_stream(client_end)
-                .p2p()
-                .runtime(handle.clone())
-                .build();
-            futures_util::future::join(server, client).await
-        })
-        .expect("the poll waits");
-    let (server, client) = (server.expect("a server"), client.expect("a client"));
+    let (server, client) = super::peer_to_peer(&mut poll, &runtime);
 
     let rule = zbus::MatchRule::builder()
         .msg_type(zbus::message::Type::Signal)
