@@ -52,9 +52,9 @@ enum CensusRace {
 /// What a call in flight is for.
 #[derive(Clone, Copy, Debug)]
 enum CallFor {
-    /// An attempt of the driver's read of a unit (see `read_again`), and whether it asks
-    /// which unit runs the watch's invocation when none is loaded by the name.
-    Read(Attempt, bool),
+    /// An attempt of the driver's read of a unit (see `read_again`), and the watch's
+    /// invocation it asks the unit running of when none is loaded by the name, if any.
+    Read(Attempt, Option<Inv>),
     Stop(StopKind),
 }
 
@@ -76,10 +76,11 @@ pub(crate) struct Sim {
     watches: BTreeMap<UnitKey, String>,
     /// The leftovers each key holds a pidfd of, until their exit is delivered.
     leftovers: BTreeMap<UnitKey, BTreeSet<(Pid, u64)>>,
-    /// Each watch (its client's name and invocation) a read of which found no loaded unit by
-    /// that name, an alias systemd no longer resolved, and no unit running its invocation:
-    /// the oracle judges its proof as a documented limit.
-    blind: BTreeSet<(String, Inv)>,
+    /// Each invocation a read of which found no loaded unit by its watch's name, an alias
+    /// systemd no longer resolved, and no unit running it: the oracle judges its proof as a
+    /// documented limit, under any name (a proof is the invocation's, and every watch of it
+    /// takes it).
+    blind: BTreeSet<Inv>,
     /// The client's name for each key's unit, from its first read on.
     key_names: BTreeMap<UnitKey, String>,
     /// The name each key's last read went by: systemd's own name once a read found it.
@@ -458,9 +459,8 @@ impl Sim {
                     by_invocation: ours.as_deref().map(parse_inv),
                     ..ReadKind::of(Attempt::FIRST)
                 };
-                let by_invocation = kind.by_invocation.is_some();
                 if let Some(id) = self.world.bus.send(&unit, CallKind::Read(kind)) {
-                    let read = CallFor::Read(Attempt::FIRST, by_invocation);
+                    let read = CallFor::Read(Attempt::FIRST, kind.by_invocation);
                     self.calls.insert(id, (key, read));
                 }
             }
@@ -562,7 +562,7 @@ impl Sim {
                 let inv = parse_inv(&event.invocation);
                 let asked = self.tenant.stop_requested(&event.unit);
                 if let Some(u) = u {
-                    let blind = self.blind.contains(&(event.unit.clone(), inv));
+                    let blind = self.blind.contains(&inv);
                     self.oracle
                         .on_proof(&self.world, u, inv, event.cause, asked, blind);
                     self.oracle.on_watch_proven(u, inv, event.cause);
@@ -626,7 +626,7 @@ impl Sim {
             };
             if !self.oracle.is_proven(u, inv) {
                 let asked = self.tenant.stop_requested(&event.unit);
-                let blind = self.blind.contains(&(event.unit.clone(), inv));
+                let blind = self.blind.contains(&inv);
                 self.oracle
                     .on_proof(&self.world, u, inv, event.cause, asked, blind);
             }
@@ -976,14 +976,16 @@ impl Sim {
                     // Read at the path GetUnit answered (or the unit running ours): an attempt
                     // after this one asks there again.
                     let path_of = match parts.as_slice() {
-                        [first, found, ..] if by_invocation && !first.loaded => Some(found),
+                        [first, found, ..] if by_invocation.is_some() && !first.loaded => {
+                            Some(found)
+                        }
                         [first, ..] if attempt == Attempt::FIRST => Some(first),
                         _ => None,
                     };
                     if let Some(part) = path_of.filter(|part| part.loaded) {
                         self.read_names.insert(key, part.id.clone());
                     }
-                    let read = driver_read(&unit, attempt, by_invocation, &parts);
+                    let read = driver_read(&unit, attempt, by_invocation.is_some(), &parts);
                     if let Some(read) = &read {
                         // Told only if every answer came once it was over: an answer
                         // made before may be the one the state was taken from.
@@ -1005,9 +1007,9 @@ impl Sim {
                 if let Ok(snapshot) = &result
                     && !snapshot.loaded
                     && unresolved
-                    && by_invocation
+                    && let Some(ours) = by_invocation
                 {
-                    self.note_blind(key, &unit);
+                    self.blind.insert(ours);
                 }
                 if let Ok(snapshot) = &result
                     && let Some(u) = self.world.resolve(&snapshot.id)
@@ -1070,16 +1072,6 @@ impl Sim {
         true
     }
 
-    /// Marks `key`'s watch blind (see `blind`): its read of `unit` found no loaded unit by
-    /// that name, an alias systemd no longer resolved, and no unit running its invocation.
-    fn note_blind(&mut self, key: UnitKey, unit: &str) {
-        let Some(ours) = self.key_invs.get(&key).copied().flatten() else {
-            return;
-        };
-        let name = self.key_names.get(&key).map_or(unit, String::as_str);
-        self.blind.insert((name.to_owned(), ours));
-    }
-
     /// The unit began another invocation while it was read property by property: the driver
     /// asks again at the path it has, and after the last attempt with GetAll.
     fn read_again(&mut self, key: UnitKey, attempt: Attempt) {
@@ -1094,7 +1086,7 @@ impl Sim {
             .bus
             .send(&unit, CallKind::Read(ReadKind::of(attempt)))
         {
-            self.calls.insert(id, (key, CallFor::Read(attempt, false)));
+            self.calls.insert(id, (key, CallFor::Read(attempt, None)));
         }
     }
 
