@@ -37,6 +37,7 @@ pub mod exit;
 // The CLI's logger writes to journald; the library logs through whatever logger its user set.
 #[cfg(feature = "cli")]
 pub(crate) mod journald;
+pub(crate) mod key_hash;
 pub(crate) mod memory;
 pub mod proof;
 pub mod record_name;

@@ -761,21 +761,18 @@ impl Agent {
                     if let Some(store) = &mut self.state_store {
                         let started = clock::now();
                         let timed = self.account.begin(Work::Save, started);
-                        let what = match &*save {
-                            StateSave::Snapshot(state) => {
-                                format!("a snapshot of {} watches", state.watches.len())
+                        let (what, watches) = match &*save {
+                            StateSave::Snapshot(state) => ("a snapshot of", state.watches.len()),
+                            StateSave::Changes(changes) => {
+                                ("changes of", changes.watches.len() + changes.removed.len())
                             }
-                            StateSave::Changes(changes) => format!(
-                                "changes of {} watches",
-                                changes.watches.len() + changes.removed.len()
-                            ),
                         };
                         let saved = store.save(*save);
                         let now = clock::now();
                         self.account.end(timed, now);
                         match saved {
                             Ok(bytes) => log::debug!(
-                                "saved {what} ({bytes} bytes) in {} us",
+                                "saved {what} {watches} watches ({bytes} bytes) in {} us",
                                 now.saturating_duration_since(started).as_micros()
                             ),
                             Err(e) => self.save_failed = Some(e),

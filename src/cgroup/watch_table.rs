@@ -7,6 +7,7 @@ use std::ffi::OsStr;
 use std::path::Path;
 use std::rc::Rc;
 
+use crate::key_hash::KeyMap;
 use crate::memory::shrink_when_sparse;
 
 /// The part a key plays in a watch, naming the child directory for a parent watch.
@@ -32,7 +33,7 @@ pub(super) struct Unused<D> {
 /// The watches held, by descriptor number, each with the descriptor `D` to remove it by.
 #[derive(Debug)]
 pub(super) struct WatchTable<K, D> {
-    watches: HashMap<i32, Watch<K, D>>,
+    watches: KeyMap<i32, Watch<K, D>>,
 }
 
 /// One inotify watch. A `cgroup.events` watch keeps no path: one a unit is a hundred bytes,
@@ -106,7 +107,7 @@ impl<K: Copy + PartialEq> Keys<K> {
 impl<K: Copy + PartialEq, D> WatchTable<K, D> {
     pub(super) fn new() -> Self {
         Self {
-            watches: HashMap::new(),
+            watches: KeyMap::default(),
         }
     }
 

@@ -13,7 +13,6 @@
 //! held until its keys are unwatched, and a slice re-created meanwhile is a new inode that the old watch
 //! does not see: the caller must call [`CgroupWatcher::add_watches`] again when systemd reports the unit anew.
 
-use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::fs::File;
 use std::hash::Hash;
@@ -28,6 +27,7 @@ use nix::errno::Errno;
 use super::CgroupError;
 use super::events::parse_populated;
 use super::watch_table::{Clash, Role, Unused, WatchTable};
+use crate::key_hash::KeyMap;
 use crate::memory::shrink_when_sparse;
 use crate::proof::CgroupReading;
 
@@ -88,7 +88,7 @@ struct RawEvent<'a> {
 pub(crate) struct CgroupWatcher<K> {
     root: PathBuf,
     inotify: Inotify,
-    units: HashMap<K, Unit>,
+    units: KeyMap<K, Unit>,
     watches: WatchTable<K, WatchDescriptor>,
 }
 
@@ -99,7 +99,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         Ok(Self {
             root,
             inotify,
-            units: HashMap::new(),
+            units: KeyMap::default(),
             watches: WatchTable::new(),
         })
     }
@@ -445,6 +445,7 @@ pub(crate) fn read_events_file(path: &Path) -> CgroupReading {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
     use std::fs;
     use std::process::{Child, Command};
     use std::sync::atomic::{AtomicUsize, Ordering};

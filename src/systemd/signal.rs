@@ -249,7 +249,13 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     if bytes.iter().all(|b| *b == 0) {
         return String::new();
     }
-    // Every unit signal carries one: two digits a byte into one string, not a string a byte.
+    lower_hex(bytes)
+}
+
+/// Two lowercase hex digits a byte, zeroes included.
+pub(crate) fn lower_hex(bytes: &[u8]) -> String {
+    // Every unit signal and every proof's state carries one: two digits a byte into one
+    // string, not a string a byte.
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut hex = String::with_capacity(bytes.len() * 2);
     for b in bytes {

@@ -10,7 +10,7 @@ use std::num::NonZeroU64;
 use crate::cgroup::procs::{GoneRoot, NextInvocation};
 use crate::proof::UnitState;
 use crate::proof::words::{Word, word};
-use crate::systemd::signal::UnitChange;
+use crate::systemd::signal::{UnitChange, lower_hex};
 use crate::systemd::snapshot::{ServiceExit, UnitSnapshot};
 
 /// One property and the serial of the message that set it.
@@ -84,7 +84,7 @@ impl Invocation {
     /// The text it was made from.
     fn text(&self) -> String {
         match self {
-            Invocation::Id(id) => id.iter().map(|b| format!("{b:02x}")).collect(),
+            Invocation::Id(id) => lower_hex(id),
             Invocation::Text(text) => text.to_string(),
         }
     }

@@ -1,6 +1,6 @@
 //! One watched unit: what the client asked for, what systemd said, and its proof.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -10,6 +10,7 @@ use super::facts::UnitFacts;
 use super::{NextInvocation, ProcessStart, ReplyTo, StopKind, UnitKey};
 use crate::cgroup::CgroupReading;
 use crate::control::protocol::WatchSpec;
+use crate::key_hash::KeyMap;
 use crate::memory::shrink_when_sparse;
 use crate::proof::release::Release;
 use crate::proof::{Phase, Proof, Resumed, UnitProof};
@@ -445,7 +446,7 @@ impl Watch {
 /// Every watch, by its key. Each is boxed: a watch is over a kilobyte and the table keeps up to
 /// twice as many slots as watches, so inline they cost 2.5 KiB a unit (measured at 1,000).
 #[derive(Default)]
-pub(super) struct Watches(HashMap<UnitKey, Box<Watch>>);
+pub(super) struct Watches(KeyMap<UnitKey, Box<Watch>>);
 
 impl Watches {
     pub(super) fn insert(&mut self, key: UnitKey, watch: Watch) {

@@ -65,6 +65,10 @@ pub(crate) struct Oracle {
     pub violations: Vec<String>,
     owed: BTreeMap<(usize, Inv), Owed>,
     proven: BTreeSet<(usize, Inv)>,
+    /// Of those, the ones whose last proof was blind: what the agent does after it (a launch
+    /// file kept while another watch of the invocation still waits on its processes) is judged
+    /// as part of that limit.
+    blindly_proven: BTreeSet<(usize, Inv)>,
     /// Each launch file removed, with the agent's life (its restarts so far) that removed it.
     removed: BTreeMap<String, u32>,
     /// Launch files of acknowledged watches, with the (unit, invocation) whose proof releases
@@ -153,9 +157,12 @@ impl Oracle {
         let before = self.violations.len();
         self.judge_proof(w, u, inv, cause, stop_requested);
         if blind {
+            self.blindly_proven.insert((u, inv));
             for violation in &mut self.violations[before..] {
                 *violation = format!("BLIND PROOF: {violation}");
             }
+        } else {
+            self.blindly_proven.remove(&(u, inv));
         }
     }
 
@@ -481,8 +488,13 @@ impl Oracle {
             let n = since.get_or_insert(0);
             *n += 1;
             if *n == LIVENESS_STEPS {
+                let blind = if self.blindly_proven.contains(&(*u, *inv)) {
+                    "BLIND PROOF: "
+                } else {
+                    ""
+                };
                 late.push(format!(
-                    "NO RELEASE of launch file {path}: still there {LIVENESS_STEPS} steps \
+                    "{blind}NO RELEASE of launch file {path}: still there {LIVENESS_STEPS} steps \
                      without faults after the proof of {} inv {}",
                     w.units[*u].name,
                     short(*inv)

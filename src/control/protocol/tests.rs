@@ -381,7 +381,25 @@ fn request_errors_become_error_responses_with_their_id() {
 fn event_lines_wrap_objects_only() {
     let line = event_line(&json!({"unit": "x.service", "state": "gone\n"})).expect("object");
     assert_eq!(line, r#"{"event":{"state":"gone\n","unit":"x.service"}}"#);
-    assert!(event_line(&"text").is_err());
+    let error = event_line(&"text").expect_err("a string is no event");
+    assert!(error.to_string().contains("not a string"), "{error}");
+    let error = event_line(&[1, 2]).expect_err("an array is no event");
+    assert!(error.to_string().contains("not an array"), "{error}");
+}
+
+#[test]
+fn an_event_line_keeps_the_fields_in_the_order_the_event_writes_them() {
+    #[derive(Serialize)]
+    struct Event {
+        unit: &'static str,
+        cause: &'static str,
+    }
+    let line = event_line(&Event {
+        unit: "x.service",
+        cause: "exited",
+    })
+    .expect("object");
+    assert_eq!(line, r#"{"event":{"unit":"x.service","cause":"exited"}}"#);
 }
 
 /// Drains a streamed reply, returning its line and how many pieces it took.
