@@ -17,16 +17,12 @@
 //! | 77   | refused: the agent does not admit this user, or the socket does not let it connect | `forbidden` |
 //! | N    | `wait`/`stop --unit-status`, `run`: the unit's own exit status (128 + a signal's number) | |
 
-// The doc comments of the command line are clap's help text, plain text where `<invocation>`
-// is no HTML tag.
-#![allow(rustdoc::invalid_html_tags)]
-
+use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::str::FromStr;
 use std::time::Duration;
-
-use clap::{Args, Parser, Subcommand};
 
 use crate::agent::{self, AgentConfig, Bus};
 use crate::control::ControlError;
@@ -42,44 +38,59 @@ use crate::unit_name::{self, UnitName};
 #[cfg(feature = "docs")]
 mod docs;
 mod failure;
+mod help;
 #[cfg(all(test, feature = "docs"))]
 mod man;
+mod parse;
 mod render;
+mod spec;
+#[cfg(test)]
+mod tests;
 
 use failure::{EXIT_USAGE, Failure, Kind};
+use parse::{Matches, UsageError};
 use render::{Listing, Render, Unwatched, UnwatchedProven, Versions};
+use spec::Id;
 
-/// Proves that every process of a systemd unit is gone.
-#[derive(Debug, Parser)]
-#[command(name = "exitproof", version, about, max_term_width = 80)]
+/// A command line, typed: what `run` does. Its words, help and rules are the table's
+/// (`cli/spec.rs`); this is what they mean.
+#[derive(Debug)]
 pub struct Cli {
-    // Before the subcommand, these serve the subcommands that use them (as the tests and
-    // scripts written for the global options place them); each such subcommand takes them
-    // after its name too, and only those show them.
-    #[command(flatten)]
     leading: LeadingArgs,
-    #[command(subcommand)]
     command: Cmd,
 }
 
 /// The options given before the subcommand.
-#[derive(Debug, Args)]
+#[derive(Debug)]
 struct LeadingArgs {
-    /// The systemd user manager and the session bus, instead of the system ones.
-    #[arg(long)]
     user: bool,
-    /// The control socket [default: $XDG_RUNTIME_DIR/exitproof.sock with --user,
-    /// else /run/exitproof/exitproof.sock].
-    // The environment is read here alone, so that a --socket given before the subcommand
-    // wins over it.
-    #[arg(long, env = "EXITPROOF_SOCKET")]
+    /// `--socket`, else `$EXITPROOF_SOCKET`.
     socket: Option<PathBuf>,
-    /// Print JSON lines, the agent's own values, instead of text for a person.
-    #[arg(long)]
     json: bool,
 }
 
 impl Cli {
+    /// The command line `args` (without the program's name) asks for: a command to run, or
+    /// text to print (help, the version).
+    fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Outcome, UsageError> {
+        let (leading, command, matches) = match parse::parse(args)? {
+            parse::Parsed::Run {
+                leading,
+                command,
+                matches,
+            } => (leading, command, matches),
+            parse::Parsed::Print(text) => return Ok(Outcome::Print(text)),
+        };
+        Ok(Outcome::Run(Cli {
+            leading: LeadingArgs {
+                user: leading.flag("user"),
+                socket: leading.path("socket")?,
+                json: leading.flag("json"),
+            },
+            command: Cmd::from_matches(command.id, &matches)?,
+        }))
+    }
+
     /// The socket and output options, from before the subcommand and after it: a later
     /// `--socket` wins, a flag given in either place counts.
     fn options(&self) -> (SocketArgs, OutputArgs) {
@@ -113,18 +124,21 @@ impl Cli {
 }
 
 /// Where the agent's socket is.
-#[derive(Debug, Args)]
+#[derive(Debug)]
 struct SocketArgs {
-    /// The systemd user manager and the session bus, instead of the system ones.
-    #[arg(long)]
+    /// The user manager and the session bus.
     user: bool,
-    /// The control socket [default: $EXITPROOF_SOCKET, else $XDG_RUNTIME_DIR/exitproof.sock
-    /// with --user, else /run/exitproof/exitproof.sock].
-    #[arg(long)]
     socket: Option<PathBuf>,
 }
 
 impl SocketArgs {
+    fn from_matches(matches: &Matches) -> Result<SocketArgs, UsageError> {
+        Ok(SocketArgs {
+            user: matches.flag("user"),
+            socket: matches.path("socket")?,
+        })
+    }
+
     fn bus(&self) -> Bus {
         if self.user { Bus::User } else { Bus::System }
     }
@@ -137,19 +151,27 @@ impl SocketArgs {
 }
 
 /// The options of a subcommand that asks the agent: where it is, how to print.
-#[derive(Debug, Args)]
+#[derive(Debug)]
 struct ClientArgs {
-    #[command(flatten)]
     socket: SocketArgs,
-    #[command(flatten)]
     output: OutputArgs,
 }
 
+impl ClientArgs {
+    fn from_matches(matches: &Matches) -> Result<ClientArgs, UsageError> {
+        Ok(ClientArgs {
+            socket: SocketArgs::from_matches(matches)?,
+            output: OutputArgs {
+                json: matches.flag("json"),
+            },
+        })
+    }
+}
+
 /// How results are printed.
-#[derive(Debug, Args)]
+#[derive(Debug)]
 struct OutputArgs {
-    /// Print JSON lines, the agent's own values, instead of text for a person.
-    #[arg(long)]
+    /// JSON lines instead of text for a person.
     json: bool,
 }
 
@@ -197,183 +219,161 @@ pub fn default_socket(bus: Bus) -> PathBuf {
 // 1. the request: a `Command` variant in `control::protocol`, its answer's payload in
 //    `control::wire` (the agent serializes it, the client reads it back);
 // 2. a typed `Client` method in `control::client` returning that value;
-// 3. a variant here, and its arm in `run`: call the client, hand the result to `print`;
+// 3. its row in `cli/spec.rs` (name, help, options and arguments), a variant here typed from
+//    them in `Cmd::from_matches`, and its arm in `run`: call the client, hand the result to
+//    `print`;
 // 4. `impl Render` for the result in `cli/render.rs`: its line(s) for a person, tested there, and
 //    its JSON line(s), the agent's own values.
-#[derive(Debug, Subcommand)]
+/// A subcommand with its arguments typed (what each means: its row in `cli/spec.rs`).
+#[derive(Debug)]
 enum Cmd {
-    /// Run the agent in the foreground (logs to stderr; RUST_LOG sets the level).
     Agent {
-        #[command(flatten)]
         socket: SocketArgs,
-        /// The deadline of every D-Bus call, StopUnit included.
-        #[arg(long, default_value = "10s", value_parser = parse_duration)]
         method_timeout: Duration,
-        /// How often every watched unit is read again as a safety net (`0` disables it).
-        /// Proofs come from events; this only catches what an event could have missed.
-        #[arg(long, default_value = "5m", value_parser = parse_duration)]
         resync_interval: Duration,
-        /// Where the watch set is kept across restarts [default: /var/lib/exitproof, or
-        /// $XDG_STATE_HOME/exitproof with --user].
-        #[arg(long)]
         state_dir: Option<PathBuf>,
-        /// Also let this uid use the control socket (repeatable); the socket's mode must let
-        /// it connect too (--socket-mode).
-        #[arg(long = "allow-uid")]
         allow_uids: Vec<u32>,
-        /// Also let peers of this primary gid use the control socket (repeatable).
-        #[arg(long = "allow-gid")]
         allow_gids: Vec<u32>,
-        /// The control socket's permission bits, in octal.
-        #[arg(long, default_value = "600", value_parser = parse_mode)]
         socket_mode: u32,
-        /// Write the agent's figures to this file in the Prometheus text format (for
-        /// node_exporter's textfile collector), at most every 5 s and only when they changed.
-        #[arg(long)]
         metrics_file: Option<PathBuf>,
     },
-    /// Start watching a unit and print the watch.
     Watch {
-        #[command(flatten)]
         client: ClientArgs,
-        /// The unit, by its full name (web.service).
-        #[arg(value_parser = parse_unit)]
         unit: UnitName,
-        /// Our invocation (32 hex digits) [default: the unit's current InvocationID].
-        #[arg(long, value_parser = parse_invocation_id)]
         invocation: Option<String>,
-        /// The run directory holding the unit's advisory exit record.
-        #[arg(long)]
         run_dir: Option<PathBuf>,
-        /// The exit record's file name in the run directory [default: exit-<invocation>.json].
-        #[arg(long, requires = "run_dir")]
         record: Option<RecordName>,
-        /// The generation (> 0) this invocation belongs to; never reused.
-        #[arg(long = "gen", value_parser = clap::value_parser!(u64).range(1..))]
         generation: Option<u64>,
-        /// The generation's launch file, removed once the generation is proven gone.
-        #[arg(long, requires = "generation")]
         launch_file: Option<PathBuf>,
     },
-    /// Start a unit (as `systemctl start`) through the agent and watch the invocation its start
-    /// job began; print the watch.
     Start {
-        #[command(flatten)]
         client: ClientArgs,
-        /// The unit, by its full name (web.service).
-        #[arg(value_parser = parse_unit)]
         unit: UnitName,
     },
-    /// Write an exit record from systemd's $SERVICE_RESULT, $EXIT_CODE and $EXIT_STATUS (for
-    /// ExecStopPost=), atomically, named after $INVOCATION_ID unless --name is given.
     Record {
-        /// The run directory to write into.
-        #[arg(long)]
         dir: PathBuf,
-        /// The file name [default: exit-$INVOCATION_ID.json].
-        #[arg(long)]
         name: Option<RecordName>,
     },
-    /// Wait for a unit's proof (watching it first if needed) and print the proof event.
     Wait {
-        #[command(flatten)]
         client: ClientArgs,
-        /// The unit, by its full name (web.service).
-        #[arg(value_parser = parse_unit)]
         unit: UnitName,
-        /// Give up after this long (e.g. 500ms, 10s, 2min, 1min 30s) and exit 75.
-        #[arg(long, default_value = "infinity", value_parser = wait_timeout)]
         timeout: WaitTimeout,
-        /// Exit with the unit's own status, as `systemd-run --wait`: 0 if systemd calls its
-        /// result a success, else its main process's exit status, or 128 + the number of the
-        /// signal that ended it.
-        #[arg(long)]
         unit_status: bool,
     },
-    /// Stop a unit (stop requested, then StopUnit) and wait for its proof.
     Stop {
-        #[command(flatten)]
         client: ClientArgs,
-        /// The unit, by its full name (web.service).
-        #[arg(value_parser = parse_unit)]
         unit: UnitName,
-        /// Give up waiting after this long and exit 75; the unit stays watched and stopping.
-        #[arg(long, default_value = "infinity", value_parser = wait_timeout)]
         timeout: WaitTimeout,
-        /// Exit with the unit's own status, as `wait --unit-status`.
-        #[arg(long)]
         unit_status: bool,
     },
-    /// Stop watching a unit, or with --proven every proven unit.
+    /// `unit` is `None` with `--proven`.
     Unwatch {
-        #[command(flatten)]
         client: ClientArgs,
-        /// The unit, by the name it was watched by.
-        #[arg(value_parser = parse_unit, required_unless_present = "proven")]
         unit: Option<UnitName>,
-        /// Forget every proven watch and its retained proof, and print the units forgotten.
-        #[arg(long, conflicts_with = "unit")]
-        proven: bool,
     },
-    /// Print the watched units: a table, or one JSON line per unit with --json.
     List {
-        #[command(flatten)]
         client: ClientArgs,
     },
-    /// Print every event as it comes, until interrupted.
     Events {
-        #[command(flatten)]
         client: ClientArgs,
     },
-    /// Print this CLI's version and the running agent's (its version and protocol version).
     Version {
-        #[command(flatten)]
         client: ClientArgs,
     },
-    /// Print the agent's counters and gauges: a line each, or one JSON line with --json.
     Stats {
-        #[command(flatten)]
         client: ClientArgs,
     },
-    /// Print a watched unit's watch, its facts and what blocks its proof: lines and a table of
-    /// the blocking processes, or one JSON line with --json.
     Status {
-        #[command(flatten)]
         client: ClientArgs,
-        /// The unit, by its full name (web.service).
-        #[arg(value_parser = parse_unit)]
         unit: UnitName,
     },
-    /// Start CMD as a transient service, wait until every process of it is gone, print the
-    /// proof and exit with its main process's exit status (128 + the signal's number if a
-    /// signal ended it).
     Run {
-        #[command(flatten)]
         client: ClientArgs,
-        /// The service's name, `.service` added to a name without a unit type
-        /// [default: exitproof-run-<random>.service].
-        #[arg(long, value_parser = parse_service_name)]
         unit: Option<UnitName>,
-        /// A property of the service (repeatable): KillMode=process, Environment=VAR=value,
-        /// RuntimeMaxSec=5m, ... (see the README for the ones it can set).
-        #[arg(short = 'p', long = "property", value_name = "NAME=VALUE")]
         properties: Vec<String>,
-        /// The deadline of each D-Bus call.
-        #[arg(long, default_value = "10s", value_parser = parse_duration)]
         method_timeout: Duration,
-        /// The command and its arguments.
-        #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
         command: Vec<String>,
     },
-    /// Print the completion script for a shell, generated from this command line's definition.
     #[cfg(feature = "docs")]
     Completions {
-        /// The shell.
         shell: docs::Shell,
     },
-    /// Print the man page (roff), generated from this command line's definition.
     #[cfg(feature = "docs")]
     Man,
+}
+
+impl Cmd {
+    /// The subcommand `id` with what its table row says was given, typed by each argument's
+    /// parser.
+    fn from_matches(id: Id, m: &Matches) -> Result<Cmd, UsageError> {
+        let client = || ClientArgs::from_matches(m);
+        Ok(match id {
+            Id::Agent => Cmd::Agent {
+                socket: SocketArgs::from_matches(m)?,
+                method_timeout: m.required("method-timeout", parse_duration)?,
+                resync_interval: m.required("resync-interval", parse_duration)?,
+                state_dir: m.path("state-dir")?,
+                allow_uids: m.values("allow-uid", u32::from_str)?,
+                allow_gids: m.values("allow-gid", u32::from_str)?,
+                socket_mode: m.required("socket-mode", parse_mode)?,
+                metrics_file: m.path("metrics-file")?,
+            },
+            Id::Watch => Cmd::Watch {
+                client: client()?,
+                unit: m.required("UNIT", parse_unit)?,
+                invocation: m.value("invocation", parse_invocation_id)?,
+                run_dir: m.path("run-dir")?,
+                record: m.value("record", RecordName::parse)?,
+                generation: m.value("gen", parse_generation)?,
+                launch_file: m.path("launch-file")?,
+            },
+            Id::Start => Cmd::Start {
+                client: client()?,
+                unit: m.required("UNIT", parse_unit)?,
+            },
+            Id::Record => Cmd::Record {
+                dir: m.path("dir")?.ok_or_else(|| m.missing("dir"))?,
+                name: m.value("name", RecordName::parse)?,
+            },
+            Id::Wait => Cmd::Wait {
+                client: client()?,
+                unit: m.required("UNIT", parse_unit)?,
+                timeout: m.required("timeout", wait_timeout)?,
+                unit_status: m.flag("unit-status"),
+            },
+            Id::Stop => Cmd::Stop {
+                client: client()?,
+                unit: m.required("UNIT", parse_unit)?,
+                timeout: m.required("timeout", wait_timeout)?,
+                unit_status: m.flag("unit-status"),
+            },
+            Id::Unwatch => Cmd::Unwatch {
+                client: client()?,
+                unit: m.value("UNIT", parse_unit)?,
+            },
+            Id::List => Cmd::List { client: client()? },
+            Id::Events => Cmd::Events { client: client()? },
+            Id::Version => Cmd::Version { client: client()? },
+            Id::Stats => Cmd::Stats { client: client()? },
+            Id::Status => Cmd::Status {
+                client: client()?,
+                unit: m.required("UNIT", parse_unit)?,
+            },
+            Id::Run => Cmd::Run {
+                client: client()?,
+                unit: m.value("unit", parse_service_name)?,
+                properties: m.values("property", parse_text)?,
+                method_timeout: m.required("method-timeout", parse_duration)?,
+                command: m.values("COMMAND", parse_text)?,
+            },
+            #[cfg(feature = "docs")]
+            Id::Completions => Cmd::Completions {
+                shell: m.required("SHELL", docs::Shell::parse)?,
+            },
+            #[cfg(feature = "docs")]
+            Id::Man => Cmd::Man,
+        })
+    }
 }
 
 /// Permission bits in octal, such as `600` or `0660`.
@@ -384,13 +384,26 @@ fn parse_mode(s: &str) -> Result<u32, String> {
         .ok_or_else(|| format!("{s:?} is not an octal mode such as 600"))
 }
 
-/// How long `wait` and `stop` wait; `None` is `infinity`. Its own type, since clap reads an
-/// `Option` field as an optional argument.
+/// How long `wait` and `stop` wait; `None` is `infinity`.
 #[derive(Clone, Copy, Debug)]
 struct WaitTimeout(Option<Duration>);
 
 fn wait_timeout(s: &str) -> Result<WaitTimeout, crate::duration::DurationError> {
     parse_timeout(s).map(WaitTimeout)
+}
+
+/// A generation: a number from 1.
+fn parse_generation(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("generations are numbered from 1".to_owned()),
+        Ok(generation) => Ok(generation),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Any text, as it is.
+fn parse_text(s: &str) -> Result<String, std::convert::Infallible> {
+    Ok(s.to_owned())
 }
 
 fn parse_unit(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
@@ -403,11 +416,25 @@ fn parse_service_name(s: &str) -> Result<UnitName, unit_name::InvalidUnitName> {
     unit_name::validate(s).or_else(|_| unit_name::validate(&format!("{s}.service")))
 }
 
+/// What a command line asks for.
+#[derive(Debug)]
+enum Outcome {
+    Run(Cli),
+    /// Help or the version, for stdout.
+    Print(String),
+}
+
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(error) => return usage_error(error),
+    let cli = match Cli::parse(std::env::args_os().skip(1)) {
+        Ok(Outcome::Run(cli)) => cli,
+        Ok(Outcome::Print(text)) => {
+            let mut out = std::io::stdout().lock();
+            // Nothing is left to tell if stdout is gone.
+            let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => return usage_error(&error),
     };
     let json = cli.options().1.json;
     match run(cli) {
@@ -419,20 +446,19 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// A command line clap rejects: clap's own words and exit code, or with `--json` the failure's
-/// JSON line. `--help` and `--version` are clap's too.
-fn usage_error(error: clap::Error) -> ExitCode {
+/// A command line the table (`cli/spec.rs`) rejects: clap's words, on stderr, or with
+/// `--json` anywhere on the line the failure's JSON line on stdout; exit 2 either way.
+fn usage_error(error: &UsageError) -> ExitCode {
     let asked_json = std::env::args_os().any(|arg| arg == "--json");
-    if !asked_json || !error.use_stderr() {
-        error.exit();
+    if asked_json {
+        let failure = Failure {
+            kind: Kind::Usage,
+            message: error.message.clone(),
+        };
+        report(&failure, true);
+    } else {
+        let _ = std::io::stderr().lock().write_all(error.text.as_bytes());
     }
-    let rendered = error.render().to_string();
-    let first = rendered.lines().next().unwrap_or_default();
-    let failure = Failure {
-        kind: Kind::Usage,
-        message: first.strip_prefix("error: ").unwrap_or(first).to_owned(),
-    };
-    report(&failure, true);
     ExitCode::from(EXIT_USAGE)
 }
 

@@ -1,27 +1,34 @@
 //! `exitproof completions` and `exitproof man`: texts generated from the command line's
-//! definition, by clap_complete and by `man`, at test time rather than at run time. The binary
-//! carries them deflated (about 10 KB, with an inflater) instead of the generators' code (about
-//! 120 KB). The test below checks that the copy in `docs.deflate` is what the generators write
-//! now; `EXITPROOF_BLESS_DOCS=1 cargo test --lib cli::docs` writes it anew.
+//! definition (`spec.rs`, as a clap command), by clap_complete and by `man`, at test time
+//! rather than at run time. The binary carries them deflated (about 10 KB, with an inflater)
+//! instead of the generators' code (about 120 KB). The test below checks that the copy in
+//! `docs.deflate` is what the generators write now; `EXITPROOF_BLESS_DOCS=1 cargo test --lib
+//! cli::docs` writes it anew.
+
+use super::spec::SHELLS;
 
 /// The texts, each followed by a NUL (which none contains): the completion scripts in
-/// `Shell::value_variants`'s order, then the man page.
+/// [`SHELLS`]'s order, then the man page.
 const DEFLATED: &[u8] = include_bytes!("docs.deflate");
 
 /// The texts inflated are 118 KB: a tenth over that is room to change, and any more is a broken
 /// copy.
 const INFLATED_LIMIT: usize = 130_000;
 
-/// A shell `exitproof completions` has a script for: the names and order of clap_complete's.
-// No doc comments on the variants: clap would print them as each value's help, and the scripts
-// would differ from clap_complete's.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub(super) enum Shell {
-    Bash,
-    Elvish,
-    Fish,
-    Powershell,
-    Zsh,
+/// A shell `exitproof completions` has a script for: its place in [`SHELLS`], which is also
+/// its script's place among the deflated texts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Shell(usize);
+
+impl Shell {
+    /// The shell called `name` (one of [`SHELLS`], as the command line's table checks).
+    pub(super) fn parse(name: &str) -> Result<Shell, &'static str> {
+        SHELLS
+            .iter()
+            .position(|shell| *shell == name)
+            .map(Shell)
+            .ok_or("not a shell exitproof completes")
+    }
 }
 
 /// A text of the binary's own documentation.
@@ -35,8 +42,8 @@ impl Doc {
     /// Where the text is among the deflated ones.
     fn position(self) -> usize {
         match self {
-            Doc::Completions(shell) => shell as usize,
-            Doc::Man => Shell::Zsh as usize + 1,
+            Doc::Completions(Shell(position)) => position,
+            Doc::Man => SHELLS.len(),
         }
     }
 
@@ -58,49 +65,38 @@ fn inflate(deflated: &[u8]) -> Result<Vec<u8>, String> {
 
 #[cfg(test)]
 mod tests {
-    use clap::{CommandFactory, ValueEnum};
+    use clap::ValueEnum;
 
-    use super::super::{Cli, man};
+    use super::super::{man, spec};
     use super::*;
 
     /// What the generators write now, each text followed by a NUL, as `DEFLATED` holds them.
     fn generated() -> Vec<u8> {
         let mut texts = Vec::new();
-        for shell in Shell::value_variants() {
-            let generator = match shell {
-                Shell::Bash => clap_complete::Shell::Bash,
-                Shell::Elvish => clap_complete::Shell::Elvish,
-                Shell::Fish => clap_complete::Shell::Fish,
-                Shell::Powershell => clap_complete::Shell::PowerShell,
-                Shell::Zsh => clap_complete::Shell::Zsh,
-            };
-            clap_complete::generate(generator, &mut Cli::command(), "exitproof", &mut texts);
+        for generator in clap_complete::Shell::value_variants() {
+            let mut command = spec::clap_command();
+            clap_complete::generate(*generator, &mut command, spec::NAME, &mut texts);
             texts.push(0);
         }
-        texts.extend_from_slice(man::page(Cli::command()).as_bytes());
+        texts.extend_from_slice(man::page(spec::clap_command()).as_bytes());
         texts.push(0);
         texts
     }
 
     #[test]
     fn the_shells_are_clap_completes() {
-        let names = |values: Vec<clap::builder::PossibleValue>| -> Vec<String> {
-            values.iter().map(|v| v.get_name().to_owned()).collect()
-        };
-        assert_eq!(
-            names(
-                Shell::value_variants()
-                    .iter()
-                    .filter_map(ValueEnum::to_possible_value)
-                    .collect()
-            ),
-            names(
-                clap_complete::Shell::value_variants()
-                    .iter()
-                    .filter_map(ValueEnum::to_possible_value)
-                    .collect()
-            ),
-        );
+        let names: Vec<String> = clap_complete::Shell::value_variants()
+            .iter()
+            .filter_map(ValueEnum::to_possible_value)
+            .map(|value| value.get_name().to_owned())
+            .collect();
+        assert_eq!(SHELLS, names);
+    }
+
+    #[test]
+    fn a_shell_is_one_of_the_table() {
+        assert_eq!(Shell::parse("zsh"), Ok(Shell(4)));
+        assert!(Shell::parse("tcsh").is_err());
     }
 
     #[test]
@@ -133,7 +129,7 @@ mod tests {
     fn each_doc_is_its_own_text() {
         let man = Doc::Man.text().expect("the man page");
         assert!(man.starts_with(b".TH EXITPROOF 1 "));
-        let bash = Doc::Completions(Shell::Bash).text().expect("bash");
+        let bash = Doc::Completions(Shell(0)).text().expect("bash");
         assert!(bash.starts_with(b"_exitproof() {"));
     }
 }

@@ -15,7 +15,7 @@ use crate::control::protocol::ErrorKind;
 
 /// Exit code of a failure no other code names.
 pub(super) const EXIT_FAILED: u8 = 1;
-/// Exit code of a command line clap rejects (clap's own).
+/// Exit code of a command line the table (`spec.rs`) rejects (clap's, as before).
 pub(super) const EXIT_USAGE: u8 = 2;
 /// Exit code of a unit the agent does not watch.
 pub(super) const EXIT_NOT_WATCHED: u8 = 3;

@@ -8,7 +8,9 @@
 #[path = "../common/mod.rs"]
 mod common;
 
-// They check what the `exitproof` binary and its units ship.
+// They check what the `exitproof` binary and its units ship, and its command line.
+#[cfg(feature = "cli")]
+mod command_line;
 #[cfg(feature = "cli")]
 mod contrib_units;
 mod control_client;
