@@ -446,7 +446,7 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// A command line the table (`cli/spec.rs`) rejects: clap's words, on stderr, or with
+/// A command line the table (`cli/spec.rs`) rejects: in clap's layout on stderr, or with
 /// `--json` anywhere on the line the failure's JSON line on stdout; exit 2 either way.
 fn usage_error(error: &UsageError) -> ExitCode {
     let asked_json = std::env::args_os().any(|arg| arg == "--json");
