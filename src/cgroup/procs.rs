@@ -32,7 +32,8 @@ pub(crate) use start_order::Lineage;
 #[cfg(test)]
 pub(crate) use start_order::StartOrder;
 pub(crate) use start_order::{
-    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, ProcessStart, earlier_processes, offset_now,
+    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, OnceHeld, ProcessStart, earlier_processes,
+    offset_now,
 };
 pub(crate) use tracker::{ProcessTracker, Tracked};
 

@@ -7,7 +7,7 @@
 
 use std::num::NonZeroU64;
 
-use crate::cgroup::procs::{GoneRoot, NextInvocation};
+use crate::cgroup::procs::{GoneRoot, NextInvocation, OnceHeld};
 use crate::proof::UnitState;
 use crate::proof::words::{Word, word};
 use crate::systemd::signal::{UnitChange, lower_hex};
@@ -655,7 +655,7 @@ impl UnitFacts {
             roots,
             roots_began_us: began_us,
             gone_roots,
-            once_held: Vec::new(),
+            once_held: OnceHeld::None,
             counted_roots: Vec::new(),
         }
     }
@@ -932,7 +932,7 @@ mod tests {
                 roots_began_us: Some(5_000),
                 roots: vec![20],
                 gone_roots: vec![],
-                once_held: vec![],
+                once_held: OnceHeld::None,
                 counted_roots: vec![],
             }
         );
@@ -962,7 +962,7 @@ mod tests {
                 roots_began_us: Some(7_000),
                 roots: vec![30],
                 gone_roots: vec![],
-                once_held: vec![],
+                once_held: OnceHeld::None,
                 counted_roots: vec![],
             }
         );

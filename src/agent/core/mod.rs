@@ -1177,12 +1177,12 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        if !heard.roots_of_ours.is_empty() || !heard.starts.is_empty() {
+        if !heard.roots_of_ours.is_empty() {
             let known = &mut watch.after_ours.get_or_insert_default().known;
             known.note_counted_roots(&heard.roots_of_ours);
-            for start in heard.starts {
-                known.note_once_held(start);
-            }
+        }
+        for start in heard.starts {
+            watch.note_once_held(start);
         }
         for (invocation, later) in &heard.after_ours {
             self.absorb_after_ours(key, invocation, later);

@@ -9,6 +9,7 @@ use super::event::{ProofEvent, WatchView};
 use super::facts::UnitFacts;
 use super::{NextInvocation, ProcessStart, ReplyTo, StopKind, UnitKey};
 use crate::cgroup::CgroupReading;
+use crate::cgroup::procs::OnceHeld;
 use crate::control::protocol::WatchSpec;
 use crate::key_hash::KeyMap;
 use crate::memory::shrink_when_sparse;
@@ -180,6 +181,10 @@ pub(super) struct Watch {
     /// only the current one's, and the cgroup may hold what an earlier of them left. Boxed:
     /// most watches never see one.
     pub after_ours: Option<Box<AfterOurs>>,
+    /// The starts of processes this watch held as leftovers or read as roots, whichever
+    /// invocation's they are: a count's [`NextInvocation::once_held`]. Beside `after_ours`, not
+    /// in it, as nearly every watch has one (its MainPID's).
+    pub once_held: OnceHeld,
     /// A proof waiting for its exit record before it is told.
     pub proof_pending: Option<Box<Proof>>,
     pub event: Option<Box<ProofEvent>>,
@@ -203,7 +208,8 @@ pub(super) struct NoCgroupRead {
 /// What systemd said of the invocations after ours.
 #[derive(Debug, Default)]
 pub(super) struct AfterOurs {
-    /// Gathered from invocations known to come after ours.
+    /// Gathered from invocations known to come after ours; the starts a count needs are the
+    /// watch's [`Watch::once_held`], so this one's stay empty.
     pub known: NextInvocation,
     /// Heard before the watch's first read, so not yet known to come after ours: each
     /// invocation other than the current one, the oldest message known to name it, and what
@@ -252,6 +258,7 @@ impl Watch {
             terminal_at: None,
             leftovers: None,
             after_ours: None,
+            once_held: OnceHeld::None,
             proof_pending: None,
             event: None,
             release: spec
@@ -264,8 +271,7 @@ impl Watch {
     /// Keeps a process held as a leftover and held no more, with its start: a root systemd
     /// names with its pid, gone, is judged by it (a guess of systemd's, or a pid used again).
     pub(super) fn note_once_held(&mut self, process: ProcessStart) {
-        let after_ours = self.after_ours.get_or_insert_default();
-        after_ours.known.note_once_held(process);
+        self.once_held.note(process);
     }
 
     /// Holds `held`, a count's answer, in place of what was held: what drops out (exited, or
@@ -292,9 +298,7 @@ impl Watch {
     /// Whether the start of the process `pid` is known (a count held it, or its start was read
     /// when systemd named it a root).
     pub(super) fn knows_start_of(&self, pid: i32) -> bool {
-        self.after_ours
-            .as_ref()
-            .is_some_and(|a| a.known.once_held.iter().any(|p| p.pid == pid))
+        self.once_held.as_slice().iter().any(|p| p.pid == pid)
     }
 
     /// What is known of the invocations after ours: the current one's, from the facts, and
@@ -308,6 +312,9 @@ impl Watch {
         let mut next = self.facts.next_invocation();
         if let Some(after_ours) = &self.after_ours {
             next.absorb(&after_ours.known);
+        }
+        for &process in self.once_held.as_slice() {
+            next.note_once_held(process);
         }
         next
     }
@@ -325,10 +332,7 @@ impl Watch {
 
     /// The starts of the processes this watch held or read as roots.
     pub(super) fn known_starts(&self) -> Vec<ProcessStart> {
-        self.after_ours
-            .as_ref()
-            .map(|after_ours| after_ours.known.once_held.clone())
-            .unwrap_or_default()
+        self.once_held.as_slice().to_vec()
     }
 
     /// Our invocation, once known.

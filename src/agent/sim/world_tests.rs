@@ -385,7 +385,7 @@ fn over_is_final_and_serials_grow_in_random_runs() {
 /// reparented to the manager; and the driver's census classified by `earlier_processes`.
 #[test]
 fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
-    use crate::cgroup::procs::{ClockBasis, NextInvocation, earlier_processes};
+    use crate::cgroup::procs::{ClockBasis, NextInvocation, OnceHeld, earlier_processes};
 
     let cfg = UnitConfig {
         exec_start_pre: true,
@@ -487,7 +487,7 @@ fn a_start_is_stamped_after_its_first_fork_and_its_pids_are_reported() {
             roots_began_us: Some(next_began),
             roots,
             gone_roots: vec![],
-            once_held: vec![],
+            once_held: OnceHeld::None,
             counted_roots: vec![],
         };
         let mut pids: Vec<i32> = earlier_processes(&census, &next, &basis, &[])

@@ -174,7 +174,7 @@ pub(crate) struct NextInvocation {
     /// now, is judged by that start, as rule 0 judges a root alive. systemd guesses our leftover as a MainPID (see
     /// [`earlier_processes`]), and the session such a guess leads stays ours once it is gone.
     /// A pid used again since started later, so that errs toward waiting.
-    pub once_held: Vec<ProcessStart>,
+    pub once_held: OnceHeld,
     /// The MainPIDs and ControlPIDs systemd named for the counted invocation: one named again
     /// for a later invocation and gone before a count saw its start is systemd's guess of that
     /// process (`unit_search_main_pid`), whose session stays the counted one's; a later root
@@ -237,6 +237,74 @@ impl ProcessStart {
     }
 }
 
+/// Processes held as possibly ours and held no more, each with its start
+/// ([`NextInvocation::once_held`]), oldest first. One is kept inline, as every running unit's
+/// MainPID is once its start is read: a vector of its own and the box around it held 2.7 MB at
+/// 10,000 watched units (heaptrack, docs/benchmarks/2026-12-07).
+#[derive(Clone, Debug, Default)]
+pub(crate) enum OnceHeld {
+    #[default]
+    None,
+    One(ProcessStart),
+    Many(Vec<ProcessStart>),
+}
+
+impl OnceHeld {
+    /// Each process kept, oldest first.
+    pub(crate) fn as_slice(&self) -> &[ProcessStart] {
+        match self {
+            OnceHeld::None => &[],
+            OnceHeld::One(process) => std::slice::from_ref(process),
+            OnceHeld::Many(processes) => processes,
+        }
+    }
+
+    /// Keeps `process`: the last of a pid replaces the one before (its place as first held
+    /// kept if it is the same process), and the oldest go first beyond [`MAX_GONE_ROOTS`] (a
+    /// start forgotten makes a root named with that pid, gone, count as its invocation's, as
+    /// before a count held it).
+    pub(crate) fn note(&mut self, mut process: ProcessStart) {
+        let before = self.as_slice().iter().find(|k| k.pid == process.pid);
+        if let Some(known) = before
+            && known.start_ticks == process.start_ticks
+        {
+            process.held_as = process.held_as.or(known.held_as);
+        }
+        match self {
+            OnceHeld::None => *self = OnceHeld::One(process),
+            OnceHeld::One(only) if only.pid == process.pid => *only = process,
+            OnceHeld::One(only) => *self = OnceHeld::Many(vec![*only, process]),
+            OnceHeld::Many(processes) => {
+                processes.retain(|k| k.pid != process.pid);
+                if processes.len() == MAX_GONE_ROOTS {
+                    processes.remove(0);
+                }
+                processes.push(process);
+            }
+        }
+    }
+}
+
+/// Equal when the same processes are kept in the same order, however they are held.
+impl PartialEq for OnceHeld {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for OnceHeld {}
+
+#[cfg(test)]
+impl From<Vec<ProcessStart>> for OnceHeld {
+    fn from(processes: Vec<ProcessStart>) -> Self {
+        match processes[..] {
+            [] => OnceHeld::None,
+            [process] => OnceHeld::One(process),
+            _ => OnceHeld::Many(processes),
+        }
+    }
+}
+
 /// A MainPID or ControlPID systemd named for an invocation after the counted one, and no longer
 /// names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -281,7 +349,7 @@ impl NextInvocation {
                 self.gone_roots.push(root);
             }
         }
-        for &process in &later.once_held {
+        for &process in later.once_held.as_slice() {
             self.note_once_held(process);
         }
         self.note_counted_roots(&later.counted_roots);
@@ -300,21 +368,9 @@ impl NextInvocation {
         }
     }
 
-    /// Keeps `process`, held as possibly ours and held no more: the last of a pid replaces
-    /// the one before, and the oldest go first beyond [`MAX_GONE_ROOTS`] (a start forgotten
-    /// makes a root named with that pid, gone, count as its invocation's, as before a count
-    /// held it).
-    pub(crate) fn note_once_held(&mut self, mut process: ProcessStart) {
-        if let Some(i) = self.once_held.iter().position(|k| k.pid == process.pid) {
-            let known = self.once_held.remove(i);
-            if known.start_ticks == process.start_ticks {
-                process.held_as = process.held_as.or(known.held_as);
-            }
-        }
-        if self.once_held.len() == MAX_GONE_ROOTS {
-            self.once_held.remove(0);
-        }
-        self.once_held.push(process);
+    /// Keeps `process`, held as possibly ours and held no more ([`OnceHeld::note`]).
+    pub(crate) fn note_once_held(&mut self, process: ProcessStart) {
+        self.once_held.note(process);
     }
 
     /// The pids of [`NextInvocation::gone_roots`].
@@ -455,7 +511,7 @@ pub(crate) fn earlier_processes<'a>(
         let alive = census.iter().filter(|p| p.session == session);
         let held_in = held
             .iter()
-            .chain(&next.once_held)
+            .chain(next.once_held.as_slice())
             .filter(|e| e.held_as.is_some_and(|h| h.session == session));
         alive
             .map(|p| p.start_ticks)
@@ -493,7 +549,7 @@ pub(crate) fn earlier_processes<'a>(
             Some(p) => Some(p.start_ticks),
             None => held
                 .iter()
-                .chain(&next.once_held)
+                .chain(next.once_held.as_slice())
                 .find(|e| e.pid == pid)
                 .map(|e| e.start_ticks),
         };

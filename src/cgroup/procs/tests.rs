@@ -1078,7 +1078,7 @@ fn next_with_gone_root() -> NextInvocation {
             pid: 50,
             began_us: Some(5_000_000),
         }],
-        once_held: vec![],
+        once_held: OnceHeld::None,
         counted_roots: vec![],
     }
 }
@@ -1326,7 +1326,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots_began_us: Some(9_000_000),
         roots: vec![90],
         gone_roots: vec![],
-        once_held: vec![],
+        once_held: OnceHeld::None,
         counted_roots: vec![],
     };
     let gone = |pid, began_us| GoneRoot { pid, began_us };
@@ -1335,7 +1335,7 @@ fn what_is_known_of_later_invocations_adds_up() {
         roots_began_us: Some(5_000_000),
         roots: vec![50],
         gone_roots: vec![gone(51, None), gone(90, Some(5_000_000))],
-        once_held: vec![],
+        once_held: OnceHeld::None,
         counted_roots: vec![],
     });
     assert_eq!(
@@ -1345,7 +1345,7 @@ fn what_is_known_of_later_invocations_adds_up() {
             roots_began_us: Some(9_000_000),
             roots: vec![90],
             gone_roots: vec![gone(50, Some(5_000_000)), gone(51, None)],
-            once_held: vec![],
+            once_held: OnceHeld::None,
             counted_roots: vec![],
         },
         "the earliest beginning, the roots' own; every other root, once, with its own"
@@ -1366,7 +1366,7 @@ fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() 
         roots: vec![80],
         roots_began_us: Some(5_000_000),
         gone_roots: vec![],
-        once_held: vec![],
+        once_held: OnceHeld::None,
         counted_roots: vec![],
     };
     let guessed = process(80, 1, 70, 100);
@@ -1384,11 +1384,11 @@ fn a_root_systemd_names_that_started_before_the_next_invocation_is_a_leftover() 
 fn a_member_of_the_session_of_a_gone_guessed_root_is_ours() {
     let child = process(61, 1, 50, 600);
     let held_before = NextInvocation {
-        once_held: vec![ProcessStart {
+        once_held: OnceHeld::from(vec![ProcessStart {
             pid: 50,
             start_ticks: 100,
             held_as: None,
-        }],
+        }]),
         ..next_with_gone_root()
     };
     assert_eq!(
@@ -1402,11 +1402,11 @@ fn a_member_of_the_session_of_a_gone_guessed_root_is_ours() {
         Vec::<i32>::new()
     );
     let its_own = NextInvocation {
-        once_held: vec![ProcessStart {
+        once_held: OnceHeld::from(vec![ProcessStart {
             pid: 50,
             start_ticks: 499,
             held_as: None,
-        }],
+        }]),
         ..next_with_gone_root()
     };
     assert_eq!(earlier_pids(&[child], &its_own, &[]), Vec::<i32>::new());
@@ -1431,11 +1431,11 @@ fn a_member_of_the_session_of_a_dead_guessed_root_is_ours() {
     };
     let child = process(61, 1, 50, 600);
     let held_before = NextInvocation {
-        once_held: vec![ProcessStart {
+        once_held: OnceHeld::from(vec![ProcessStart {
             pid: 50,
             start_ticks: 100,
             held_as: None,
-        }],
+        }]),
         ..next.clone()
     };
     assert_eq!(
@@ -1451,11 +1451,11 @@ fn a_pid_held_before_and_used_again_by_the_next_invocation_is_its_root() {
     let next = NextInvocation {
         roots: vec![50],
         gone_roots: vec![],
-        once_held: vec![ProcessStart {
+        once_held: OnceHeld::from(vec![ProcessStart {
             pid: 50,
             start_ticks: 100,
             held_as: None,
-        }],
+        }]),
         ..next_with_gone_root()
     };
     let census = [process(50, 1, 50, 500), process(61, 50, 50, 600)];
@@ -1475,18 +1475,45 @@ fn the_starts_of_exited_processes_are_kept_once_each() {
     next.note_once_held(start(50, 100));
     next.note_once_held(start(51, 100));
     next.note_once_held(start(50, 300));
-    assert_eq!(next.once_held, [start(51, 100), start(50, 300)]);
+    assert_eq!(next.once_held.as_slice(), [start(51, 100), start(50, 300)]);
     next.absorb(&NextInvocation {
-        once_held: vec![start(52, 200)],
+        once_held: OnceHeld::from(vec![start(52, 200)]),
         counted_roots: vec![],
         ..NextInvocation::default()
     });
-    assert_eq!(next.once_held.len(), 3);
+    assert_eq!(next.once_held.as_slice().len(), 3);
     for pid in 100..200 {
         next.note_once_held(start(pid, 400));
     }
-    assert_eq!(next.once_held.len(), 64, "bounded");
-    assert_eq!(next.once_held.last(), Some(&start(199, 400)));
+    assert_eq!(next.once_held.as_slice().len(), 64, "bounded");
+    assert_eq!(next.once_held.as_slice().last(), Some(&start(199, 400)));
+}
+
+/// One process is kept inline, and the rule is the same there: a pid noted again replaces
+/// the one before, keeping where a count first held it if it is the same process.
+#[test]
+fn one_start_kept_inline_follows_the_rule_of_many() {
+    let held_as = Some(Lineage {
+        parent: 0,
+        session: 50,
+    });
+    let start = |start_ticks, held_as| ProcessStart {
+        pid: 50,
+        start_ticks,
+        held_as,
+    };
+    let mut once_held = OnceHeld::None;
+    once_held.note(start(100, held_as));
+    once_held.note(start(100, None));
+    assert!(matches!(once_held, OnceHeld::One(_)), "{once_held:?}");
+    assert_eq!(once_held.as_slice(), [start(100, held_as)]);
+    once_held.note(start(300, None));
+    assert_eq!(once_held.as_slice(), [start(300, None)], "a pid used again");
+    assert_eq!(
+        OnceHeld::from(vec![start(300, None)]),
+        OnceHeld::Many(vec![start(300, None)]),
+        "equal however held"
+    );
 }
 
 /// As above, the guess's exit not yet heard when the count is made: it is still held, with the
