@@ -24,24 +24,19 @@ pub(super) struct Clash;
 
 /// A watch no key uses any more, for the caller to remove from the kernel.
 #[derive(Debug)]
-pub(super) struct Unused<D> {
-    pub(super) descriptor: D,
+pub(super) struct Unused {
+    /// Its descriptor number.
+    pub(super) wd: i32,
     /// The directory of a parent watch; `None` for a `cgroup.events` watch.
     pub(super) parent: Option<Rc<Path>>,
 }
 
-/// The watches held, by descriptor number, each with the descriptor `D` to remove it by.
+/// The watches held, by descriptor number, which is all the kernel needs to remove one: the
+/// inotify crate's `WatchDescriptor` beside it made every watch 16 bytes larger (262 KB at
+/// 10,000 units).
 #[derive(Debug)]
-pub(super) struct WatchTable<K, D> {
-    watches: KeyMap<i32, Watch<K, D>>,
-}
-
-/// One inotify watch. A `cgroup.events` watch keeps no path: one a unit is a hundred bytes,
-/// and the unit's own entry tells it.
-#[derive(Debug)]
-struct Watch<K, D> {
-    descriptor: D,
-    target: Target<K>,
+pub(super) struct WatchTable<K> {
+    watches: KeyMap<i32, Target<K>>,
 }
 
 /// Who uses one inotify watch.
@@ -104,7 +99,7 @@ impl<K: Copy + PartialEq> Keys<K> {
     }
 }
 
-impl<K: Copy + PartialEq, D> WatchTable<K, D> {
+impl<K: Copy + PartialEq> WatchTable<K> {
     pub(super) fn new() -> Self {
         Self {
             watches: KeyMap::default(),
@@ -116,27 +111,23 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
         self.watches.len()
     }
 
-    /// Records that `key` uses watch `wd` (`descriptor`, on `path`) in `role`. A descriptor
-    /// already held keeps its first `D` and path, so the caller's `descriptor` is then dropped.
+    /// Records that `key` uses watch `wd` (on `path`) in `role`. A descriptor already held
+    /// keeps its first path.
     pub(super) fn attach(
         &mut self,
         key: K,
         wd: i32,
-        descriptor: D,
         path: &Path,
         role: Role<'_>,
     ) -> Result<(), Clash> {
-        let watch = self.watches.entry(wd).or_insert_with(|| Watch {
-            descriptor,
-            target: match role {
-                Role::Events => Target::Events(Keys::One(key)),
-                Role::Parent(_) => Target::Parent(Box::new(ParentDir {
-                    path: Rc::from(path),
-                    children: HashMap::new(),
-                })),
-            },
+        let target = self.watches.entry(wd).or_insert_with(|| match role {
+            Role::Events => Target::Events(Keys::One(key)),
+            Role::Parent(_) => Target::Parent(Box::new(ParentDir {
+                path: Rc::from(path),
+                children: HashMap::new(),
+            })),
         });
-        match (&mut watch.target, role) {
+        match (target, role) {
             (Target::Events(keys), Role::Events) => keys.add(key),
             (Target::Parent(dir), Role::Parent(name)) => match dir.children.get_mut(&**name) {
                 Some(keys) => keys.add(key),
@@ -151,7 +142,7 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
 
     /// The directory of parent watch `wd`, shared by every key under it.
     pub(super) fn parent_path(&self, wd: i32) -> Option<&Rc<Path>> {
-        match self.watches.get(&wd).map(|watch| &watch.target) {
+        match self.watches.get(&wd) {
             Some(Target::Parent(dir)) => Some(&dir.path),
             _ => None,
         }
@@ -159,9 +150,9 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
 
     /// Records that `key` no longer uses watch `wd` in `role`; returns the watch once no key
     /// uses it.
-    pub(super) fn detach(&mut self, key: K, wd: i32, role: Role<'_>) -> Option<Unused<D>> {
-        let watch = self.watches.get_mut(&wd)?;
-        let unused = match (&mut watch.target, role) {
+    pub(super) fn detach(&mut self, key: K, wd: i32, role: Role<'_>) -> Option<Unused> {
+        let target = self.watches.get_mut(&wd)?;
+        let unused = match (target, role) {
             (Target::Events(keys), Role::Events) => keys.remove(key),
             (Target::Parent(dir), Role::Parent(name)) => {
                 if let Some(keys) = dir.children.get_mut(&**name)
@@ -177,11 +168,11 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
         if !unused {
             return None;
         }
-        let watch = self.watches.remove(&wd)?;
+        let target = self.watches.remove(&wd)?;
         shrink_when_sparse(&mut self.watches);
         Some(Unused {
-            descriptor: watch.descriptor,
-            parent: match watch.target {
+            wd,
+            parent: match target {
                 Target::Parent(dir) => Some(dir.path),
                 Target::Events(_) => None,
             },
@@ -192,7 +183,7 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
     /// if the file was `modified`; for a parent watch, the keys of the child `name`. None for
     /// a descriptor not held (a late event of a removed watch).
     pub(super) fn keys_to_reread(&self, wd: i32, modified: bool, name: Option<&OsStr>) -> Vec<K> {
-        match self.watches.get(&wd).map(|watch| &watch.target) {
+        match self.watches.get(&wd) {
             Some(Target::Events(keys)) if modified => keys.to_vec(),
             Some(Target::Events(_)) | None => Vec::new(),
             Some(Target::Parent(dir)) => name
@@ -203,7 +194,7 @@ impl<K: Copy + PartialEq, D> WatchTable<K, D> {
 
     /// Forgets watch `wd`, which the kernel dropped, and returns every key that used it.
     pub(super) fn kernel_dropped(&mut self, wd: i32) -> Vec<K> {
-        match self.watches.remove(&wd).map(|watch| watch.target) {
+        match self.watches.remove(&wd) {
             Some(Target::Events(keys)) => keys.to_vec(),
             Some(Target::Parent(dir)) => dir.children.values().flat_map(Keys::to_vec).collect(),
             None => Vec::new(),
@@ -222,7 +213,7 @@ mod tests {
 
     const EVENTS: &str = "/cg/slice/a/cgroup.events";
 
-    fn table() -> WatchTable<u32, &'static str> {
+    fn table() -> WatchTable<u32> {
         WatchTable::new()
     }
 
@@ -234,14 +225,14 @@ mod tests {
         let parent = Path::new("/cg/slice");
         for (key, name) in [(1, a), (2, b), (3, a)] {
             table
-                .attach(key, 7, "parent", parent, Role::Parent(name))
+                .attach(key, 7, parent, Role::Parent(name))
                 .expect("one kind");
         }
         table
-            .attach(1, 8, "events", Path::new(EVENTS), Role::Events)
+            .attach(1, 8, Path::new(EVENTS), Role::Events)
             .expect("one kind");
         table
-            .attach(1, 8, "events again", Path::new(EVENTS), Role::Events)
+            .attach(1, 8, Path::new(EVENTS), Role::Events)
             .expect("the same key again");
         assert_eq!(table.len(), 2);
         assert_eq!(table.parent_path(7).map(|path| &**path), Some(parent));
@@ -250,10 +241,10 @@ mod tests {
         assert!(table.detach(1, 7, Role::Parent(a)).is_none(), "3 uses a");
         assert!(table.detach(3, 7, Role::Parent(a)).is_none(), "2 uses b");
         let unused = table.detach(2, 7, Role::Parent(b)).expect("unused");
-        assert_eq!(unused.descriptor, "parent", "the first descriptor is kept");
+        assert_eq!(unused.wd, 7);
         assert_eq!(unused.parent.as_deref(), Some(parent));
         let unused = table.detach(1, 8, Role::Events).expect("unused");
-        assert_eq!((unused.descriptor, unused.parent), ("events", None));
+        assert_eq!((unused.wd, unused.parent), (8, None));
         assert_eq!(table.len(), 0);
         assert!(table.detach(1, 8, Role::Events).is_none(), "no longer held");
     }
@@ -262,10 +253,10 @@ mod tests {
     fn a_descriptor_of_both_kinds_is_a_clash() {
         let mut table = table();
         table
-            .attach(1, 7, "events", Path::new(EVENTS), Role::Events)
+            .attach(1, 7, Path::new(EVENTS), Role::Events)
             .expect("first");
         assert_eq!(
-            table.attach(2, 7, "dir", Path::new("/cg"), Role::Parent(&name("x"))),
+            table.attach(2, 7, Path::new("/cg"), Role::Parent(&name("x"))),
             Err(Clash)
         );
         assert!(
@@ -280,13 +271,13 @@ mod tests {
         let mut table = table();
         let parent = Path::new("/cg/slice");
         table
-            .attach(1, 7, "parent", parent, Role::Parent(&name("a")))
+            .attach(1, 7, parent, Role::Parent(&name("a")))
             .expect("attach");
         table
-            .attach(2, 7, "parent", parent, Role::Parent(&name("b")))
+            .attach(2, 7, parent, Role::Parent(&name("b")))
             .expect("attach");
         table
-            .attach(1, 8, "events", Path::new(EVENTS), Role::Events)
+            .attach(1, 8, Path::new(EVENTS), Role::Events)
             .expect("attach");
         assert_eq!(table.keys_to_reread(8, true, None), [1]);
         assert!(table.keys_to_reread(8, false, None).is_empty());
@@ -309,7 +300,7 @@ mod tests {
         let parent = Path::new("/cg/slice");
         for (key, child) in [(1, "a"), (2, "b"), (3, "a")] {
             table
-                .attach(key, 7, "parent", parent, Role::Parent(&name(child)))
+                .attach(key, 7, parent, Role::Parent(&name(child)))
                 .expect("attach");
         }
         let mut keys = table.kernel_dropped(7);

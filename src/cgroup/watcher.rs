@@ -89,7 +89,7 @@ pub(crate) struct CgroupWatcher<K> {
     root: PathBuf,
     inotify: Inotify,
     units: KeyMap<K, Unit>,
-    watches: WatchTable<K, WatchDescriptor>,
+    watches: WatchTable<K>,
 }
 
 impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
@@ -239,7 +239,8 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         }
     }
 
-    /// Records that `key` uses the watch `descriptor` in `role`, and returns the descriptor's number.
+    /// Records that `key` uses the watch `descriptor` in `role`, and returns the descriptor's
+    /// number, which is what the table keeps of it.
     fn attach(
         &mut self,
         key: K,
@@ -249,7 +250,7 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
     ) -> Result<i32, CgroupError> {
         let wd = descriptor.get_watch_descriptor_id();
         self.watches
-            .attach(key, wd, descriptor, path, role)
+            .attach(key, wd, path, role)
             .map_err(|Clash| CgroupError::WatchClash {
                 path: path.to_owned(),
             })?;
@@ -263,10 +264,18 @@ impl<K: Copy + Eq + Hash + std::fmt::Debug> CgroupWatcher<K> {
         }
     }
 
-    /// Removes a watch from the kernel.
-    fn remove_kernel_watch(&mut self, unused: Unused<WatchDescriptor>) {
-        let wd = unused.descriptor.get_watch_descriptor_id();
-        match self.inotify.watches().remove(unused.descriptor) {
+    /// Removes a watch from the kernel, by its number on this watcher's inotify descriptor (the
+    /// inotify crate removes only by a `WatchDescriptor`, which the table does not keep).
+    fn remove_kernel_watch(&mut self, unused: Unused) {
+        let wd = unused.wd;
+        // SAFETY: inotify_rm_watch takes a descriptor and a number and touches no memory.
+        let removed = unsafe { libc::inotify_rm_watch(self.inotify.as_raw_fd(), wd) };
+        let result = if removed == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        };
+        match result {
             Ok(()) => {}
             // The kernel already dropped the watch because its inode went away.
             Err(error) if error.raw_os_error() == Some(Errno::EINVAL as i32) => {}
@@ -673,6 +682,16 @@ mod tests {
         assert_eq!(watcher.watch_count(), 0);
     }
 
+    /// The watches the kernel holds on `watcher`'s inotify descriptor (one `inotify wd:` line
+    /// each in its fdinfo), to check what the watcher removed is gone from the kernel too.
+    fn kernel_watches<K: Copy + Eq + Hash + std::fmt::Debug>(watcher: &CgroupWatcher<K>) -> usize {
+        let fdinfo = format!("/proc/self/fdinfo/{}", watcher.as_raw_fd());
+        let text = std::fs::read_to_string(fdinfo).expect("read the inotify descriptor's fdinfo");
+        text.lines()
+            .filter(|l| l.starts_with("inotify wd:"))
+            .count()
+    }
+
     #[test]
     #[ignore = "creates cgroups, so it needs root: scripts/test runs it with --ignored as root"]
     fn sibling_units_share_one_parent_watch() {
@@ -714,14 +733,17 @@ mod tests {
 
         watcher.remove_watches(1);
         assert_eq!(watcher.watch_count(), 2, "key 3 still uses a's watches");
+        assert_eq!(kernel_watches(&watcher), 2);
         watcher.remove_watches(3);
         assert_eq!(
             watcher.watch_count(),
             1,
             "key 2 still uses the parent watch"
         );
+        assert_eq!(kernel_watches(&watcher), 1, "a's events watch removed");
         watcher.remove_watches(2);
         assert_eq!(watcher.watch_count(), 0);
+        assert_eq!(kernel_watches(&watcher), 0, "the parent watch removed");
     }
 
     #[test]
