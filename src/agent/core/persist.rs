@@ -269,8 +269,8 @@ impl Core {
         let invocation = watch
             .asked_invocation
             .as_deref()
-            .unwrap_or_default()
-            .to_owned();
+            .cloned()
+            .unwrap_or_default();
         watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
         self.feed(key, ProofInput::Rebooted, now);
     }

@@ -376,7 +376,7 @@ impl Core {
             let invocation = watch
                 .asked_invocation
                 .as_deref()
-                .map_or_else(|| snapshot.invocation.clone(), str::to_owned);
+                .map_or_else(|| snapshot.invocation.clone(), String::clone);
             watch.proof = Some(UnitProof::resume(invocation, watch.resumed));
             self.unsaved.unit(&watch.unit);
             // Ours is known now: what was heard before of the invocations after it counts.

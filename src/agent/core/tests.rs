@@ -2689,6 +2689,18 @@ fn a_running_units_root_start_allocates_nothing_of_later_invocations() {
     assert!(watch.knows_start_of(120));
 }
 
+/// A watch is one allocation a unit, in glibc chunks of 16 bytes (8 of them its header): 648
+/// bytes fit a 656-byte chunk, and each 16 bytes more are 160 KB at 10,000 watched units, where
+/// RSS is to stay within 16 MiB.
+#[test]
+fn a_watch_stays_within_648_bytes() {
+    assert!(
+        std::mem::size_of::<Watch>() <= 648,
+        "{}",
+        std::mem::size_of::<Watch>()
+    );
+}
+
 /// A watch made afresh over a proven one keeps the starts of the processes that one knew: a
 /// root systemd named for a later invocation (C's MainPID 130, never named for B), its start
 /// read while it lived, is judged by that start once it is gone (a guess of systemd's, B's

@@ -240,13 +240,18 @@ impl ProcessStart {
 /// Processes held as possibly ours and held no more, each with its start
 /// ([`NextInvocation::once_held`]), oldest first. One is kept inline, as every running unit's
 /// MainPID is once its start is read: a vector of its own and the box around it held 2.7 MB at
-/// 10,000 watched units (heaptrack, docs/benchmarks/2026-12-07).
+/// 10,000 watched units (heaptrack, docs/benchmarks/2026-12-07). More are boxed, a thin
+/// pointer, which keeps this the size of one.
 #[derive(Clone, Debug, Default)]
 pub(crate) enum OnceHeld {
     #[default]
     None,
     One(ProcessStart),
-    Many(Vec<ProcessStart>),
+    #[expect(
+        clippy::box_collection,
+        reason = "a thin pointer keeps every watch 8 bytes smaller"
+    )]
+    Many(Box<Vec<ProcessStart>>),
 }
 
 impl OnceHeld {
@@ -273,7 +278,7 @@ impl OnceHeld {
         match self {
             OnceHeld::None => *self = OnceHeld::One(process),
             OnceHeld::One(only) if only.pid == process.pid => *only = process,
-            OnceHeld::One(only) => *self = OnceHeld::Many(vec![*only, process]),
+            OnceHeld::One(only) => *self = OnceHeld::Many(Box::new(vec![*only, process])),
             OnceHeld::Many(processes) => {
                 processes.retain(|k| k.pid != process.pid);
                 if processes.len() == MAX_GONE_ROOTS {
@@ -300,7 +305,7 @@ impl From<Vec<ProcessStart>> for OnceHeld {
         match processes[..] {
             [] => OnceHeld::None,
             [process] => OnceHeld::One(process),
-            _ => OnceHeld::Many(processes),
+            _ => OnceHeld::Many(Box::new(processes)),
         }
     }
 }

@@ -1511,7 +1511,7 @@ fn one_start_kept_inline_follows_the_rule_of_many() {
     assert_eq!(once_held.as_slice(), [start(300, None)], "a pid used again");
     assert_eq!(
         OnceHeld::from(vec![start(300, None)]),
-        OnceHeld::Many(vec![start(300, None)]),
+        OnceHeld::Many(Box::new(vec![start(300, None)])),
         "equal however held"
     );
 }
