@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cgroup::procs::{Lineage, ProcessStart};
 use crate::control::wire::{Cause, EventKind, Level, ProofEvent, SanitizedRecord};
 use crate::record_name::RecordName;
 
@@ -237,6 +238,52 @@ pub(crate) struct SavedWatch {
     /// Written only when set, as `release_unfinished`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit_id: Option<String>,
+    /// The processes a count held as possibly ours, with their starts, while the cgroup held
+    /// them beside a later invocation. A restarted agent cannot read a start again once its
+    /// process is gone, and systemd may meanwhile have named one a later invocation's MainPID
+    /// (its guess, `unit_search_main_pid`), which only that start tells from its own fork.
+    /// Written only when some are held, as `release_unfinished`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<SavedProcess>,
+}
+
+/// A process a count held, as the state saves it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SavedProcess {
+    pub pid: i32,
+    /// Its start, in clock ticks since the boot the state was saved in.
+    pub start: u64,
+    /// Its parent where the count that first held it saw it (0: not in the census), and its
+    /// session; both absent where that was not known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<i32>,
+}
+
+impl From<&ProcessStart> for SavedProcess {
+    fn from(process: &ProcessStart) -> Self {
+        SavedProcess {
+            pid: process.pid,
+            start: process.start_ticks,
+            parent: process.held_as.map(|lineage| lineage.parent),
+            session: process.held_as.map(|lineage| lineage.session),
+        }
+    }
+}
+
+impl From<SavedProcess> for ProcessStart {
+    fn from(saved: SavedProcess) -> Self {
+        ProcessStart {
+            pid: saved.pid,
+            start_ticks: saved.start,
+            held_as: saved
+                .parent
+                .zip(saved.session)
+                .map(|(parent, session)| Lineage { parent, session }),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -257,6 +304,7 @@ impl SavedWatch {
             stop_unsent: false,
             release_unfinished: false,
             unit_id: None,
+            held: Vec::new(),
         }
     }
 }

@@ -438,7 +438,7 @@ pub(super) fn check(state: &AgentState) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::saved::{ProofJson, SavedWatch};
+    use crate::agent::saved::{ProofJson, SavedProcess, SavedWatch};
     use crate::record_name::RecordName;
     use std::os::unix::fs::{PermissionsExt, symlink};
 
@@ -461,6 +461,20 @@ mod tests {
             stop_unsent: true,
             release_unfinished: false,
             unit_id: Some("real-app@1.service".to_owned()),
+            held: vec![
+                SavedProcess {
+                    pid: 121,
+                    start: 426,
+                    parent: Some(0),
+                    session: Some(121),
+                },
+                SavedProcess {
+                    pid: 140,
+                    start: 2582,
+                    parent: None,
+                    session: None,
+                },
+            ],
         };
         let proven = SavedWatch {
             proof: Some(

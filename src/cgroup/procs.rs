@@ -25,15 +25,12 @@ use super::{CgroupError, cgroup_v2_path};
 mod start_order;
 mod tracker;
 
-/// For the core's tests, which hold a process where a count found it.
-#[cfg(test)]
-pub(crate) use start_order::Lineage;
 /// For the simulator's oracle, which places a start as the agent can.
 #[cfg(test)]
 pub(crate) use start_order::StartOrder;
 pub(crate) use start_order::{
-    ClockBasis, GoneRoot, NextInvocation, OffsetFloors, OnceHeld, ProcessStart, earlier_processes,
-    offset_now,
+    ClockBasis, GoneRoot, Lineage, NextInvocation, OffsetFloors, OnceHeld, ProcessStart,
+    earlier_processes, offset_now,
 };
 pub(crate) use tracker::{ProcessTracker, Tracked};
 

@@ -518,12 +518,15 @@ impl Core {
                 let count = result.map(|counted| {
                     let count = counted.held.len();
                     if let Some(watch) = self.units.get_mut(&key) {
-                        watch.hold_leftovers(counted.held);
+                        let changed = watch.hold_leftovers(counted.held);
                         for process in counted.exited {
                             watch.note_once_held(process);
                         }
                         if let Some(after_ours) = &mut watch.after_ours {
                             after_ours.census_raced = None;
+                        }
+                        if changed {
+                            self.unsaved.unit(&watch.unit);
                         }
                     }
                     count
@@ -558,6 +561,7 @@ impl Core {
                 {
                     let count = leftovers.len();
                     watch.note_once_held(exited);
+                    self.unsaved.unit(&watch.unit);
                     if count == 0 {
                         // What it forked since the last count may be left: count again, with
                         // it still counted as ours so its children are too.
@@ -580,7 +584,9 @@ impl Core {
         let Some(watch) = self.units.get_mut(&key) else {
             return;
         };
-        watch.hold_leftovers(Vec::new());
+        if watch.hold_leftovers(Vec::new()) {
+            self.unsaved.unit(&watch.unit);
+        }
         for &process in &counted.exited {
             watch.note_once_held(process);
         }

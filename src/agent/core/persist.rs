@@ -20,8 +20,8 @@ use std::time::Instant;
 
 use super::watch::{UnsentStop, Watch};
 use super::{AgentState, ChangeSet, Core, StopKind, UnitKey};
-use crate::agent::saved::{ProofJson, SavedWatch};
-use crate::cgroup::procs::OffsetFloors;
+use crate::agent::saved::{ProofJson, SavedProcess, SavedWatch};
+use crate::cgroup::procs::{OffsetFloors, ProcessStart};
 use crate::control::protocol::WatchSpec;
 use crate::control::wire;
 use crate::proof::release::{Release, ReleaseInput};
@@ -214,6 +214,10 @@ impl Core {
             watch.resumed = Resumed {
                 stop_requested: record.stop_requested,
             };
+            // A start is of its boot: in another, every process of the watch is gone.
+            if same_boot {
+                watch.restore_leftovers(record.held.into_iter().map(ProcessStart::from));
+            }
             if record.stop_unsent && !rebooted {
                 watch.unsent_stop = Some(Box::new(UnsentStop {
                     kind: StopKind::Proof(StopReason::Requested),
@@ -340,6 +344,10 @@ fn saved_watch_of(watch: &Watch) -> Option<SavedWatch> {
             .is_some_and(|s| s.kind == StopKind::Proof(StopReason::Requested))
             || (watch.pending_stop && watch.proof.is_none()),
         unit_id: (*watch.id != *watch.unit).then(|| watch.id.to_string()),
+        held: (watch.leftovers.as_deref().into_iter())
+            .flat_map(|leftovers| leftovers.values())
+            .map(SavedProcess::from)
+            .collect(),
         release_unfinished: watch.event.is_some()
             && (watch.release.as_deref().is_some_and(Release::unfinished)
                 || watch

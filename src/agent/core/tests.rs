@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use super::watch::Reads;
 use super::*;
-use crate::agent::saved::SavedWatch;
+use crate::agent::saved::{SavedProcess, SavedWatch};
 use crate::cgroup::procs::{GoneRoot, OnceHeld};
 use crate::control::protocol::parse_request;
 use crate::control::wire::{Cause, Phase};
@@ -1024,6 +1024,46 @@ fn a_leftover_beside_the_next_invocation_blocks_replaced_after_stop_until_it_exi
         pid: 41,
     });
     assert_eq!(s.phase("k.service"), Phase::Proven);
+}
+
+/// What a count holds is saved with each process's start and held again by an agent restarted
+/// in the same boot: once such a leftover is gone, only that start tells systemd's guess of it
+/// (a later invocation's MainPID, `unit_search_main_pid`) from the later invocation's own fork.
+/// The simulator's 50944944674065: held before the agent was killed, guessed and gone while it
+/// was down, the leftover's children were taken for the next invocation's and the watch proven
+/// while they lived.
+#[test]
+fn a_held_leftover_is_held_again_with_its_start_after_a_restart() {
+    let unit = "k.service";
+    let held = |saved: &AgentState| -> Vec<SavedProcess> {
+        let record = saved.watches.iter().find(|w| w.unit == unit);
+        record.map(|w| w.held.clone()).unwrap_or_default()
+    };
+    let mut s = stopped_beside(unit, &[41]);
+    s.changed(unit, "activating", B);
+    assert_eq!(s.phase(unit), Phase::Stopping, "pid 41 may be ours");
+    let saved = s.save();
+    assert_eq!(held(&saved), [SavedProcess::from(&started(41))]);
+
+    let mut restarted = Script::restored(saved, "boot-1");
+    restarted.input(Input::BusUp);
+    let cgroup = format!("/app.slice/{unit}");
+    restarted
+        .cgroups
+        .insert(cgroup.clone(), CgroupReading::Populated);
+    restarted.leftovers.insert(cgroup.clone(), vec![41]);
+    restarted.answer_reads(|u| Ok(snapshot(u, "active", B, &cgroup)));
+    assert_eq!(
+        restarted.counted_as_held.first(),
+        Some(&vec![41]),
+        "counted with 41 held, as before the restart"
+    );
+    assert_eq!(restarted.phase(unit), Phase::Stopping);
+
+    // Its exit is saved too: a restart after it holds nothing.
+    restarted.last_leftover_exits(unit, 41);
+    assert_eq!(held(&restarted.save()), []);
+    assert_eq!(restarted.phase(unit), Phase::Proven);
 }
 
 /// A leftover of ours that a count listed exits before its pidfd holds it, having forked

@@ -281,7 +281,8 @@ impl Watch {
 
     /// Holds `held`, a count's answer, in place of what was held: what drops out (exited, or
     /// found not ours) is kept as once held. One held before keeps its place as first held.
-    pub(super) fn hold_leftovers(&mut self, held: Vec<ProcessStart>) {
+    /// Says whether what is held changed (it is saved).
+    pub(super) fn hold_leftovers(&mut self, held: Vec<ProcessStart>) -> bool {
         let before = self.leftovers.take().unwrap_or_default();
         let same =
             |a: &ProcessStart, b: &ProcessStart| a.pid == b.pid && a.start_ticks == b.start_ticks;
@@ -298,6 +299,14 @@ impl Watch {
             });
             Box::new(kept.collect())
         });
+        let before = (!before.is_empty()).then_some(&*before);
+        self.leftovers.as_deref() != before
+    }
+
+    /// Holds again what a count held before the agent restarted, as it saved it.
+    pub(super) fn restore_leftovers(&mut self, held: impl Iterator<Item = ProcessStart>) {
+        let held: BTreeMap<i32, ProcessStart> = held.map(|p| (p.pid, p)).collect();
+        self.leftovers = (!held.is_empty()).then(|| Box::new(held));
     }
 
     /// Whether the start of the process `pid` is known (a count held it, or its start was read
